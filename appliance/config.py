@@ -1,0 +1,264 @@
+"""The group file: one TOML file, identical on all three hosts (DESIGN §2).
+
+Rules checked at load, each failure a `ConfigError` naming the key or relation:
+- every section and key is known (a typo is an error, not a silent default);
+- the three nodes have distinct addresses; ports are 1..65535 and distinct;
+- timers keep their safety relations:
+    lease_ms >= 4 * heartbeat_interval_ms   (a lease outlives 3 lost heartbeats)
+    takeover_margin_ms >= heartbeat_interval_ms and >= lease_ms / 10
+                                             (covers clock-rate drift and the
+                                              delay between a check and an act)
+- the group secret lives in its own file (mode 0600, or a systemd credential),
+  never in the group file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import secrets
+import stat
+import tomllib
+from pathlib import Path
+
+from .errors import ConfigError
+from .roles import Role
+
+DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
+CREDENTIAL_NAME = "pairmq-secret"
+SECRET_BYTES = 32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timers:
+    heartbeat_interval_ms: int = 50
+    lease_ms: int = 500
+    takeover_margin_ms: int = 100
+
+    @property
+    def insync_ms(self) -> int:
+        """How long a standby stays in sync after its last confirmed contact.
+
+        It must outlast the earliest moment the standby may take over after the
+        active dies (lease + margin + the monitor's next heartbeat), or a crash
+        of the active would leave nobody eligible.
+        """
+        return self.lease_ms + self.takeover_margin_ms + 4 * self.heartbeat_interval_ms
+
+    @property
+    def expected_failover_ms(self) -> int:
+        return self.lease_ms + self.takeover_margin_ms + 2 * self.heartbeat_interval_ms
+
+    def validate(self) -> None:
+        for name in ("heartbeat_interval_ms", "lease_ms", "takeover_margin_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"timers.{name} must be a positive whole number of milliseconds, not {value!r}")
+        if self.heartbeat_interval_ms < 10:
+            raise ConfigError(f"timers.heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at least 10")
+        if self.lease_ms > 60_000:
+            raise ConfigError(f"timers.lease_ms ({self.lease_ms}) must be at most 60000")
+        if self.lease_ms < 4 * self.heartbeat_interval_ms:
+            raise ConfigError(
+                f"unsafe timers: lease_ms ({self.lease_ms}) must be at least 4 x heartbeat_interval_ms "
+                f"({4 * self.heartbeat_interval_ms}), so that a lease survives 3 lost heartbeats"
+            )
+        if self.takeover_margin_ms < self.heartbeat_interval_ms:
+            raise ConfigError(
+                f"unsafe timers: takeover_margin_ms ({self.takeover_margin_ms}) must be at least "
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms})"
+            )
+        if self.takeover_margin_ms * 10 < self.lease_ms:
+            raise ConfigError(
+                f"unsafe timers: takeover_margin_ms ({self.takeover_margin_ms}) must be at least lease_ms / 10 "
+                f"({self.lease_ms / 10:g}) to cover clock drift between hosts"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ports:
+    heartbeat: int = 8300
+    mate_link: int = 8301
+    config_sync: int = 8302
+    mqtt: int = 1883
+    mqtt_tls: int = 8883
+    management: int = 8080
+
+    def validate(self) -> None:
+        seen: dict[int, str] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+                raise ConfigError(f"ports.{field.name} must be a port number 1..65535, not {value!r}")
+            if value in seen:
+                raise ConfigError(f"ports.{field.name} and ports.{seen[value]} are both {value}")
+            seen[value] = field.name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSpec:
+    role: Role
+    address: str
+    data_dir: Path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupConfig:
+    name: str
+    nodes: dict[Role, NodeSpec]
+    secret_file: Path
+    timers: Timers = Timers()
+    ports: Ports = Ports()
+    auto_revert: bool = False
+    path: Path | None = None
+
+    def node(self, role: Role) -> NodeSpec:
+        return self.nodes[role]
+
+    def mqtt_reference(self, role: Role) -> str:
+        return f"{self.nodes[role].address}:{self.ports.mqtt}"
+
+    def host_list(self) -> str:
+        return ",".join(self.mqtt_reference(r) for r in (Role.PRIMARY, Role.BACKUP))
+
+
+_SECTIONS = {
+    "group": {"name", "secret_file", "auto_revert"},
+    "timers": {f.name for f in dataclasses.fields(Timers)},
+    "ports": {f.name for f in dataclasses.fields(Ports)},
+    "nodes": {r.value for r in Role},
+}
+_NODE_KEYS = {"address", "data_dir"}
+
+
+def load_group(path: str | os.PathLike[str]) -> GroupConfig:
+    """Read and validate a group file; every problem is one ConfigError sentence."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"group file {path} does not exist (create one with `pairmq init`)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read group file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"group file {path} is not valid TOML: {exc}") from None
+    return parse_group(raw, path)
+
+
+def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
+    base = path.parent if path else Path.cwd()
+    _check_keys(raw, set(_SECTIONS), "the group file")
+    group = _table(raw, "group")
+    _check_keys(group, _SECTIONS["group"], "[group]")
+    name = group.get("name")
+    if not isinstance(name, str) or not name or len(name.encode()) > 64:
+        raise ConfigError("group.name must be a non-empty string of at most 64 bytes")
+    secret_file = group.get("secret_file", "secret")
+    if not isinstance(secret_file, str) or not secret_file:
+        raise ConfigError("group.secret_file must be a path")
+    auto_revert = group.get("auto_revert", False)
+    if not isinstance(auto_revert, bool):
+        raise ConfigError(f"group.auto_revert must be true or false, not {auto_revert!r}")
+
+    timers_raw = _table(raw, "timers", required=False)
+    _check_keys(timers_raw, _SECTIONS["timers"], "[timers]")
+    timers = Timers(**timers_raw)
+    timers.validate()
+    ports_raw = _table(raw, "ports", required=False)
+    _check_keys(ports_raw, _SECTIONS["ports"], "[ports]")
+    ports = Ports(**ports_raw)
+    ports.validate()
+
+    nodes_raw = _table(raw, "nodes")
+    _check_keys(nodes_raw, _SECTIONS["nodes"], "[nodes]")
+    nodes: dict[Role, NodeSpec] = {}
+    for role in Role:
+        spec = nodes_raw.get(role.value)
+        if not isinstance(spec, dict):
+            raise ConfigError(f"the group file needs a [nodes.{role.value}] table with its address")
+        _check_keys(spec, _NODE_KEYS, f"[nodes.{role.value}]")
+        address = spec.get("address")
+        try:
+            ipaddress.ip_address(address)
+        except (ValueError, TypeError):
+            raise ConfigError(f"nodes.{role.value}.address must be an IP address, not {address!r}") from None
+        data_dir = spec.get("data_dir", "/var/lib/pairmq")
+        if not isinstance(data_dir, str) or not data_dir:
+            raise ConfigError(f"nodes.{role.value}.data_dir must be a path")
+        nodes[role] = NodeSpec(role, address, (base / data_dir).resolve())
+    addresses = [n.address for n in nodes.values()]
+    if len(set(addresses)) != len(addresses):
+        raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
+    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path)
+
+
+def _table(raw: dict, key: str, *, required: bool = True) -> dict:
+    value = raw.get(key, None if required else {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"the group file needs a [{key}] table")
+    return value
+
+
+def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where} (known: {', '.join(sorted(allowed))})")
+
+
+# --- the secret ---------------------------------------------------------------
+
+
+def load_secret(config: GroupConfig) -> bytes:
+    """The group secret: a systemd credential if one is passed, else the secret file."""
+    cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
+    path = Path(cred_dir) / CREDENTIAL_NAME if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).exists() else config.secret_file
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        raise ConfigError(f"group secret {path} does not exist (create one with `pairmq init`)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read group secret {path}: {exc}") from None
+    if path == config.secret_file and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"group secret {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); run chmod 600 {path}")
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"group secret {path} must be hex digits") from None
+    if len(secret) < 16:
+        raise ConfigError(f"group secret {path} is too short ({len(secret)} bytes; at least 16)")
+    return secret
+
+
+def write_secret(path: Path) -> None:
+    """Create a new random secret, mode 0600 from the first byte written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(SECRET_BYTES) + "\n")
+
+
+def render_group(config: GroupConfig) -> str:
+    """The group file text for `config` (paths written as given, relative or not)."""
+    lines = [
+        "# PairMQ group file: identical on all three hosts. The secret is not in here.",
+        "[group]",
+        f"name = {_q(config.name)}",
+        f"secret_file = {_q(str(config.secret_file))}",
+        f"auto_revert = {'true' if config.auto_revert else 'false'}",
+        "",
+        "[timers]",
+        *(f"{f.name} = {getattr(config.timers, f.name)}" for f in dataclasses.fields(Timers)),
+        "",
+        "[ports]",
+        *(f"{f.name} = {getattr(config.ports, f.name)}" for f in dataclasses.fields(Ports)),
+    ]
+    for role in Role:
+        node = config.nodes[role]
+        lines += ["", f"[nodes.{role.value}]", f"address = {_q(node.address)}", f"data_dir = {_q(str(node.data_dir))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

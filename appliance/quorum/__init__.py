@@ -1,0 +1,1 @@
+"""The redundancy core: who is active, decided by authenticated heartbeats (DESIGN §3)."""

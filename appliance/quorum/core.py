@@ -1,0 +1,567 @@
+"""The quorum core: sans-I/O, time passed in (DESIGN §3).
+
+Theory of operation
+-------------------
+Activity is Raft-style leadership with a leader lease, dressed in Solace's
+roles. Each of the three nodes sends a heartbeat to both peers every
+`heartbeat_interval_ms`; each heartbeat echoes the last sequence number the
+sender heard from each peer. A echoing B's sequence number s tells B that the
+round trip s made is complete; B remembers when it *sent* s.
+
+Rules (numbers as in DESIGN §3):
+
+R1 lease. An active node serves only while `now < lease_expiry`, where
+   lease_expiry = (send time of its latest heartbeat, sent while active at this
+   epoch, that a peer echoed) + lease_ms. The initial lease comes from the echo
+   in the heartbeat that granted it the vote. Past expiry it steps down for good
+   at that epoch. An echo carried by a heartbeat with a higher epoch never
+   extends a lease: it makes the node step down (R3).
+
+R2 takeover = election. A standby bids for epoch E = max(known, voted) + 1
+   only when: no activity claim from its mate for lease_ms + margin, it sees a
+   peer, and it is eligible (in sync with the last active, or provably the most
+   up-to-date node, or forced by an operator who acknowledged data loss). It
+   votes for itself (persisted) and needs one more vote: from the monitor, or
+   from its mate at start-up. A voter grants at most one vote per epoch
+   (persisted before the grant is sent), only when no node other than the
+   candidate has claimed activity to it for lease_ms + margin, and only to an
+   eligible candidate. The vote heartbeat must echo one of the candidate's
+   recent sequence numbers; the candidate persists E, then serves.
+
+   An "activity claim" from X, for the lease+margin rule, is: a heartbeat from
+   X claiming ACTIVE; a vote we granted X; a bid from X for the epoch we voted
+   X. A voter's or candidate's echo of X's heartbeat can extend X's lease only
+   if that heartbeat was such a claim, so "no claim from X for lease+margin"
+   proves every lease X could hold through us has expired.
+
+R3 epochs fence. Every heartbeat carries the sender's epoch (the highest it
+   knows of, including votes it granted). A node that sees a higher epoch than
+   its own active epoch steps down at once and adopts it (persisted).
+
+R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
+   pre-crash echoes may still hold someone's lease). "Most up-to-date" is the
+   order (spool epoch, spool seq, primary-first); a node proves it from its
+   mate's heartbeat or from the monitor's view of the mate. Without proof it
+   waits for an operator's forced bid.
+
+R5 every transition yields a `Decision` with a sentence saying why.
+
+Why at most one node serves (S1): two actives need two elections; each needs
+two of three votes, and a voter that granted epoch E refuses every other
+candidate until the E candidate's claims to it have been silent for
+lease + margin, which is exactly when every lease that voter's echoes could
+have granted is over. The simulator checks this over thousands of schedules.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from typing import Protocol
+
+from ..errors import LocalProtocolError
+from ..roles import Role
+from .auth import HeartbeatAuth, Rejected
+from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, NEVER_MS, Activity,
+                   Heartbeat, PeerView)
+
+SENT_HISTORY = 512  # our own send times kept for echo lookups (512 x 50 ms = 25 s)
+DECISION_HISTORY = 64
+
+
+class RedundancyStatus(enum.Enum):
+    UP = "Up"
+    DOWN = "Down"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timing:
+    heartbeat_interval_ms: int
+    lease_ms: int
+    takeover_margin_ms: int
+    insync_ms: int
+
+    @classmethod
+    def from_timers(cls, timers) -> "Timing":
+        return cls(timers.heartbeat_interval_ms, timers.lease_ms, timers.takeover_margin_ms, timers.insync_ms)
+
+    @property
+    def quiet_ms(self) -> int:
+        """Silence from a claimant after which none of its leases can be live."""
+        return self.lease_ms + self.takeover_margin_ms
+
+
+@dataclasses.dataclass(slots=True)
+class PersistentState:
+    """What must survive a crash; saved durably before it is acted on."""
+
+    incarnation: int = 0
+    epoch: int = 0  # highest epoch known (activated, granted, or seen)
+    voted_epoch: int = 0  # highest epoch we granted a vote in (ourselves included)
+    voted_for: Role | None = None
+    spool_epoch: int = 0  # how up to date our data is (until the spool exists: the epoch we last served or synced)
+    spool_seq: int = 0
+
+
+class StableStore(Protocol):
+    def load(self) -> PersistentState: ...
+
+    def save(self, state: PersistentState) -> None:
+        """Durable when it returns."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    at_ms: int
+    role: Role
+    kind: str  # "activate", "step_down", "bid", "vote", "epoch", "boot", "refuse"
+    epoch: int
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclasses.dataclass(slots=True)
+class _Peer:
+    role: Role
+    hb: Heartbeat | None = None
+    heard_at: int | None = None
+    claim_at: int | None = None  # latest activity claim (see the theory above); boot time until one is seen
+    claimed: bool = False  # claim_at is a real claim, not the boot-time stand-in
+    echo_sent_at: int | None = None  # send time of our latest seq this peer echoed
+
+
+class QuorumCore:
+    def __init__(self, role: Role, auth: HeartbeatAuth, timing: Timing, store: StableStore, now_ms: int) -> None:
+        self.role = role
+        self.auth = auth
+        self.timing = timing
+        self.store = store
+        self.state = store.load()
+        self.state.incarnation += 1
+        store.save(self.state)
+
+        self.activity = Activity.NONE if role is Role.MONITOR else Activity.STANDBY
+        self.active_epoch = 0
+        self.lease_expiry = 0
+        self._activation_seq = 0
+        self._mate_contact_unbroken = False
+        self.replication_caught_up = True  # active side: the mate link's view (issue 4); True until it exists
+        self._insync_until = 0  # standby side: our in-sync lease from the active
+        self._insync_epoch = 0
+        self.bid_epoch = 0
+        self._bid_forced = False
+        self._force_until = 0
+        self.config_version = 0
+
+        self.boot_at = now_ms
+        self._hold_until = now_ms + timing.quiet_ms
+        self.peers = {r: _Peer(r) for r in role.peers()}
+        for peer in self.peers.values():
+            peer.claim_at = now_ms  # R4: a fresh boot counts as having just heard a claim
+        self._seq = 0
+        self._sent: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._next_heartbeat_at = now_ms
+        self._outbox: list[bytes] = []
+        self._decisions: list[Decision] = []
+        self.history: collections.deque[Decision] = collections.deque(maxlen=DECISION_HISTORY)
+        self._last_refusal = ""
+        self._bid_story = ""
+        self._now = now_ms
+        self._decide(now_ms, "boot", f"{role.value}: started, incarnation {self.state.incarnation}, "
+                     f"epoch {self.state.epoch}; holding {timing.quiet_ms} ms before any bid or vote")
+
+    # --- inputs ---------------------------------------------------------------
+
+    def receive_datagram(self, data: bytes, now_ms: int) -> Heartbeat | None:
+        self._now = now_ms
+        self._expire(now_ms)
+        try:
+            hb = self.auth.open(data)
+        except Rejected:
+            return None
+        self._on_heartbeat(hb, now_ms)
+        self._evaluate(now_ms)
+        return hb
+
+    def handle_timer(self, now_ms: int) -> None:
+        self._now = now_ms
+        self._expire(now_ms)
+        self._evaluate(now_ms)
+        if now_ms >= self._next_heartbeat_at:
+            self._send_heartbeat(now_ms)
+
+    def set_spool_position(self, epoch: int, seq: int) -> None:
+        if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
+            self.state.spool_epoch, self.state.spool_seq = epoch, seq
+
+    def request_force(self, now_ms: int, *, acknowledge_data_loss: bool) -> None:
+        """An operator's forced bid: skips the up-to-date proof, never the vote or the lease rules."""
+        if self.role is Role.MONITOR:
+            raise LocalProtocolError("the monitor never holds activity")
+        if not acknowledge_data_loss:
+            raise LocalProtocolError("forcing activity may lose acknowledged messages; "
+                                     "repeat with the data-loss acknowledgement to proceed")
+        if self.activity is Activity.ACTIVE:
+            raise LocalProtocolError("this node already holds activity")
+        self._force_until = now_ms + 10 * self.timing.quiet_ms
+        self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
+        self._evaluate(now_ms)
+
+    # --- outputs --------------------------------------------------------------
+
+    def datagrams_to_send(self) -> list[bytes]:
+        """Datagrams for both peers (each goes to every peer's address)."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def decisions(self) -> list[Decision]:
+        out, self._decisions = self._decisions, []
+        return out
+
+    def get_timer(self) -> int:
+        """The next instant `handle_timer` must run.
+
+        The heartbeat deadline always moves forward when it fires; the others only
+        count while still ahead of us, so a passed one cannot spin the caller.
+        """
+        others = []
+        if self.activity is Activity.ACTIVE:
+            others.append(self.lease_expiry)
+        else:
+            # Moments when a bid or a vote may become allowed: act on them at once,
+            # not at the next heartbeat tick (it shortens failover by up to a tick).
+            others.append(self._hold_until)
+            others += [p.claim_at + self.timing.quiet_ms + 1 for p in self.peers.values() if p.claim_at is not None]
+        return min([self._next_heartbeat_at] + [d for d in others if d > self._now])
+
+    def may_serve(self, now_ms: int) -> bool:
+        return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry
+
+    def sees(self, role: Role, now_ms: int) -> bool:
+        """Mutual visibility: a round trip completed within the lease."""
+        peer = self.peers[role]
+        return peer.echo_sent_at is not None and now_ms - peer.echo_sent_at < self.timing.lease_ms
+
+    def in_sync(self, now_ms: int) -> bool:
+        return now_ms < self._insync_until
+
+    def redundancy_status(self, now_ms: int) -> RedundancyStatus:
+        if self.role is Role.MONITOR:
+            ok = all(self.sees(r, now_ms) for r in self.peers)
+        elif self.activity is Activity.ACTIVE:
+            ok = self._mate_in_sync(now_ms)
+        else:
+            ok = self.in_sync(now_ms)
+        return RedundancyStatus.UP if ok else RedundancyStatus.DOWN
+
+    def active_role(self, now_ms: int) -> Role | None:
+        """Who we believe serves: ourselves, or a peer whose recent heartbeat claimed it."""
+        if self.may_serve(now_ms):
+            return self.role
+        best = None
+        for peer in self.peers.values():
+            hb = peer.hb
+            if hb and hb.activity is Activity.ACTIVE and now_ms - peer.heard_at < self.timing.lease_ms:
+                if best is None or hb.epoch > best[0]:
+                    best = (hb.epoch, peer.role)
+        return best[1] if best else None
+
+    # --- the rules ------------------------------------------------------------
+
+    def _expire(self, now_ms: int) -> None:
+        if self.activity is Activity.ACTIVE and now_ms >= self.lease_expiry:
+            ago = now_ms - (self.lease_expiry - self.timing.lease_ms)
+            self._step_down(now_ms, f"lease expired: no peer echoed a heartbeat sent in the last "
+                                    f"{_secs(ago)} → stopping service")
+
+    def _on_heartbeat(self, hb: Heartbeat, now_ms: int) -> None:
+        peer = self.peers[hb.sender]
+        peer.hb, peer.heard_at = hb, now_ms
+        if hb.epoch > self.state.epoch:
+            if self.activity is Activity.ACTIVE:
+                self._step_down(now_ms, f"{hb.sender.value} reports epoch {hb.epoch} > ours {self.active_epoch} "
+                                        f"→ stepping down")
+            self._adopt_epoch(hb.epoch, now_ms, f"learned epoch {hb.epoch} from {hb.sender.value}")
+        if self.bid_epoch and hb.epoch >= self.bid_epoch and hb.vote_for is not self.role:
+            self._end_bid(now_ms, f"epoch {hb.epoch} already taken (seen from {hb.sender.value})")
+
+        mine = hb.view_of(self.role)
+        echo_at = None
+        if mine and mine.incarnation == self.state.incarnation:
+            echo_at = self._sent.get(mine.seq)
+            if echo_at is not None and (peer.echo_sent_at is None or echo_at > peer.echo_sent_at):
+                peer.echo_sent_at = echo_at
+
+        claims = hb.activity is Activity.ACTIVE or (
+            hb.bid_epoch and self.state.voted_for is hb.sender and hb.bid_epoch == self.state.voted_epoch)
+        if claims:
+            peer.claim_at, peer.claimed = now_ms, True
+
+        if self.activity is Activity.ACTIVE:
+            if hb.activity is Activity.ACTIVE and hb.epoch >= self.active_epoch:
+                # Equal epochs cannot both be active (one vote per epoch); a peer bug. Refuse to share.
+                self._step_down(now_ms, f"{hb.sender.value} also claims epoch {hb.epoch} → stepping down")
+            elif echo_at is not None and mine.seq >= self._activation_seq and hb.epoch <= self.active_epoch:
+                self.lease_expiry = max(self.lease_expiry, echo_at + self.timing.lease_ms)
+        elif self.bid_epoch and hb.vote_for is self.role and hb.vote_epoch == self.bid_epoch:
+            if echo_at is not None:
+                self._activate(hb, echo_at, now_ms)
+        elif self.role.routes_messages and hb.activity is Activity.ACTIVE and hb.epoch >= self.state.epoch:
+            self._track_insync(hb, echo_at, now_ms)
+
+    def _track_insync(self, hb: Heartbeat, echo_at: int | None, now_ms: int) -> None:
+        if not hb.has(FLAG_MATE_IN_SYNC):
+            if self._insync_until:
+                self._insync_until = 0
+                self._decide(now_ms, "sync", f"{self.role.value}: {hb.sender.value} (active, epoch {hb.epoch}) "
+                                             f"reports us out of sync")
+            return
+        if echo_at is None:
+            return
+        if not self.in_sync(now_ms):
+            self._decide(now_ms, "sync", f"{self.role.value}: in sync with {hb.sender.value} (active, epoch {hb.epoch})")
+        self._insync_until = max(self._insync_until, echo_at + self.timing.insync_ms)
+        self._insync_epoch = hb.epoch
+        if (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
+            self.set_spool_position(hb.spool_epoch, hb.spool_seq)
+            self.store.save(self.state)
+
+    def _evaluate(self, now_ms: int) -> None:
+        if self.activity is Activity.ACTIVE:
+            if self._mate_contact_unbroken and not self.sees(self.role.mate(), now_ms):
+                self._mate_contact_unbroken = False
+                self._decide(now_ms, "sync", f"{self.role.value}: lost sight of {self.role.mate().value} "
+                                             f"→ redundancy down, mate out of sync")
+            return
+        self._consider_votes(now_ms)
+        if self.role.routes_messages:
+            self._consider_bid(now_ms)
+
+    def _consider_bid(self, now_ms: int) -> None:
+        mate = self.role.mate()
+        why_not = self._bid_obstacle(now_ms)
+        if why_not:
+            if self.bid_epoch:
+                self._end_bid(now_ms, why_not)
+            return
+        if self.bid_epoch:
+            return
+        self.bid_epoch = max(self.state.epoch, self.state.voted_epoch) + 1
+        self._bid_forced = now_ms < self._force_until and not self._eligible_reason(now_ms)[0]
+        self.state.voted_epoch, self.state.voted_for = self.bid_epoch, self.role
+        self.store.save(self.state)
+        self._bid_story = self._silence_story(mate, now_ms)
+        self._decide(now_ms, "bid", f"{self.role.value}: {self._bid_story}, {self._eligible_reason(now_ms)[1]} "
+                                    f"→ asking for epoch {self.bid_epoch}")
+        self._send_heartbeat(now_ms)
+
+    def _bid_obstacle(self, now_ms: int) -> str:
+        mate = self.role.mate()
+        if now_ms < self._hold_until:
+            return "holding after boot"
+        quiet = self._quiet_since(mate)
+        if quiet is not None and now_ms <= quiet:
+            return f"{mate.value} claimed activity within {_secs(self.timing.quiet_ms)}"
+        if not any(self.sees(r, now_ms) for r in self.peers):
+            return "sees no peer"
+        if not self._eligible_reason(now_ms)[0] and now_ms >= self._force_until:
+            return "cannot show it is up to date"
+        return ""
+
+    def _end_bid(self, now_ms: int, why: str) -> None:
+        self._decide(now_ms, "bid_end", f"{self.role.value}: withdrawing bid for epoch {self.bid_epoch}: {why}")
+        self.bid_epoch = 0
+        self._bid_forced = False
+
+    def _eligible_reason(self, now_ms: int) -> tuple[bool, str]:
+        if self.in_sync(now_ms):
+            return True, "in sync"
+        mine = (self.state.spool_epoch, self.state.spool_seq, self.role is Role.PRIMARY)
+        theirs = self._mate_position(now_ms)
+        if theirs is None:
+            return False, f"{self.role.mate().value}'s position unknown"
+        if mine >= theirs:
+            return True, f"most up to date (spool {mine[0]}/{mine[1]} vs {theirs[0]}/{theirs[1]})"
+        return False, f"{self.role.mate().value} is more up to date"
+
+    def _mate_position(self, now_ms: int) -> tuple[int, int, bool] | None:
+        """The mate's (spool epoch, seq, is-primary): from the mate, or via the monitor's view."""
+        mate = self.role.mate()
+        hb = self.peers[mate].hb
+        if hb is not None:
+            return hb.spool_epoch, hb.spool_seq, mate is Role.PRIMARY
+        mon = self.peers[Role.MONITOR].hb
+        view = mon.view_of(mate) if mon else None
+        if view is not None and view.heard_ago_ms != NEVER_MS:
+            return view.spool_epoch, view.spool_seq, mate is Role.PRIMARY
+        return None
+
+    def _consider_votes(self, now_ms: int) -> None:
+        for peer in self.peers.values():
+            hb = peer.hb
+            if hb is None or not hb.bid_epoch or now_ms - peer.heard_at >= self.timing.lease_ms:
+                continue
+            if hb.bid_epoch <= self.state.voted_epoch:
+                continue
+            refusal = self._vote_obstacle(hb, now_ms)
+            if refusal:
+                key = f"{hb.sender.value}/{hb.bid_epoch}"
+                if key != self._last_refusal:  # one refusal decision per bid, not one per heartbeat
+                    self._last_refusal = key
+                    self._decide(now_ms, "refuse", f"{self.role.value}: not voting for {hb.sender.value} "
+                                                   f"(epoch {hb.bid_epoch}): {refusal}")
+                continue
+            self.state.voted_epoch, self.state.voted_for = hb.bid_epoch, hb.sender
+            self.state.epoch = max(self.state.epoch, hb.bid_epoch)
+            self.store.save(self.state)  # a vote is durable before anyone can see it
+            peer.claim_at, peer.claimed = now_ms, True
+            self._last_refusal = ""
+            self._decide(now_ms, "vote", f"{self.role.value}: {self._silence_story(hb.sender.mate(), now_ms)} "
+                                         f"→ granting epoch {hb.bid_epoch} to {hb.sender.value}")
+            self._send_heartbeat(now_ms)
+
+    def _vote_obstacle(self, hb: Heartbeat, now_ms: int) -> str:
+        if now_ms < self._hold_until:
+            return "holding after boot"
+        if self.activity is Activity.ACTIVE:
+            return "we hold activity"
+        if self.bid_epoch:
+            return "we are bidding ourselves"
+        for peer in self.peers.values():
+            if peer.role is not hb.sender and peer.claim_at is not None and now_ms - peer.claim_at <= self.timing.quiet_ms:
+                if not peer.claimed:
+                    return "holding after boot"
+                return f"{peer.role.value} claimed activity {_secs(now_ms - peer.claim_at)} ago"
+        if hb.has(FLAG_BID_FORCED) or hb.has(FLAG_SELF_IN_SYNC):
+            return ""
+        theirs = (hb.spool_epoch, hb.spool_seq, hb.sender is Role.PRIMARY)
+        if self.role.routes_messages:
+            other = (self.state.spool_epoch, self.state.spool_seq, self.role is Role.PRIMARY)
+        else:
+            view = hb.sender.mate()
+            other_hb = self.peers[view].hb
+            if other_hb is None:
+                return f"cannot confirm {hb.sender.value} is more up to date than {view.value} (never heard it)"
+            other = (other_hb.spool_epoch, other_hb.spool_seq, view is Role.PRIMARY)
+        if theirs < other:
+            return "candidate is not the most up to date"
+        return ""
+
+    def _activate(self, vote: Heartbeat, echo_at: int, now_ms: int) -> None:
+        mate = self.role.mate()
+        lease_expiry = echo_at + self.timing.lease_ms
+        quiet = self._quiet_since(mate)
+        if now_ms >= lease_expiry:
+            self._end_bid(now_ms, "the vote arrived too late to give a lease")
+            return
+        if quiet is not None and now_ms <= quiet:
+            self._end_bid(now_ms, f"{mate.value} claimed activity meanwhile")
+            return
+        epoch = self.bid_epoch
+        self.state.epoch = max(self.state.epoch, epoch)
+        if self.state.spool_epoch < epoch:  # a new epoch starts a new history on top of ours
+            self.state.spool_epoch, self.state.spool_seq = epoch, 0
+        self.store.save(self.state)  # R2: the epoch is on disk before we serve
+        self.activity = Activity.ACTIVE
+        self.active_epoch = epoch
+        self.lease_expiry = lease_expiry
+        self._activation_seq = self._seq + 1
+        self._mate_contact_unbroken = self.sees(mate, now_ms)
+        eligible = "forced by operator" if self._bid_forced else self._eligible_reason(now_ms)[1]
+        self.bid_epoch = 0
+        self._insync_until = 0
+        self._decide(now_ms, "activate", f"{self.role.value}: {self._bid_story}, {vote.sender.value} concurs, "
+                                         f"{eligible} → taking activity, epoch {epoch}")
+        self._send_heartbeat(now_ms)
+
+    def _step_down(self, now_ms: int, why: str) -> None:
+        epoch = self.active_epoch
+        self.activity = Activity.STANDBY
+        self.active_epoch = 0
+        self.lease_expiry = 0
+        self._decide(now_ms, "step_down", f"{self.role.value}: {why}, epoch {epoch}")
+        self._send_heartbeat(now_ms)
+
+    def _adopt_epoch(self, epoch: int, now_ms: int, why: str) -> None:
+        self.state.epoch = epoch
+        self.store.save(self.state)
+
+    def _silence_story(self, role: Role, now_ms: int) -> str:
+        """Why `role` is not in the way: the words a decision opens with."""
+        peer = self.peers.get(role)
+        if peer is None or not peer.claimed:
+            return "nobody active"
+        if peer.hb is not None and peer.hb.activity is not Activity.ACTIVE and now_ms - peer.heard_at < self.timing.lease_ms:
+            return f"{role.value} gave up activity {_secs(now_ms - peer.claim_at)} ago"
+        return f"{role.value} unseen {_secs(now_ms - peer.claim_at)}"
+
+    def _quiet_since(self, role: Role) -> int | None:
+        """The instant after which `role`'s claims to us have been silent long enough."""
+        claim_at = self.peers[role].claim_at
+        return None if claim_at is None else claim_at + self.timing.quiet_ms
+
+    def _mate_in_sync(self, now_ms: int) -> bool:
+        return (self.activity is Activity.ACTIVE and self._mate_contact_unbroken and self.replication_caught_up
+                and self.sees(self.role.mate(), now_ms))
+
+    # --- heartbeats -----------------------------------------------------------
+
+    def _send_heartbeat(self, now_ms: int) -> None:
+        self._seq += 1
+        self._sent[self._seq] = now_ms
+        while len(self._sent) > SENT_HISTORY:
+            self._sent.popitem(last=False)
+        flags = 0
+        if self._mate_in_sync(now_ms):
+            flags |= FLAG_MATE_IN_SYNC
+        if self.activity is Activity.STANDBY and self.in_sync(now_ms):
+            flags |= FLAG_SELF_IN_SYNC
+        if self.bid_epoch and self._bid_forced:
+            flags |= FLAG_BID_FORCED
+        if self.redundancy_status(now_ms) is RedundancyStatus.UP:
+            flags |= FLAG_REDUNDANCY_UP
+        vote_open = self._vote_open()
+        hb = Heartbeat(
+            group=self.auth.group, sender=self.role, incarnation=self.state.incarnation, seq=self._seq,
+            epoch=self.state.epoch, activity=self.activity, views=tuple(self._view(r, now_ms) for r in self.role.peers()),
+            flags=flags, bid_epoch=self.bid_epoch,
+            vote_epoch=self.state.voted_epoch if vote_open else 0,
+            vote_for=self.state.voted_for if vote_open else None,
+            spool_epoch=self.state.spool_epoch, spool_seq=self.state.spool_seq, config_version=self.config_version,
+        )
+        self._outbox.append(self.auth.seal(hb))
+        self._next_heartbeat_at = now_ms + self.timing.heartbeat_interval_ms
+
+    def _vote_open(self) -> bool:
+        """Repeat our latest vote (datagrams get lost) while its candidate is still bidding for it."""
+        voted_for = self.state.voted_for
+        if voted_for is None or voted_for is self.role or self.state.voted_epoch < self.state.epoch:
+            return False
+        hb = self.peers[voted_for].hb
+        return hb is not None and hb.bid_epoch == self.state.voted_epoch
+
+    def _view(self, role: Role, now_ms: int) -> PeerView:
+        peer = self.peers[role]
+        hb = peer.hb
+        if hb is None:
+            return PeerView(role)
+        claim_ago = NEVER_MS
+        if hb.activity is Activity.ACTIVE and peer.claim_at is not None:
+            claim_ago = min(now_ms - peer.claim_at, NEVER_MS - 1)
+        return PeerView(role, hb.incarnation, hb.seq, min(now_ms - peer.heard_at, NEVER_MS - 1), claim_ago,
+                        hb.epoch, hb.spool_epoch, hb.spool_seq)
+
+    def _decide(self, now_ms: int, kind: str, reason: str) -> None:
+        epoch = self.active_epoch or self.bid_epoch or self.state.epoch
+        if kind == "step_down" or kind == "activate":
+            epoch = self.state.epoch
+        decision = Decision(now_ms, self.role, kind, epoch, reason)
+        self._decisions.append(decision)
+        self.history.append(decision)
+
+
+def _secs(ms: int) -> str:
+    return f"{ms / 1000:.2f} s"

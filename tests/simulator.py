@@ -1,0 +1,347 @@
+"""A seeded, deterministic simulator of a whole PairMQ group (STYLE.md practice 5).
+
+All three quorum cores run in one process over a simulated clock and network.
+Every source of nondeterminism comes from one `random.Random(seed)`:
+message delay, loss, duplication, replay of old datagrams, clock offsets and
+drift, and the fault schedule. After every step the invariants are checked:
+
+  S1  at most one node may serve at any instant;
+  S3  a serving node has received a datagram from a peer within its lease;
+  E   epochs of successive activations strictly increase, and no node's
+      durable epoch ever goes backwards.
+
+A violation raises `InvariantViolation` with the seed and the trace: one line
+per node per step for the last steps, enough to replay and read the failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections import deque
+
+from appliance.config import Timers
+from appliance.quorum.auth import HeartbeatAuth
+from appliance.quorum.core import PersistentState, QuorumCore, Timing
+from appliance.roles import Role
+
+SECRET = bytes(range(32))
+GROUP = "sim"
+TRACE_LINES = 120
+SOCKET_BUFFER = 64  # datagrams a paused node's socket holds before the kernel drops more
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+class MemoryStore:
+    """A stable store whose contents survive the simulated crash of its node."""
+
+    def __init__(self) -> None:
+        self._state = PersistentState()
+        self.saves = 0
+
+    def load(self) -> PersistentState:
+        return dataclasses.replace(self._state)
+
+    def save(self, state: PersistentState) -> None:
+        assert state.epoch >= self._state.epoch, "durable epoch went backwards"
+        self._state = dataclasses.replace(state)
+        self.saves += 1
+
+
+@dataclasses.dataclass
+class Link:
+    blocked: bool = False
+    loss: float = 0.0
+    delay_ms: tuple[int, int] = (0, 2)
+    duplicate: float = 0.0
+
+
+class SimNode:
+    def __init__(self, role: Role, rng: random.Random, drift_ppm: int) -> None:
+        self.role = role
+        self.store = MemoryStore()
+        self.offset = rng.randrange(0, 10**9)  # monotonic clocks share no origin
+        self.rate = 1 + rng.uniform(-drift_ppm, drift_ppm) / 1e6
+        self.core: QuorumCore | None = None
+        self.paused = False
+        self.inbox: deque[bytes] = deque()
+        self.timer_gen = 0
+        self.last_rx_global: int | None = None
+
+    def local(self, t: int) -> int:
+        return self.offset + int(t * self.rate)
+
+    def global_at(self, local_ms: int) -> int:
+        t = int((local_ms - self.offset) / self.rate)
+        while self.local(t) < local_ms:
+            t += 1
+        return t
+
+
+class Simulation:
+    def __init__(self, seed: int, *, timers: Timers = Timers(), drift_ppm: int = 200, trace: bool = True) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.timing = Timing.from_timers(timers)
+        self.t = 0
+        self.nodes = {r: SimNode(r, self.rng, drift_ppm) for r in Role}
+        self.links = {(a, b): Link() for a in Role for b in Role if a is not b}
+        self.replay_rate = 0.0  # chance per delivery that an old datagram is injected too
+        self._history: list[tuple[Role, bytes]] = []
+        self._queue: list[tuple[int, int, str, object]] = []
+        self._tick = 0
+        self.activations: list[tuple[int, Role, int]] = []
+        self.decisions: list[tuple[int, object]] = []
+        self.trace: deque[str] = deque(maxlen=TRACE_LINES) if trace else deque(maxlen=0)
+        self.steps = 0
+        for role in Role:
+            self._boot(role)
+
+    # --- faults -----------------------------------------------------------------
+
+    def cut(self, a: Role, b: Role) -> None:
+        self.links[(a, b)].blocked = self.links[(b, a)].blocked = True
+
+    def cut_one_way(self, src: Role, dst: Role) -> None:
+        self.links[(src, dst)].blocked = True
+
+    def isolate(self, role: Role) -> None:
+        for peer in role.peers():
+            self.cut(role, peer)
+
+    def heal(self) -> None:
+        for link in self.links.values():
+            link.blocked = False
+
+    def set_network(self, *, loss: float = 0.0, delay_ms: tuple[int, int] = (0, 2), duplicate: float = 0.0) -> None:
+        for link in self.links.values():
+            link.loss, link.delay_ms, link.duplicate = loss, delay_ms, duplicate
+
+    def crash(self, role: Role) -> None:
+        node = self.nodes[role]
+        node.core = None
+        node.paused = False
+        node.inbox.clear()
+        node.timer_gen += 1
+        self._log(f"CRASH {role.value}")
+
+    def restart(self, role: Role) -> None:
+        if self.nodes[role].core is None:
+            self._boot(role)
+            self._log(f"RESTART {role.value}")
+
+    def pause(self, role: Role) -> None:
+        node = self.nodes[role]
+        if node.core is not None and not node.paused:
+            node.paused = True
+            node.timer_gen += 1
+            self._log(f"PAUSE {role.value}")
+
+    def resume(self, role: Role) -> None:
+        node = self.nodes[role]
+        if node.core is None or not node.paused:
+            return
+        node.paused = False
+        self._log(f"RESUME {role.value}")
+        while node.inbox:  # what the socket buffered, read at resume time (after the clock jumped)
+            self._deliver(node, node.inbox.popleft())
+        self._arm(node)
+
+    def force(self, role: Role) -> None:
+        node = self.nodes[role]
+        node.core.request_force(node.local(self.t), acknowledge_data_loss=True)
+        self._after(node)
+
+    # --- running ------------------------------------------------------------------
+
+    def run_until(self, t_end: int) -> None:
+        while self._queue and self._queue[0][0] <= t_end:
+            t, _, kind, payload = heapq.heappop(self._queue)
+            self.t = max(self.t, t)
+            if kind == "timer":
+                role, gen = payload
+                node = self.nodes[role]
+                if node.core is None or node.paused or gen != node.timer_gen:
+                    continue
+                node.core.handle_timer(node.local(self.t))
+                self._after(node)
+            elif kind == "deliver":
+                role, data = payload
+                node = self.nodes[role]
+                if node.core is None:
+                    continue
+                if node.paused:
+                    if len(node.inbox) < SOCKET_BUFFER:
+                        node.inbox.append(data)
+                    continue
+                self._deliver(node, data)
+            self.steps += 1
+            self.check()
+        self.t = max(self.t, t_end)
+        self.check()
+
+    def run_for(self, ms: int) -> None:
+        self.run_until(self.t + ms)
+
+    # --- observation ------------------------------------------------------------
+
+    def serving(self) -> list[Role]:
+        return [r for r, n in self.nodes.items() if n.core is not None and n.core.may_serve(n.local(self.t))]
+
+    def core(self, role: Role) -> QuorumCore:
+        return self.nodes[role].core
+
+    def first_serving_after(self, t_from: int, t_limit: int, role: Role | None = None) -> int | None:
+        """Run until some node (or `role`) serves; return the instant, or None by t_limit."""
+        step = 5
+        self.run_until(max(self.t, t_from))
+        while self.t < t_limit:
+            serving = self.serving()
+            if serving and (role is None or role in serving):
+                return self.t
+            self.run_for(step)
+        return None
+
+    def reasons(self, role: Role, kind: str | None = None) -> list[str]:
+        return [d.reason for _, d in self.decisions if d.role is role and (kind is None or d.kind == kind)]
+
+    def check(self) -> None:
+        serving = self.serving()
+        if len(serving) > 1:
+            self._fail(f"S1 violated: {', '.join(r.value for r in serving)} serve at once")
+        for role in serving:
+            node = self.nodes[role]
+            window = int(self.timing.lease_ms * 1.01) + 1
+            if node.last_rx_global is None or self.t - node.last_rx_global > window:
+                self._fail(f"S3 violated: {role.value} serves without hearing a peer for "
+                           f"{'ever' if node.last_rx_global is None else self.t - node.last_rx_global} ms")
+
+    def status_line(self) -> str:
+        parts = []
+        for role, node in self.nodes.items():
+            if node.core is None:
+                parts.append(f"{role.value[:1].upper()}:down")
+                continue
+            c = node.core
+            now = node.local(self.t)
+            what = "SERVE" if c.may_serve(now) else c.activity.name.lower()
+            seen = "".join(r.value[0] for r in c.peers if c.sees(r, now))
+            extra = f" bid{c.bid_epoch}" if c.bid_epoch else ""
+            lease = f" lease+{c.lease_expiry - now}" if c.may_serve(now) else ""
+            parts.append(f"{role.value[:1].upper()}:{what} e{c.state.epoch}/v{c.state.voted_epoch}"
+                         f"{extra}{lease} sees[{seen}]{' paused' if node.paused else ''}")
+        return f"t={self.t:>7} " + " | ".join(parts)
+
+    # --- internals ----------------------------------------------------------------
+
+    def _boot(self, role: Role) -> None:
+        node = self.nodes[role]
+        auth = HeartbeatAuth(SECRET, GROUP, role)
+        node.core = QuorumCore(role, auth, self.timing, node.store, node.local(self.t))
+        node.paused = False
+        node.last_rx_global = None
+        self._after(node)
+
+    def _deliver(self, node: SimNode, data: bytes) -> None:
+        hb = node.core.receive_datagram(data, node.local(self.t))
+        if hb is not None:
+            node.last_rx_global = self.t
+        self._after(node)
+
+    def _after(self, node: SimNode) -> None:
+        core = node.core
+        for data in core.datagrams_to_send():
+            self._history.append((node.role, data))
+            for peer in node.role.peers():
+                self._send(node.role, peer, data)
+        for d in core.decisions():
+            self.decisions.append((self.t, d))
+            self._log(f"{d.kind.upper()} {d.reason}")
+            if d.kind == "activate":
+                if self.activations and d.epoch <= max(e for _, _, e in self.activations):
+                    self._fail(f"epoch did not increase: {node.role.value} activated at {d.epoch} after "
+                               f"{self.activations}")
+                self.activations.append((self.t, node.role, d.epoch))
+        self._arm(node)
+
+    def _arm(self, node: SimNode) -> None:
+        if node.core is None or node.paused:
+            return
+        node.timer_gen += 1
+        when = max(self.t, node.global_at(node.core.get_timer()))
+        self._push(when, "timer", (node.role, node.timer_gen))
+
+    def _send(self, src: Role, dst: Role, data: bytes) -> None:
+        link = self.links[(src, dst)]
+        if link.blocked or self.rng.random() < link.loss:
+            return
+        copies = 2 if self.rng.random() < link.duplicate else 1
+        for _ in range(copies):
+            self._push(self.t + self.rng.randint(*link.delay_ms), "deliver", (dst, data))
+        if self.replay_rate and self._history and self.rng.random() < self.replay_rate:
+            _, old = self._history[self.rng.randrange(len(self._history))]
+            self._push(self.t + self.rng.randint(0, 50), "deliver", (self.rng.choice(list(Role)), old))
+
+    def _push(self, t: int, kind: str, payload: object) -> None:
+        self._tick += 1
+        heapq.heappush(self._queue, (t, self._tick, kind, payload))
+
+    def _log(self, event: str) -> None:
+        if self.trace.maxlen:
+            self.trace.append(f"t={self.t:>7} {event}")
+            self.trace.append(self.status_line())
+
+    def _fail(self, what: str) -> None:
+        lines = "\n".join(self.trace)
+        raise InvariantViolation(f"seed {self.seed}: {what}\n{self.status_line()}\n--- last steps ---\n{lines}")
+
+
+# --- random schedules -------------------------------------------------------------
+
+FAULTS = ("cut", "cut_one_way", "isolate", "heal", "crash", "restart", "pause", "resume", "network", "replay")
+
+
+def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True) -> Simulation:
+    """Run one random fault schedule to the end, checking invariants at every step."""
+    sim = Simulation(seed, drift_ppm=300, trace=trace)
+    rng = random.Random(seed ^ 0x5EED)
+    roles = list(Role)
+    sim.run_until(rng.randint(500, 1500))
+    while sim.t < duration_ms:
+        fault = rng.choice(FAULTS)
+        a, b = rng.sample(roles, 2)
+        if fault == "cut":
+            sim.cut(a, b)
+        elif fault == "cut_one_way":
+            sim.cut_one_way(a, b)
+        elif fault == "isolate":
+            sim.isolate(a)
+        elif fault == "heal":
+            sim.heal()
+        elif fault == "crash":
+            sim.crash(a)
+        elif fault == "restart":
+            sim.restart(a)
+        elif fault == "pause":
+            sim.pause(a)
+        elif fault == "resume":
+            sim.resume(a)
+        elif fault == "network":
+            sim.set_network(loss=rng.choice((0.0, 0.05, 0.3)), delay_ms=rng.choice(((0, 2), (1, 30), (0, 200))),
+                            duplicate=rng.choice((0.0, 0.1)))
+        elif fault == "replay":
+            sim.replay_rate = rng.choice((0.0, 0.05, 0.3))
+        sim.run_for(rng.choice((50, 200, 400, 700, 1200, 2500)))
+    # End healed, so every schedule also shows the group recovering.
+    sim.heal()
+    sim.set_network()
+    sim.replay_rate = 0.0
+    for role in Role:
+        sim.resume(role)
+        sim.restart(role)
+    sim.run_for(4_000)
+    return sim
