@@ -1,0 +1,235 @@
+"""MQTT 5 properties (§2.2.2, §3.x): the table and its rules.
+
+Rules:
+
+- A property block is a VBI length, then (VBI identifier, value) pairs that
+  fill exactly that length.
+- Each identifier has one data type and a set of packets (scopes) that allow
+  it; the Will Properties inside CONNECT are a scope of their own (`WILL`).
+  An unknown identifier, one not allowed in this scope, or a value that does
+  not parse as its type is a Malformed Packet (0x81).
+- User Property may repeat anywhere; Subscription Identifier may repeat only
+  in PUBLISH. Any other identifier appearing twice is a Protocol Error (0x82).
+- Values the spec bounds (0 for Receive Maximum, Maximum Packet Size, Topic
+  Alias or Subscription Identifier; anything but 0/1 for the one-byte
+  switches; Maximum QoS above 1) are a Protocol Error (0x82).
+
+Representation: `dict[PropertyId, value]`. The two repeatable properties are
+always tuples (User Property: tuple of (name, value) pairs; Subscription
+Identifier: tuple of ints), whatever the scope, so callers never branch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from appliance.mqtt.wire import (
+    VBI_MAX, Cursor, PacketType, encode_binary, encode_u8, encode_u16,
+    encode_u32, encode_utf8, encode_vbi, malformed, protocol_error,
+)
+
+WILL = "will"  # the Will Properties scope inside CONNECT
+Scope = PacketType | str
+Properties = Mapping["PropertyId", object]
+
+
+class PropertyId(enum.IntEnum):
+    PAYLOAD_FORMAT_INDICATOR = 0x01
+    MESSAGE_EXPIRY_INTERVAL = 0x02
+    CONTENT_TYPE = 0x03
+    RESPONSE_TOPIC = 0x08
+    CORRELATION_DATA = 0x09
+    SUBSCRIPTION_IDENTIFIER = 0x0B
+    SESSION_EXPIRY_INTERVAL = 0x11
+    ASSIGNED_CLIENT_IDENTIFIER = 0x12
+    SERVER_KEEP_ALIVE = 0x13
+    AUTHENTICATION_METHOD = 0x15
+    AUTHENTICATION_DATA = 0x16
+    REQUEST_PROBLEM_INFORMATION = 0x17
+    WILL_DELAY_INTERVAL = 0x18
+    REQUEST_RESPONSE_INFORMATION = 0x19
+    RESPONSE_INFORMATION = 0x1A
+    SERVER_REFERENCE = 0x1C
+    REASON_STRING = 0x1F
+    RECEIVE_MAXIMUM = 0x21
+    TOPIC_ALIAS_MAXIMUM = 0x22
+    TOPIC_ALIAS = 0x23
+    MAXIMUM_QOS = 0x24
+    RETAIN_AVAILABLE = 0x25
+    USER_PROPERTY = 0x26
+    MAXIMUM_PACKET_SIZE = 0x27
+    WILDCARD_SUBSCRIPTION_AVAILABLE = 0x28
+    SUBSCRIPTION_IDENTIFIER_AVAILABLE = 0x29
+    SHARED_SUBSCRIPTION_AVAILABLE = 0x2A
+
+
+class DataType(enum.Enum):
+    BYTE = "byte"
+    TWO_BYTE_INT = "two byte integer"
+    FOUR_BYTE_INT = "four byte integer"
+    VBI = "variable byte integer"
+    UTF8 = "UTF-8 string"
+    BINARY = "binary data"
+    UTF8_PAIR = "UTF-8 string pair"
+
+
+@dataclass(frozen=True, slots=True)
+class PropertySpec:
+    data_type: DataType
+    scopes: frozenset[Scope]
+    repeatable_in: frozenset[Scope] = frozenset()
+    min_value: int | None = None
+    max_value: int | None = None
+
+
+P = PacketType
+_PUB_WILL = frozenset({P.PUBLISH, WILL})
+_ACKS = frozenset({P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP, P.SUBACK, P.UNSUBACK})
+_ALL = frozenset({P.CONNECT, P.CONNACK, P.PUBLISH, WILL, P.SUBSCRIBE, P.UNSUBSCRIBE,
+                  P.DISCONNECT, P.AUTH}) | _ACKS
+_T = DataType
+
+PROPERTY_TABLE: dict[PropertyId, PropertySpec] = {
+    PropertyId.PAYLOAD_FORMAT_INDICATOR: PropertySpec(_T.BYTE, _PUB_WILL, max_value=1),
+    PropertyId.MESSAGE_EXPIRY_INTERVAL: PropertySpec(_T.FOUR_BYTE_INT, _PUB_WILL),
+    PropertyId.CONTENT_TYPE: PropertySpec(_T.UTF8, _PUB_WILL),
+    PropertyId.RESPONSE_TOPIC: PropertySpec(_T.UTF8, _PUB_WILL),
+    PropertyId.CORRELATION_DATA: PropertySpec(_T.BINARY, _PUB_WILL),
+    PropertyId.SUBSCRIPTION_IDENTIFIER: PropertySpec(
+        _T.VBI, frozenset({P.PUBLISH, P.SUBSCRIBE}), frozenset({P.PUBLISH}), min_value=1),
+    PropertyId.SESSION_EXPIRY_INTERVAL: PropertySpec(
+        _T.FOUR_BYTE_INT, frozenset({P.CONNECT, P.CONNACK, P.DISCONNECT})),
+    PropertyId.ASSIGNED_CLIENT_IDENTIFIER: PropertySpec(_T.UTF8, frozenset({P.CONNACK})),
+    PropertyId.SERVER_KEEP_ALIVE: PropertySpec(_T.TWO_BYTE_INT, frozenset({P.CONNACK})),
+    PropertyId.AUTHENTICATION_METHOD: PropertySpec(
+        _T.UTF8, frozenset({P.CONNECT, P.CONNACK, P.AUTH})),
+    PropertyId.AUTHENTICATION_DATA: PropertySpec(
+        _T.BINARY, frozenset({P.CONNECT, P.CONNACK, P.AUTH})),
+    PropertyId.REQUEST_PROBLEM_INFORMATION: PropertySpec(
+        _T.BYTE, frozenset({P.CONNECT}), max_value=1),
+    PropertyId.WILL_DELAY_INTERVAL: PropertySpec(_T.FOUR_BYTE_INT, frozenset({WILL})),
+    PropertyId.REQUEST_RESPONSE_INFORMATION: PropertySpec(
+        _T.BYTE, frozenset({P.CONNECT}), max_value=1),
+    PropertyId.RESPONSE_INFORMATION: PropertySpec(_T.UTF8, frozenset({P.CONNACK})),
+    PropertyId.SERVER_REFERENCE: PropertySpec(_T.UTF8, frozenset({P.CONNACK, P.DISCONNECT})),
+    PropertyId.REASON_STRING: PropertySpec(
+        _T.UTF8, frozenset({P.CONNACK, P.DISCONNECT, P.AUTH}) | _ACKS),
+    PropertyId.RECEIVE_MAXIMUM: PropertySpec(
+        _T.TWO_BYTE_INT, frozenset({P.CONNECT, P.CONNACK}), min_value=1),
+    PropertyId.TOPIC_ALIAS_MAXIMUM: PropertySpec(
+        _T.TWO_BYTE_INT, frozenset({P.CONNECT, P.CONNACK})),
+    PropertyId.TOPIC_ALIAS: PropertySpec(_T.TWO_BYTE_INT, frozenset({P.PUBLISH}), min_value=1),
+    PropertyId.MAXIMUM_QOS: PropertySpec(_T.BYTE, frozenset({P.CONNACK}), max_value=1),
+    PropertyId.RETAIN_AVAILABLE: PropertySpec(_T.BYTE, frozenset({P.CONNACK}), max_value=1),
+    PropertyId.USER_PROPERTY: PropertySpec(_T.UTF8_PAIR, _ALL, _ALL),
+    PropertyId.MAXIMUM_PACKET_SIZE: PropertySpec(
+        _T.FOUR_BYTE_INT, frozenset({P.CONNECT, P.CONNACK}), min_value=1),
+    PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: PropertySpec(
+        _T.BYTE, frozenset({P.CONNACK}), max_value=1),
+    PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: PropertySpec(
+        _T.BYTE, frozenset({P.CONNACK}), max_value=1),
+    PropertyId.SHARED_SUBSCRIPTION_AVAILABLE: PropertySpec(
+        _T.BYTE, frozenset({P.CONNACK}), max_value=1),
+}
+
+# Stored as tuples in every scope (see the module docstring).
+TUPLE_VALUED = frozenset({PropertyId.USER_PROPERTY, PropertyId.SUBSCRIPTION_IDENTIFIER})
+
+
+def scope_name(scope: Scope) -> str:
+    return "will properties" if scope == WILL else PacketType(scope).name
+
+
+def _read_value(block: Cursor, data_type: DataType, what: str) -> object:
+    if data_type is DataType.BYTE:
+        return block.u8(what)
+    if data_type is DataType.TWO_BYTE_INT:
+        return block.u16(what)
+    if data_type is DataType.FOUR_BYTE_INT:
+        return block.u32(what)
+    if data_type is DataType.VBI:
+        return block.vbi(what)
+    if data_type is DataType.UTF8:
+        return block.utf8(what)
+    if data_type is DataType.BINARY:
+        return block.binary(what)
+    return (block.utf8(f"{what} name"), block.utf8(f"{what} value"))
+
+
+def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
+    """Read one property block for `scope`; the cursor moves past it."""
+    length = cursor.vbi("property length")
+    block = cursor.split(length, "property block")
+    props: dict[PropertyId, object] = {}
+    while not block.at_end():
+        raw_id = block.vbi("property identifier")
+        try:
+            pid = PropertyId(raw_id)
+        except ValueError:
+            raise malformed(f"unknown property identifier 0x{raw_id:02X}") from None
+        spec = PROPERTY_TABLE[pid]
+        if scope not in spec.scopes:
+            raise malformed(f"property {pid.name} is not allowed in {scope_name(scope)}")
+        value = _read_value(block, spec.data_type, pid.name)
+        if isinstance(value, int):
+            _check_range(pid, spec, value)
+        if pid in TUPLE_VALUED:
+            if pid in props and scope not in spec.repeatable_in:
+                raise protocol_error(f"property {pid.name} appears twice in {scope_name(scope)}")
+            props[pid] = props.get(pid, ()) + (value,)  # type: ignore[operator]
+        elif pid in props:
+            raise protocol_error(f"property {pid.name} appears twice in {scope_name(scope)}")
+        else:
+            props[pid] = value
+    return props
+
+
+def _check_range(pid: PropertyId, spec: PropertySpec, value: int) -> None:
+    if spec.min_value is not None and value < spec.min_value:
+        raise protocol_error(f"property {pid.name} must be at least {spec.min_value}, got {value}")
+    if spec.max_value is not None and value > spec.max_value:
+        raise protocol_error(f"property {pid.name} must be at most {spec.max_value}, got {value}")
+
+
+def _encode_value(data_type: DataType, value: object) -> bytes:
+    if data_type is DataType.BYTE:
+        return encode_u8(value)  # type: ignore[arg-type]
+    if data_type is DataType.TWO_BYTE_INT:
+        return encode_u16(value)  # type: ignore[arg-type]
+    if data_type is DataType.FOUR_BYTE_INT:
+        return encode_u32(value)  # type: ignore[arg-type]
+    if data_type is DataType.VBI:
+        return encode_vbi(value)  # type: ignore[arg-type]
+    if data_type is DataType.UTF8:
+        return encode_utf8(value)  # type: ignore[arg-type]
+    if data_type is DataType.BINARY:
+        return encode_binary(value)  # type: ignore[arg-type]
+    name, text = value  # type: ignore[misc]
+    return encode_utf8(name) + encode_utf8(text)
+
+
+def encode_properties(props: Properties, scope: Scope) -> bytes:
+    """The property block (length included) for `scope`, in identifier order."""
+    body = bytearray()
+    for pid in sorted(props):
+        pid = PropertyId(pid)
+        spec = PROPERTY_TABLE[pid]
+        if scope not in spec.scopes:
+            raise ValueError(f"property {pid.name} is not allowed in {scope_name(scope)}")
+        values = props[pid] if pid in TUPLE_VALUED else (props[pid],)
+        if len(values) > 1 and scope not in spec.repeatable_in:  # type: ignore[arg-type]
+            raise ValueError(f"property {pid.name} may appear once in {scope_name(scope)}")
+        for value in values:  # type: ignore[union-attr]
+            if isinstance(value, int) and not _in_range(spec, value):
+                raise ValueError(f"property {pid.name} value {value} out of range")
+            body += encode_vbi(pid) + _encode_value(spec.data_type, value)
+    if len(body) > VBI_MAX:
+        raise ValueError("property block too long")
+    return encode_vbi(len(body)) + bytes(body)
+
+
+def _in_range(spec: PropertySpec, value: int) -> bool:
+    return ((spec.min_value is None or value >= spec.min_value)
+            and (spec.max_value is None or value <= spec.max_value))
