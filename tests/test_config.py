@@ -1,0 +1,88 @@
+"""Group file and secret validation: every mistake is one clear sentence."""
+
+import os
+import tomllib
+
+import pytest
+
+from appliance.config import GroupConfig, NodeSpec, Timers, load_group, load_secret, parse_group, render_group, write_secret
+from appliance.errors import ConfigError
+from appliance.roles import Role
+
+
+def group_text(tmp_path, **timers) -> str:
+    nodes = {r: NodeSpec(r, f"127.0.0.{i + 1}", tmp_path / r.value) for i, r in enumerate(Role)}
+    return render_group(GroupConfig("g", nodes, tmp_path / "secret", Timers(**timers)))
+
+
+def test_defaults_round_trip_and_fail_over_well_under_two_seconds(tmp_path):
+    (tmp_path / "group.toml").write_text(group_text(tmp_path))
+    config = load_group(tmp_path / "group.toml")
+    assert config.timers == Timers()
+    assert config.timers.expected_failover_ms < 1_000
+    assert config.host_list() == "127.0.0.1:1883,127.0.0.2:1883"
+
+
+@pytest.mark.parametrize("timers,relation", [
+    ({"heartbeat_interval_ms": 200, "lease_ms": 500}, "lease_ms (500) must be at least 4 x heartbeat_interval_ms (800)"),
+    ({"takeover_margin_ms": 20}, "takeover_margin_ms (20) must be at least heartbeat_interval_ms (50)"),
+    ({"lease_ms": 5000, "takeover_margin_ms": 100}, "takeover_margin_ms (100) must be at least lease_ms / 10 (500)"),
+    ({"heartbeat_interval_ms": 5}, "heartbeat_interval_ms (5) must be at least 10"),
+    ({"lease_ms": -1}, "timers.lease_ms must be a positive whole number"),
+])
+def test_unsafe_timers_name_the_relation(tmp_path, timers, relation):
+    raw = tomllib.loads(group_text(tmp_path))
+    raw["timers"].update(timers)
+    with pytest.raises(ConfigError, match=relation.replace("(", r"\(").replace(")", r"\)")):
+        parse_group(raw)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r["timers"].update(lease=500), "unknown key 'lease' in \\[timers\\]"),
+    (lambda r: r.pop("nodes"), "needs a \\[nodes\\] table"),
+    (lambda r: r["nodes"].pop("monitor"), "needs a \\[nodes.monitor\\] table"),
+    (lambda r: r["nodes"]["backup"].update(address="not-an-ip"), "nodes.backup.address must be an IP address"),
+    (lambda r: r["nodes"]["backup"].update(address="127.0.0.1"), "distinct addresses"),
+    (lambda r: r["ports"].update(mqtt=8080), "are both 8080"),
+    (lambda r: r["group"].update(name=""), "group.name must be"),
+])
+def test_bad_group_files_are_refused_clearly(tmp_path, edit, message):
+    raw = tomllib.loads(group_text(tmp_path))
+    edit(raw)
+    with pytest.raises(ConfigError, match=message):
+        parse_group(raw)
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_group(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[group\nname=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_group(tmp_path / "bad.toml")
+
+
+def test_secret_is_created_0600_and_refused_when_readable_by_others(tmp_path):
+    (tmp_path / "group.toml").write_text(group_text(tmp_path))
+    config = load_group(tmp_path / "group.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_secret(config)
+    write_secret(config.secret_file)
+    assert os.stat(config.secret_file).st_mode & 0o777 == 0o600
+    assert len(load_secret(config)) == 32
+    os.chmod(config.secret_file, 0o644)
+    with pytest.raises(ConfigError, match="readable by others.*chmod 600"):
+        load_secret(config)
+    os.chmod(config.secret_file, 0o600)
+    config.secret_file.write_text("zz-not-hex\n")
+    with pytest.raises(ConfigError, match="hex"):
+        load_secret(config)
+
+
+def test_systemd_credential_takes_precedence(tmp_path, monkeypatch):
+    (tmp_path / "group.toml").write_text(group_text(tmp_path))
+    config = load_group(tmp_path / "group.toml")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "pairmq-secret").write_text("ab" * 32)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert load_secret(config) == bytes.fromhex("ab" * 32)
