@@ -285,8 +285,10 @@ class _Connection:
             props[PropertyId.MAXIMUM_PACKET_SIZE] = self._l.max_packet_size
             if not c.client_id:
                 props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = self.client_id
-        self.accepted = True
-        if await self._send(Connack(ReasonCode.SUCCESS, False, props)):
+        self.accepted = True  # before the write: a drop_clients during drain must DISCONNECT
+        if not await self._send(Connack(ReasonCode.SUCCESS, False, props)):
+            self.accepted = False
+        else:
             self._l.emit("client_accepted", {
                 "client_id": self.client_id, "protocol_version": c.protocol_version,
                 "peer": self.peer, "keep_alive_s": c.keep_alive_s,

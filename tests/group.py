@@ -1,0 +1,163 @@
+"""A whole PairMQ group of real node processes, for integration tests.
+
+Nodes run as `pairmq node --role R --group FILE` (exactly what systemd runs),
+on loopback addresses or, given a `tests.netns.Hosts`, each in its own network
+namespace. Tests read what happened from the nodes' own event logs (the data
+directories are on the shared filesystem) and ask "who serves?" with real
+MQTT CONNECTs (tests/probe.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from appliance.config import GroupConfig, NodeSpec, Timers, load_group, render_group, write_secret
+from appliance.roles import Role
+
+LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Group:
+    def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
+                 timers: Timers = Timers()) -> None:
+        self.dir = directory
+        self.hosts = hosts  # tests.netns.Hosts, or None for loopback
+        nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
+        config = GroupConfig("test", nodes, directory / "secret", timers)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "group.toml").write_text(render_group(config))
+        if not (directory / "secret").exists():
+            write_secret(directory / "secret")
+        self.config: GroupConfig = load_group(directory / "group.toml")
+        self.procs: dict[Role, subprocess.Popen] = {}
+
+    # --- processes -------------------------------------------------------------------
+
+    def start(self, *roles: Role) -> None:
+        for role in roles or tuple(Role):
+            argv = [sys.executable, "-m", "cli.main", "node", "--role", role.value,
+                    "--group", str(self.dir / "group.toml")]
+            log = open(self.dir / f"{role.value}.log", "ab")
+            kwargs = dict(stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+            proc = self.hosts.popen(role.value, argv, **kwargs) if self.hosts else subprocess.Popen(argv, **kwargs)
+            self.procs[role] = proc
+
+    def pid(self, role: Role) -> int:
+        """The node's own pid (under `ip netns exec`, the exec'd process keeps the Popen's pid)."""
+        return self.procs[role].pid
+
+    def signal(self, role: Role, sig: int) -> None:
+        os.kill(self.pid(role), sig)
+
+    def kill(self, role: Role) -> None:
+        self.signal(role, signal.SIGKILL)
+        self.procs.pop(role).wait(5)
+
+    def stop_all(self) -> None:
+        for role, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                with _suppress():
+                    os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for role, proc in list(self.procs.items()):
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    # --- observation --------------------------------------------------------------------
+
+    def address(self, role: Role) -> str:
+        return self.config.node(role).address
+
+    def events(self, role: Role) -> list[dict]:
+        path = self.config.node(role).data_dir / "events" / "events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def decisions(self, role: Role, kind: str | None = None) -> list[dict]:
+        return [e for e in self.events(role)
+                if e["event"] == "redundancy_decision" and (kind is None or e["kind"] == kind)]
+
+    def wait_for(self, what: str, predicate, timeout_s: float = 10.0, every_s: float = 0.02):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(every_s)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{self.logs_tail()}")
+
+    def active(self) -> Role | None:
+        """The node whose latest activation is newer than its latest step-down, from the event logs."""
+        latest = None
+        for role in (Role.PRIMARY, Role.BACKUP):
+            ds = [d for d in self.decisions(role) if d["kind"] in ("activate", "step_down")]
+            if ds and ds[-1]["kind"] == "activate" and (latest is None or ds[-1]["epoch"] > latest[0]):
+                latest = (ds[-1]["epoch"], role)
+        return latest[1] if latest else None
+
+    def probe_once(self) -> dict[Role, int | None]:
+        """One simultaneous CONNECT to primary and backup: {role: CONNACK code or None}."""
+        hosts = [self.address(Role.PRIMARY), self.address(Role.BACKUP)]
+        argv = [sys.executable, "-m", "tests.probe", "--hosts", ",".join(hosts), "--once"]
+        out = (self.hosts.run("client", argv, capture_output=True, text=True, cwd=REPO, timeout=20) if self.hosts
+               else subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=20))
+        codes = json.loads(out.stdout)
+        return {Role.PRIMARY: codes[hosts[0]], Role.BACKUP: codes[hosts[1]]}
+
+    def start_sampler(self, out: Path, duration_s: float, interval_ms: float = 15) -> subprocess.Popen:
+        hosts = [self.address(Role.PRIMARY), self.address(Role.BACKUP)]
+        argv = [sys.executable, "-m", "tests.probe", "--hosts", ",".join(hosts), "--interval-ms", str(interval_ms),
+                "--duration-s", str(duration_s), "--out", str(out)]
+        return self.hosts.popen("client", argv, cwd=REPO) if self.hosts else subprocess.Popen(argv, cwd=REPO)
+
+    def accept_order_violations(self) -> list[str]:
+        """S1 from the nodes' own logs: once an epoch accepted a client, no lower epoch may accept again.
+
+        Every node stamps accepted CONNECTs with its monotonic clock, which on one
+        machine is shared by every namespace, so the logs interleave exactly.
+        """
+        accepts = sorted((e["mono_ms"], e["epoch"], e["node"]) for r in (Role.PRIMARY, Role.BACKUP)
+                         for e in self.events(r) if e["event"] == "client_accepted")
+        problems, highest = [], (0, None)
+        for t, epoch, node in accepts:
+            if epoch < highest[0]:
+                problems.append(f"{node} accepted a client at {t} in epoch {epoch} after {highest[1]} "
+                                f"had accepted in epoch {highest[0]}")
+            if epoch >= highest[0]:
+                highest = (epoch, node)
+        return problems
+
+    def logs_tail(self, lines: int = 8) -> str:
+        out = []
+        for role in Role:
+            path = self.dir / f"{role.value}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {role.value} ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)

@@ -1,0 +1,79 @@
+"""Failover with real node processes on loopback: kill -9, SIGSTOP, restart.
+
+Each test runs a whole group (127.0.0.1-3, the fixed ports), drives it with
+real signals, asks with real MQTT CONNECTs who serves, and checks S1 from the
+nodes' own event logs as well as from the probes.
+"""
+
+import json
+import signal
+import time
+
+import pytest
+
+from appliance.config import Timers
+from appliance.roles import Role
+from tests.group import Group
+from tests.probe import double_service
+
+P, B = Role.PRIMARY, Role.BACKUP
+TIMERS = Timers()
+FAILOVER_BUDGET_S = 1.5  # the issue allows "well under 2 s"; expected ~0.6 s
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture
+def group(tmp_path):
+    with Group(tmp_path / "group") as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0)
+        yield g
+        assert g.accept_order_violations() == []
+
+
+def test_kill_9_active_backup_accepts_connect_within_budget(group):
+    assert group.probe_once() == {P: 0, B: 3}
+    killed = time.monotonic()
+    group.kill(P)
+    group.wait_for("the backup to accept a CONNECT", lambda: group.probe_once()[B] == 0, timeout_s=5, every_s=0)
+    took = time.monotonic() - killed
+    assert took < FAILOVER_BUDGET_S, f"failover took {took:.2f} s"
+    [activation] = group.decisions(B, "activate")
+    assert activation["reason"].startswith("backup: primary unseen 0.6")
+    assert activation["reason"].endswith("monitor concurs, in sync → taking activity, epoch 2")
+    print(f"kill -9 → CONNACK on the backup: {took:.3f} s")
+
+
+def test_sigstop_active_for_three_leases_never_two_accept(group, tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    pause_s = 3 * TIMERS.lease_ms / 1000
+    sampler = group.start_sampler(samples, duration_s=pause_s + 3.0, interval_ms=15)
+    time.sleep(0.5)
+    group.signal(P, signal.SIGSTOP)
+    time.sleep(pause_s)
+    group.signal(P, signal.SIGCONT)
+    sampler.wait(30)
+    rounds = [json.loads(line) for line in samples.read_text().splitlines()]
+    ticks = {r["tick"] for r in rounds}
+    assert len(ticks) > 100, "the sampler must have probed densely"
+    assert double_service(rounds) == []
+    accepted_by = {r["host"] for r in rounds if r["rc"] == 0}
+    assert accepted_by == {group.address(P), group.address(B)}, "service must have moved to the backup"
+    # After SIGCONT the old primary notices its lease ran out and serves nothing.
+    last = max(ticks)
+    assert [r["rc"] for r in rounds if r["tick"] == last and r["host"] == group.address(P)] == [3]
+    assert any("lease expired" in d["reason"] or "epoch 2" in d["reason"] for d in group.decisions(P, "step_down"))
+    assert group.active() is B
+
+
+def test_old_primary_restarted_comes_back_standby(group):
+    group.kill(P)
+    group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0)
+    group.start(P)
+    group.wait_for("the primary to rejoin as standby", lambda: any(
+        d["kind"] == "boot" for d in group.decisions(P)) and len(group.decisions(P, "boot")) == 2)
+    time.sleep(2 * (TIMERS.lease_ms + TIMERS.takeover_margin_ms) / 1000)
+    assert group.probe_once() == {P: 3, B: 0}
+    assert group.active() is B
+    assert len(group.decisions(P, "activate")) == 1, "the restarted primary must not take activity back"
