@@ -71,6 +71,32 @@ def double_service(rounds: list[dict]) -> list[int]:
     return sorted(t for t, n in accepted.items() if n > 1)
 
 
+CONNECT_V5 = bytes([0x10, 17, 0, 4]) + b"MQTT" + bytes([5, 2, 0, 30, 0, 0, 4]) + b"hold"
+
+
+async def hold(host: str, seconds: float) -> dict:
+    """Connect as an MQTT 5 client and wait to be dropped: how and when (monotonic ms)."""
+    reader, writer = await asyncio.open_connection(host, 1883)
+    writer.write(CONNECT_V5)
+    connack = await reader.readexactly(2)
+    body = await reader.readexactly(connack[1])
+    result = {"connack_rc": body[1], "connected_ms": now_ms(), "dropped_ms": None, "disconnect_rc": None}
+    try:
+        first = await asyncio.wait_for(reader.read(1), seconds)
+    except asyncio.TimeoutError:
+        writer.close()
+        return result  # never dropped
+    except ConnectionError:
+        first = b""
+    result["dropped_ms"] = now_ms()
+    if first == b"\xe0":  # DISCONNECT: remaining length, then the reason code
+        length = (await reader.readexactly(1))[0]
+        payload = await reader.readexactly(length) if length else b""
+        result["disconnect_rc"] = payload[0] if payload else 0
+    writer.close()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", required=True)
@@ -78,8 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=5)
     parser.add_argument("--out")
     parser.add_argument("--once", action="store_true")
+    parser.add_argument("--hold-s", type=float, help="connect (MQTT 5) to the first host and report how it was dropped")
     args = parser.parse_args(argv)
     hosts = args.hosts.split(",")
+    if args.hold_s:
+        print(json.dumps(asyncio.run(hold(hosts[0], args.hold_s))), flush=True)
+        return 0
     if args.once:
         print(json.dumps(asyncio.run(one_round(hosts, timeout_s=1.0))))
         return 0
@@ -91,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
 
 
 if __name__ == "__main__":

@@ -32,6 +32,31 @@ def group(tmp_path):
         assert g.accept_order_violations() == []
 
 
+def test_standby_redirects_real_clients_and_monitor_never_serves(group):
+    import socket
+    import subprocess
+
+    import paho.mqtt.client as mqtt
+
+    answers = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="redirected", protocol=mqtt.MQTTv5)
+    client.on_connect = lambda c, u, flags, rc, props: answers.append((rc.value, getattr(props, "ServerReference", None)))
+    client.connect(group.address(B), 1883)
+    client.loop_start()
+    group.wait_for("paho's CONNACK", lambda: answers, timeout_s=5)
+    client.loop_stop()
+    client.disconnect()
+    assert answers[0] == (0x9C, f"{group.address(P)}:1883"), "MQTT 5: use another server, naming the active"
+    v311 = subprocess.run(["mosquitto_pub", "-h", group.address(B), "-V", "mqttv311", "-t", "t", "-m", "m"],
+                          capture_output=True, text=True, timeout=10)
+    assert v311.returncode != 0 and "unavailable" in v311.stderr
+    accepted = subprocess.run(["mosquitto_pub", "-h", group.address(P), "-V", "mqttv5", "-t", "t", "-m", "m"],
+                              capture_output=True, text=True, timeout=10)
+    assert accepted.returncode == 0, accepted.stderr
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((group.address(Role.MONITOR), 1883), timeout=2)
+
+
 def test_kill_9_active_backup_accepts_connect_within_budget(group):
     assert group.probe_once() == {P: 0, B: 3}
     killed = time.monotonic()

@@ -7,13 +7,15 @@ event logs.
 """
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 from appliance.config import Timers
 from appliance.roles import Role
-from tests.group import Group
+from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
 from tests.probe import double_service
 
@@ -72,11 +74,22 @@ def test_partition_active_from_standby_one_way(group, hosts):  # noqa: F811
 
 
 def test_active_cut_off_from_both_stops_serving_and_backup_takes_over(group, hosts):  # noqa: F811
+    holder = hosts.popen("client", [sys.executable, "-m", "tests.probe", "--hosts", hosts.address("primary"),
+                                    "--hold-s", "10"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # connected
+    cut_at = []
+
     def cut_primary_from_its_peers():
+        cut_at.append(time.monotonic_ns() / 1e6)
         hosts.cut("primary", "backup")
         hosts.cut("primary", "monitor")  # the client can still reach it: it must refuse by itself
 
     rounds = sampled(group, hosts, cut_primary_from_its_peers, 3.0)
+    held = json.loads(holder.communicate(timeout=15)[0])
+    assert held["connack_rc"] == 0
+    assert held["disconnect_rc"] == 0x9C, "a connected MQTT 5 client is told to use another server"
+    dropped_after = held["dropped_ms"] - cut_at[0]
+    assert dropped_after <= TIMERS.lease_ms + 100, f"client dropped {dropped_after:.0f} ms after the cut"
     assert group.probe_once() == {P: 3, B: 0}
     [step_down] = group.decisions(P, "step_down")
     assert "lease expired" in step_down["reason"]
