@@ -88,8 +88,10 @@ class Node:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
         sock = socket.socket(socket.AF_INET6 if ":" in self.spec.address else socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # No SO_REUSEADDR: on UDP it would let a second node on this address steal our heartbeats.
         sock.bind((self.spec.address, self.config.ports.heartbeat))
         self._transport, _ = await loop.create_datagram_endpoint(lambda: _HeartbeatProtocol(self), sock=sock)
         if self.role.routes_messages:
@@ -97,9 +99,11 @@ class Node:
 
             self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, on_event=self._mqtt_event)
             await self.listener.start()
-        await self.management.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+        try:
+            await self.management.start()
+        except BaseException:
+            await self._shutdown()
+            raise
         self._flush()
         log.info("%s: listening on %s (heartbeats :%d, management :%d)", self.role.value, self.spec.address,
                  self.config.ports.heartbeat, self.config.ports.management)
@@ -219,7 +223,7 @@ class Node:
             "epoch": core.state.epoch,
             "active_role": active.value if active else None,
             "redundancy_status": core.redundancy_status(now).value,
-            "in_sync": core.activity is Activity.ACTIVE or core.in_sync(now),
+            "in_sync": None if self.role is Role.MONITOR else (core.activity is Activity.ACTIVE or core.in_sync(now)),
             "incarnation": core.state.incarnation,
             "uptime_ms": now - self.started_at,
             "lease_remaining_ms": max(0, core.lease_expiry - now) if core.may_serve(now) else 0,

@@ -9,11 +9,15 @@ MQTT CONNECTs (tests/probe.py).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +26,50 @@ from appliance.roles import Role
 
 LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
 REPO = Path(__file__).resolve().parent.parent
+
+
+PORTS_LOCK = Path(tempfile.gettempdir()) / "pairmq-fixed-ports.lock"
+PORTS_FREE_WAIT_S = 120
+
+
+def ports_free(addresses=LOOPBACK.values()) -> bool:
+    """Nobody is bound to the fixed ports (8080, 1883 TCP; 8300 UDP) on these addresses."""
+    for address in addresses:
+        for kind, port in ((socket.SOCK_STREAM, 8080), (socket.SOCK_STREAM, 1883), (socket.SOCK_DGRAM, 8300)):
+            with socket.socket(socket.AF_INET, kind) as s:
+                if kind == socket.SOCK_STREAM:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT, not listeners
+                try:
+                    s.bind((address, port))
+                except OSError:
+                    return False
+    return True
+
+
+@contextlib.contextmanager
+def fixed_ports():
+    """Hold the loopback group's ports: one group on 127.0.0.1-3 at a time, across processes.
+
+    Every test or benchmark that runs a loopback group takes this lock, then waits
+    for stragglers to let go of the ports; after two minutes it fails, naming why.
+    """
+    deadline = time.monotonic() + PORTS_FREE_WAIT_S
+    with open(PORTS_LOCK, "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{PORTS_LOCK} stayed locked for {PORTS_FREE_WAIT_S} s "
+                                         f"(another loopback group is running)") from None
+                time.sleep(0.2)
+        while not ports_free():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the fixed ports on 127.0.0.1-3 stayed busy for {PORTS_FREE_WAIT_S} s "
+                                     f"(another group is running: see `ss -lunp | grep 8300`)")
+            time.sleep(0.2)
+        yield
 
 
 class Group:
@@ -37,6 +85,7 @@ class Group:
             write_secret(directory / "secret")
         self.config: GroupConfig = load_group(directory / "group.toml")
         self.procs: dict[Role, subprocess.Popen] = {}
+        self._ports = None if hosts else fixed_ports()
 
     # --- processes -------------------------------------------------------------------
 
@@ -75,10 +124,16 @@ class Group:
         self.procs.clear()
 
     def __enter__(self) -> "Group":
+        if self._ports is not None:
+            self._ports.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop_all()
+        try:
+            self.stop_all()
+        finally:
+            if self._ports is not None:
+                self._ports.__exit__(None, None, None)
 
     # --- observation --------------------------------------------------------------------
 

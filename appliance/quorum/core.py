@@ -213,6 +213,10 @@ class QuorumCore:
                                      "repeat with the data-loss acknowledgement to proceed")
         if self.activity is Activity.ACTIVE:
             raise LocalProtocolError("this node already holds activity")
+        active = self.active_role(now_ms)
+        if active is not None:
+            raise LocalProtocolError(f"the {active.value} holds activity and is healthy; a forced bid cannot "
+                                     f"take it over (it still needs a vote)")
         self._force_until = now_ms + 10 * self.timing.quiet_ms
         self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
         self._evaluate(now_ms)
@@ -518,6 +522,7 @@ class QuorumCore:
         self._closed_in_sync = False
         self.state.epoch = epoch
         self.store.save(self.state)
+        self._decide(now_ms, "epoch", f"{self.role.value}: {why}")
 
     def _silence_story(self, role: Role, now_ms: int) -> str:
         """Why `role` is not in the way: the words a decision opens with."""

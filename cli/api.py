@@ -1,0 +1,136 @@
+"""A small client for the nodes' management API (DESIGN §1: port 8080).
+
+Stdlib only (urllib + one thread per node), so a CLI call opens no event loop
+and every request closes its connection. Proxies from the environment are
+ignored: the management API is always reached directly. Errors are sentences:
+a node's JSON `{"error": ...}` is surfaced as is, a connection failure says
+what happened (refused, no answer within the timeout).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import urllib.error
+import urllib.request
+
+from appliance.config import GroupConfig
+from appliance.errors import PairMQError
+from appliance.roles import Role
+
+READ_TIMEOUT_S = 1.0
+MAX_RESPONSE_BYTES = 1 << 20
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ApiError(PairMQError):
+    """A node answered with an error, or with something that is not the API."""
+
+
+class NodeUnreachable(ApiError):
+    """No HTTP answer at all: refused, timed out, no route."""
+
+
+def base_url(config: GroupConfig, role: Role) -> str:
+    address = config.node(role).address
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{config.ports.management}"
+
+
+def get_json(url: str, *, timeout_s: float = READ_TIMEOUT_S) -> dict:
+    return _call(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout_s)
+
+
+def post_json(url: str, body: dict, *, token: str, timeout_s: float = READ_TIMEOUT_S) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Accept": "application/json", "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    return _call(request, timeout_s)
+
+
+def _call(request: urllib.request.Request, timeout_s: float) -> dict:
+    try:
+        with _opener.open(request, timeout=timeout_s) as response:
+            return _decode(response.read(MAX_RESPONSE_BYTES + 1), request.full_url)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            body = exc.read(MAX_RESPONSE_BYTES + 1)
+        try:
+            message = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = f"{request.full_url} answered HTTP {exc.code} {exc.reason}"
+        raise ApiError(str(message)) from None
+    except urllib.error.URLError as exc:
+        raise NodeUnreachable(_describe(exc.reason, timeout_s)) from None
+    except (TimeoutError, socket.timeout) as exc:
+        raise NodeUnreachable(_describe(exc, timeout_s)) from None
+    except OSError as exc:
+        raise NodeUnreachable(_describe(exc, timeout_s)) from None
+
+
+def _decode(body: bytes, url: str) -> dict:
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise ApiError(f"{url} answered with more than {MAX_RESPONSE_BYTES} bytes")
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise ApiError(f"{url} answered with something that is not JSON") from None
+    if not isinstance(document, dict):
+        raise ApiError(f"{url} answered with JSON that is not an object")
+    return document
+
+
+def _describe(reason: object, timeout_s: float) -> str:
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused (is the node running?)"
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror[0].lower() + reason.strerror[1:]
+    return str(reason)
+
+
+# --- the redundancy view of a whole group -----------------------------------------
+
+
+def fetch_redundancy(config: GroupConfig, *, timeout_s: float = READ_TIMEOUT_S) -> list[dict]:
+    """Every node's redundancy view, primary/backup/monitor order, asked concurrently.
+
+    A node that does not answer is an entry `{"role", "address", "reachable":
+    false, "error"}`; one that does gets `"reachable": true` added to its view.
+    """
+    roles = list(Role)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(roles)) as pool:
+        futures = [pool.submit(_fetch_one, config, role, timeout_s) for role in roles]
+        return [future.result() for future in futures]
+
+
+def _fetch_one(config: GroupConfig, role: Role, timeout_s: float) -> dict:
+    address = config.node(role).address
+    try:
+        view = get_json(f"{base_url(config, role)}/api/v1/redundancy", timeout_s=timeout_s)
+    except ApiError as exc:
+        return {"role": role.value, "address": address, "reachable": False, "error": str(exc)}
+    return {**view, "reachable": True}
+
+
+def redundancy_document(config: GroupConfig, nodes: list[dict]) -> dict:
+    """The stable `--json` document of `pairmq show redundancy`."""
+    return {"schema": 1, "group": config.name, "nodes": nodes}
+
+
+def require_one_reachable(config: GroupConfig, nodes: list[dict]) -> None:
+    if any(node["reachable"] for node in nodes):
+        return
+    details = "; ".join(f"{n['role']} at {base_url(config, Role(n['role']))}: {n['error']}" for n in nodes)
+    raise NodeUnreachable(f"no node of group {config.name!r} answered ({details})")
+
+
+def force_activity(config: GroupConfig, role: Role, token: str, *, timeout_s: float = 5.0) -> dict:
+    url = f"{base_url(config, role)}/api/v1/redundancy/force-activity"
+    try:
+        return post_json(url, {"acknowledge_data_loss": True}, token=token, timeout_s=timeout_s)
+    except NodeUnreachable as exc:
+        raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
+    except ApiError as exc:
+        raise ApiError(f"the {role.value} node refused: {exc}") from None

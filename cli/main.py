@@ -1,0 +1,253 @@
+"""`pairmq`: the command line (DESIGN §6).
+
+Every failure a person can cause or meet (a bad group file, a node that does
+not answer, a refused request, a mistyped option) ends as one sentence on
+stderr and a non-zero exit code: 2 for a usage mistake, 1 for everything else,
+130 for Ctrl-C. A traceback means a bug in PairMQ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from appliance.config import DEFAULT_GROUP_PATH, load_group
+from appliance.errors import PairMQError
+from appliance.roles import Role
+
+from .terminal import Terminal
+
+GROUP_ENV = "PAIRMQ_GROUP"
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class UsageError(Exception):
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one sentence (no usage dump) and nothing calls sys.exit."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(message, self.prog)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _add_group(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group", metavar="FILE", type=Path,
+                        help=f"the group file (default: ${GROUP_ENV}, else {DEFAULT_GROUP_PATH})")
+
+
+def group_path(args: argparse.Namespace) -> Path:
+    if args.group is not None:
+        return args.group
+    return Path(os.environ[GROUP_ENV]) if os.environ.get(GROUP_ENV) else DEFAULT_GROUP_PATH
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="pairmq", description="PairMQ: an MQTT broker run by a primary, a backup and a monitor.",
+                    epilog=_examples("pairmq local up                        # a whole group on this machine",
+                                     "pairmq show redundancy --group ./local/group.toml",
+                                     "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
+                                     "--monitor 10.0.0.3",
+                                     "pairmq node --role primary            # on the primary host"))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _init_parser(commands)
+    _node_parser(commands)
+    _local_parser(commands)
+    _show_parser(commands)
+    _redundancy_parser(commands)
+    parser.set_defaults(handler=lambda args, term: _help(parser, term))
+    return parser
+
+
+def _help(parser: argparse.ArgumentParser, term: Terminal) -> int:
+    term.out.file.write(parser.format_help())
+    return 0
+
+
+def _init_parser(commands) -> None:
+    p = commands.add_parser(
+        "init", help="write the group file, the secret and the per-host commands",
+        description="Write DIR/group.toml and a fresh group secret DIR/secret (mode 0600). Each node's data "
+                    "directory is DATA_DIR/<role>; a relative DATA_DIR is relative to DIR. Without addresses "
+                    "the group is laid out on one machine (127.0.0.1, 127.0.0.2, 127.0.0.3).",
+        epilog=_examples("pairmq init --dir /etc/pairmq --name orders --primary 10.0.0.1 --backup 10.0.0.2 "
+                         "--monitor 10.0.0.3",
+                         "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
+                         "pairmq init --dir /etc/pairmq --force           # replace the group file and secret"))
+    p.add_argument("--dir", type=Path, default=DEFAULT_GROUP_PATH.parent,
+                   help=f"where to write group.toml and secret (default: {DEFAULT_GROUP_PATH.parent})")
+    p.add_argument("--name", default="pairmq", help="the group name (default: pairmq)")
+    for role in Role:
+        p.add_argument(f"--{role.value}", metavar="ADDR", help=f"the {role.value} host's IP address")
+    p.add_argument("--data-dir", default="/var/lib/pairmq", metavar="PATH",
+                   help="base of each node's data directory (default: /var/lib/pairmq)")
+    p.add_argument("--force", action="store_true", help="replace an existing group file and secret")
+    p.set_defaults(handler=_cmd_init)
+
+
+def _node_parser(commands) -> None:
+    p = commands.add_parser(
+        "node", help="run one node in the foreground (what systemd runs)",
+        description="Run one node of the group in the foreground, logging to stderr, until SIGTERM (exit 0).",
+        epilog=_examples("pairmq node --role primary",
+                         "pairmq node --role monitor --group /etc/pairmq/group.toml"))
+    p.add_argument("--role", required=True, choices=[r.value for r in Role], help="this host's role")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_node)
+
+
+def _local_parser(commands) -> None:
+    local = commands.add_parser(
+        "local", help="a whole group on this machine: up, down, status",
+        description="Run a whole group on this machine: nodes on 127.0.0.1 (primary), 127.0.0.2 (backup) and "
+                    "127.0.0.3 (monitor), with the group file, secret, data, pid files and logs under DIR.",
+        epilog=_examples("pairmq local up", "pairmq local status --json", "pairmq local down --dir /tmp/pmq"))
+    actions = local.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    local.set_defaults(handler=lambda args, term: _help(local, term))
+    for name, help_text, example in (
+            ("up", "start the three nodes and wait until one is active", "pairmq local up --dir /tmp/pmq"),
+            ("down", "stop the three nodes (harmless when nothing runs)", "pairmq local down --dir /tmp/pmq"),
+            ("status", "the processes and the redundancy view", "pairmq local status --json")):
+        p = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+                               epilog=_examples(example))
+        p.add_argument("--dir", type=Path, default=Path("local"), help="the local group's directory (default: ./local)")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+        p.set_defaults(handler=_cmd_local)
+
+
+def _show_parser(commands) -> None:
+    show = commands.add_parser("show", help="read the group's state", description="Read the group's state.",
+                               epilog=_examples("pairmq show redundancy", "pairmq show redundancy --json"))
+    things = show.add_subparsers(dest="thing", metavar="WHAT", parser_class=Parser)
+    show.set_defaults(handler=lambda args, term: _help(show, term))
+    p = things.add_parser(
+        "redundancy", help="each node's activity, epoch, peers and last decision",
+        description="Ask all three nodes' management APIs at once. A node that does not answer is shown as "
+                    "unreachable; it is an error only when none answers.",
+        epilog=_examples("pairmq show redundancy", "pairmq show redundancy --watch",
+                         "pairmq show redundancy --json --group ./local/group.toml"))
+    p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
+    p.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_show_redundancy)
+
+
+def _redundancy_parser(commands) -> None:
+    red = commands.add_parser("redundancy", help="operator actions on activity",
+                              description="Operator actions on the group's activity.",
+                              epilog=_examples("pairmq redundancy force-activity --role backup "
+                                               "--i-understand-data-loss"))
+    actions = red.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    red.set_defaults(handler=lambda args, term: _help(red, term))
+    p = actions.add_parser(
+        "force-activity", help="make a node bid for activity without proof that it is up to date",
+        description="Make a node bid for activity although it cannot show that it holds every acknowledged "
+                    "message (e.g. its mate is gone for good). It still needs a vote and a lease; it may lose "
+                    "messages that only the other node had.",
+        epilog=_examples("pairmq redundancy force-activity --role backup --i-understand-data-loss"))
+    p.add_argument("--role", required=True, choices=[r.value for r in Role if r.routes_messages],
+                   help="the node that should take activity")
+    p.add_argument("--i-understand-data-loss", action="store_true", dest="understood",
+                   help="acknowledge that acknowledged messages may be lost")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_force_activity)
+
+
+# --- handlers: each returns an exit code ---------------------------------------------
+
+
+def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
+    from .init_group import group_addresses, write_group
+
+    addresses = group_addresses(args.primary, args.backup, args.monitor)
+    written = write_group(args.dir, name=args.name, addresses=addresses, data_dir=args.data_dir, force=args.force)
+    term.note(f"{'replaced' if written.replaced else 'wrote'} {written.group_file} (group {written.config.name!r})")
+    term.note(f"{'replaced' if written.replaced else 'wrote'} {written.secret_file} (mode 0600; keep it private)")
+    if all(address.startswith("127.") for _, address, _ in written.node_commands()):
+        term.note("all three nodes are on this machine; run each of these (or use `pairmq local`):")
+    else:
+        term.note("copy both files to the same paths on each host, then run there:")
+    for role, address, command in written.node_commands():
+        term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace, term: Terminal) -> int:
+    from .run_node import run
+
+    return run(group_path(args), Role(args.role))
+
+
+def _cmd_local(args: argparse.Namespace, term: Terminal) -> int:
+    from . import local
+
+    if args.action == "up":
+        return local.up(term, args.dir)
+    if args.action == "down":
+        return local.down(term, args.dir)
+    return local.status(term, args.dir, as_json=args.json)
+
+
+def _cmd_show_redundancy(args: argparse.Namespace, term: Terminal) -> int:
+    from .show import show_redundancy
+
+    return show_redundancy(term, load_group(group_path(args)), as_json=args.json, watch=args.watch)
+
+
+def _cmd_force_activity(args: argparse.Namespace, term: Terminal) -> int:
+    from .redundancy import DATA_LOSS_REFUSAL, force_activity
+
+    if not args.understood:  # refuse before touching any file
+        raise PairMQError(DATA_LOSS_REFUSAL)
+    return force_activity(term, load_group(group_path(args)), Role(args.role), understood=True)
+
+
+def main(argv: list[str] | None = None, term: Terminal | None = None) -> int:
+    term = term or Terminal()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.handler(args, term)
+    except _Exit as exc:
+        return exc.code
+    except UsageError as exc:
+        term.error(f"{exc} (see `{exc.prog} --help`)")
+        return EXIT_USAGE
+    except PairMQError as exc:
+        term.error(str(exc))
+        return EXIT_ERROR
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        term.error(f"{exc.strerror or exc}{where}")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        term.error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Renderers: pure functions from view models (plain dicts, as the API and
+`--json` carry them) to Rich renderables. No I/O, no clock: ages come in the
+view model (`ms_ago`), so a renderer's output depends on its argument alone.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+ACTIVITY_STYLES = {
+    "Local Active": "bold green",
+    "Mate Active": "cyan",
+    "Standby": "yellow",
+    "Monitor": "blue",
+}
+NOT_APPLICABLE = "-"
+
+
+def age(ms: int | None) -> str:
+    """A short human age: 0.4 s, 12 s, 3 min, 5 h, 2 d."""
+    if ms is None or ms < 0:
+        return NOT_APPLICABLE
+    if ms < 10_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 120_000:
+        return f"{ms // 1000} s"
+    if ms < 2 * 3_600_000:
+        return f"{ms // 60_000} min"
+    if ms < 2 * 86_400_000:
+        return f"{ms // 3_600_000} h"
+    return f"{ms // 86_400_000} d"
+
+
+def redundancy_table(nodes: list[dict], *, title: str | None = None) -> Table:
+    """One row per node: a node's redundancy view, or an unreachable entry
+    (`{"role", "address", "reachable": false, "error"}`)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, collapse_padding=True,
+                  show_edge=False)
+    table.add_column("Role", no_wrap=True)
+    table.add_column("Address", no_wrap=True)
+    table.add_column("Activity", no_wrap=True)
+    table.add_column("Epoch", justify="right", no_wrap=True)
+    table.add_column("Peers seen")
+    table.add_column("Redundancy", no_wrap=True)
+    table.add_column("In sync", no_wrap=True)
+    table.add_column("Last decision")
+    for node in nodes:
+        if not node.get("reachable", True):
+            table.add_row(node["role"], node.get("address") or NOT_APPLICABLE, Text("unreachable", "bold red"),
+                          NOT_APPLICABLE, NOT_APPLICABLE, NOT_APPLICABLE, NOT_APPLICABLE,
+                          Text(node.get("error") or "", "red"))
+            continue
+        table.add_row(node["role"], node["address"], _activity(node), str(node["epoch"]), _peers_seen(node),
+                      _redundancy(node), _in_sync(node), _last_decision(node["role"], node.get("last_decision")))
+    return table
+
+
+def process_table(processes: list[dict]) -> Table:
+    """The local group's processes: `{"role", "pid", "running", "log"}` each."""
+    table = Table(box=box.SIMPLE_HEAD, title="Processes", title_justify="left", pad_edge=False,
+                  collapse_padding=True, show_edge=False)
+    table.add_column("Role", no_wrap=True)
+    table.add_column("PID", justify="right", no_wrap=True)
+    table.add_column("Process", no_wrap=True)
+    table.add_column("Log")
+    for proc in processes:
+        state = Text("running", "green") if proc["running"] else Text("not running", "red")
+        pid = NOT_APPLICABLE if proc["pid"] is None else str(proc["pid"])
+        table.add_row(proc["role"], pid, state, proc["log"])
+    return table
+
+
+def _activity(node: dict) -> Text:
+    label = node["activity"]
+    return Text(label, ACTIVITY_STYLES.get(label, ""))
+
+
+def _peers_seen(node: dict) -> Text:
+    seen = [peer["role"] for peer in node.get("peers", []) if peer.get("seen")]
+    return Text(", ".join(seen)) if seen else Text("none", "red")
+
+
+def _redundancy(node: dict) -> Text:
+    status = node["redundancy_status"]
+    return Text(status, "green" if status == "Up" else "red")
+
+
+def _in_sync(node: dict) -> Text:
+    if node.get("role") == "monitor":
+        return Text(NOT_APPLICABLE)
+    return Text("yes", "green") if node.get("in_sync") else Text("no", "red")
+
+
+def _last_decision(role: str, decision: dict | None) -> Text:
+    if not decision:
+        return Text(NOT_APPLICABLE)
+    reason = decision["reason"]
+    # Reasons start with the deciding node's role, which the row already shows.
+    reason = reason.removeprefix(f"{role}: ")
+    return Text.assemble(reason, (f" ({age(decision.get('ms_ago'))} ago)", "dim"))

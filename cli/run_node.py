@@ -1,0 +1,54 @@
+"""`pairmq node`: one node in the foreground, logging to stderr (what systemd runs).
+
+Every log record is exactly one line (time, level, logger, message), so a
+journal or a log file stays greppable even when a record carries a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from appliance.config import load_group, load_secret
+from appliance.errors import PairMQError
+from appliance.roles import Role
+
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+class OneLineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", " | ")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT, LOG_DATE_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def run(group_path: Path, role: Role) -> int:
+    config = load_group(group_path)
+    load_secret(config)  # a bad group file or secret is one sentence, before any log line
+    configure_logging()
+    # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    from appliance.node import run_node
+
+    logging.getLogger("pairmq.cli").info("%s: starting with group %s (%s)", role.value, config.name, group_path)
+    try:
+        run_node(config, role)
+    except OSError as exc:
+        if exc.filename:
+            raise PairMQError(f"the {role.value} node cannot use {exc.filename}: {exc.strerror or exc}") from None
+        spec = config.node(role)
+        raise PairMQError(f"the {role.value} node could not open its sockets on {spec.address} (heartbeat "
+                          f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}, management "
+                          f"{config.ports.management}): {exc.strerror or exc}") from None
+    logging.getLogger("pairmq.cli").info("%s: stopped", role.value)
+    return 0
