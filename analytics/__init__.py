@@ -1,1 +1,1 @@
-"""PairMQ analytics."""
+"""Spark summaries of the nodes' spooled event logs. Not built yet (issue 7)."""

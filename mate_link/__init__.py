@@ -1,1 +1,1 @@
-"""PairMQ mate_link."""
+"""The mate link (TCP 8301): spool replication, resync and handover. Not built yet (issue 4)."""
