@@ -133,9 +133,18 @@ class Node:
         self._stopping.set()
 
     async def _watchdog(self) -> None:
-        """Pings systemd's watchdog from the event loop itself, so a hung loop gets restarted."""
+        """Once a second, from the event loop itself: ping systemd's watchdog (a hung loop gets
+        restarted) and log rejected heartbeats as one summed event (a flood costs one line a second)."""
+        logged = dict(self.core.auth.rejected)
         while True:
             sd_notify.notify("WATCHDOG=1")
+            rejected = dict(self.core.auth.rejected)
+            delta = {reason: rejected[reason] - logged.get(reason, 0) for reason in rejected}
+            if any(delta.values()):
+                self.events.write("heartbeats_rejected", **{k: v for k, v in delta.items() if v})
+                log.info("%s: rejected heartbeats in the last second: %s", self.role.value,
+                         ", ".join(f"{v} {k}" for k, v in delta.items() if v))
+                logged = rejected
             await asyncio.sleep(1.0)
 
     # --- core I/O --------------------------------------------------------------------
