@@ -9,7 +9,6 @@ versioned schema and sampling come with the analytics work.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 

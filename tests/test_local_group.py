@@ -110,11 +110,11 @@ def test_up_status_down(local_dir):
     assert {role: json.loads(pairmq("local", "status", "--dir", str(local_dir), "--json").stdout)
             ["processes"][i]["pid"] for i, role in enumerate(pids)} == pids
 
-    # The real token works against the real API; the active primary keeps activity.
+    # The real token reaches the real API, which refuses: a healthy active cannot be forced out.
     force = pairmq("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
                    "--group", str(local_dir / "group.toml"))
-    assert force.returncode == 0, force.stderr
-    assert "forced bid started" in force.stderr
+    assert force.returncode == 1
+    assert "the backup node refused: the primary holds activity and is healthy" in one_sentence(force)
     refused = pairmq("redundancy", "force-activity", "--role", "primary", "--i-understand-data-loss",
                      "--group", str(local_dir / "group.toml"))
     assert "the primary node refused: this node already holds activity" in one_sentence(refused)
