@@ -63,10 +63,10 @@ from typing import Protocol
 from ..errors import LocalProtocolError
 from ..roles import Role
 from .auth import HeartbeatAuth, Rejected
+from .insync import InSyncLease, MateSync
 from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, NEVER_MS, Activity,
                    Heartbeat, PeerView)
 
-FOREVER = 1 << 62
 SENT_HISTORY = 512  # our own send times kept for echo lookups (512 x 50 ms = 25 s)
 DECISION_HISTORY = 64
 
@@ -148,15 +148,8 @@ class QuorumCore:
         self.active_epoch = 0
         self.lease_expiry = 0
         self._activation_seq = 0
-        # Active side: is our mate still holding everything we acknowledged?
-        self.replication_caught_up = True  # the mate link's word (issue 4); True until it exists
-        self._mate_synced = False  # set at activation if the mate was in sync, cleared for the epoch once dropped
-        self._mate_sync_incarnation = 0
-        self._grant_bound = 0  # the mate's in-sync lease surely ends by then (our clock)
-        self._closed_in_sync = False  # after stepping down: the mate held everything we acknowledged
-        # Standby side: our in-sync lease from the active (or FOREVER once it closed its epoch in sync).
-        self._insync_until = 0
-        self._insync_epoch = 0
+        self.mate_sync = MateSync(timing.insync_ms)  # active side
+        self.insync = InSyncLease(timing.insync_ms)  # standby side
         self.bid_epoch = 0
         self._bid_forced = False
         self._force_until = 0
@@ -175,7 +168,6 @@ class QuorumCore:
         self.history: collections.deque[Decision] = collections.deque(maxlen=DECISION_HISTORY)
         self._last_refusal = ""
         self._bid_story = self._bid_eligibility = ""
-        self._position_before = (0, 0)
         self._now = now_ms
         self._decide(now_ms, "boot", f"{role.value}: started, incarnation {self.state.incarnation}, "
                      f"epoch {self.state.epoch}; holding {timing.quiet_ms} ms before any bid or vote")
@@ -257,13 +249,13 @@ class QuorumCore:
         return peer.echo_sent_at is not None and now_ms - peer.echo_sent_at < self.timing.lease_ms
 
     def in_sync(self, now_ms: int) -> bool:
-        return now_ms < self._insync_until
+        return self.insync.holds(now_ms)
 
     def redundancy_status(self, now_ms: int) -> RedundancyStatus:
         if self.role is Role.MONITOR:
             ok = all(self.sees(r, now_ms) for r in self.peers)
         elif self.activity is Activity.ACTIVE:
-            ok = self._mate_synced and self.sees(self.role.mate(), now_ms)
+            ok = self.mate_sync.synced and self.sees(self.role.mate(), now_ms)
         else:
             ok = self.in_sync(now_ms)
         return RedundancyStatus.UP if ok else RedundancyStatus.DOWN
@@ -324,34 +316,13 @@ class QuorumCore:
             self._track_insync(hb, echo_at, now_ms)
 
     def _track_insync(self, hb: Heartbeat, echo_at: int | None, now_ms: int) -> None:
-        """Standby side: the in-sync lease the active grants us by echoing our heartbeats."""
-        if hb.activity is Activity.ACTIVE and hb.epoch == self.state.epoch:
-            if not hb.has(FLAG_MATE_IN_SYNC):
-                if self.in_sync(now_ms) and self._insync_epoch == hb.epoch:
-                    self._decide(now_ms, "sync", f"{self.role.value}: {hb.sender.value} (active, epoch {hb.epoch}) "
-                                                 f"reports us out of sync")
-                self._insync_until = 0
-                return
-            if echo_at is None:
-                return
-            if not self.in_sync(now_ms):
-                self._decide(now_ms, "sync", f"{self.role.value}: in sync with {hb.sender.value} "
-                                             f"(active, epoch {hb.epoch})")
-            self._insync_until = max(self._insync_until, echo_at + self.timing.insync_ms)
-        elif hb.activity is Activity.STANDBY and hb.has(FLAG_MATE_IN_SYNC) and hb.epoch == self.state.epoch:
-            # The active stepped down without ever acknowledging anything we lack:
-            # we hold its whole epoch, whatever our lease says.
-            view = hb.view_of(self.role)
-            if view is None or view.incarnation != self.state.incarnation or self._insync_until == FOREVER:
-                return
-            self._insync_until = FOREVER
-            self._decide(now_ms, "sync", f"{self.role.value}: {hb.sender.value} closed epoch {hb.epoch} "
-                                         f"with us in sync")
-        else:
-            return
-        self._insync_epoch = hb.epoch
-        if (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
-            self.set_spool_position(hb.spool_epoch, hb.spool_seq)
+        news = self.insync.on_mate(hb, echo_at, now_ms, epoch=self.state.epoch, me=self.role,
+                                   incarnation=self.state.incarnation)
+        if news:
+            self._decide(now_ms, "sync", f"{self.role.value}: {news}")
+        if self.insync.holds(now_ms) and self.insync.epoch == hb.epoch and \
+                (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
+            self.set_spool_position(hb.spool_epoch, hb.spool_seq)  # what we hold is what the active held
             self.store.save(self.state)
 
     def _evaluate(self, now_ms: int) -> None:
@@ -485,7 +456,7 @@ class QuorumCore:
             return
         epoch = self.bid_epoch
         eligible = "forced by operator" if self._bid_forced else self._bid_eligibility
-        self._position_before = (self.state.spool_epoch, self.state.spool_seq)
+        position_before = (self.state.spool_epoch, self.state.spool_seq)
         self.state.epoch = max(self.state.epoch, epoch)
         if self.state.spool_epoch < epoch:  # a new epoch starts a new history on top of ours
             self.state.spool_epoch, self.state.spool_seq = epoch, 0
@@ -494,14 +465,9 @@ class QuorumCore:
         self.active_epoch = epoch
         self.lease_expiry = lease_expiry
         self._activation_seq = self._seq + 1
-        mate_hb = self.peers[mate].hb
-        self._mate_synced = self.sees(mate, now_ms) and mate_hb is not None and (
-            mate_hb.has(FLAG_SELF_IN_SYNC) or (mate_hb.spool_epoch, mate_hb.spool_seq) == self._position_before)
-        self._mate_sync_incarnation = mate_hb.incarnation if self._mate_synced else 0
-        self._grant_bound = now_ms
-        self._closed_in_sync = False
+        self.mate_sync.activate(now_ms, self.peers[mate].hb, self.sees(mate, now_ms), position_before)
         self.bid_epoch = 0
-        self._insync_until = 0
+        self.insync.clear()
         self._decide(now_ms, "activate", f"{self.role.value}: {self._bid_story}, {vote.sender.value} concurs, "
                                          f"{eligible} → taking activity, epoch {epoch}")
         self._send_heartbeat(now_ms)
@@ -509,7 +475,7 @@ class QuorumCore:
     def _step_down(self, now_ms: int, why: str) -> None:
         epoch = self.active_epoch
         self._check_mate_sync(now_ms)
-        self._closed_in_sync = self._mate_synced
+        self.mate_sync.step_down()
         self.activity = Activity.STANDBY
         self.active_epoch = 0
         self.lease_expiry = 0
@@ -517,9 +483,8 @@ class QuorumCore:
         self._send_heartbeat(now_ms)
 
     def _adopt_epoch(self, epoch: int, now_ms: int, why: str) -> None:
-        if epoch > self._insync_epoch and epoch != self.bid_epoch:
-            self._insync_until = 0  # someone else's newer epoch: what we held of the old one is not enough
-        self._closed_in_sync = False
+        self.insync.newer_epoch(epoch, self.bid_epoch)
+        self.mate_sync.closed_in_sync = False
         self.state.epoch = epoch
         self.store.save(self.state)
         self._decide(now_ms, "epoch", f"{self.role.value}: {why}")
@@ -539,30 +504,11 @@ class QuorumCore:
         return None if claim_at is None else claim_at + self.timing.quiet_ms
 
     def _check_mate_sync(self, now_ms: int) -> None:
-        """Active side: drop the mate from sync once we could have acknowledged without it.
-
-        We may acknowledge on local durability alone only after the mate's in-sync
-        lease has surely run out (`_grant_bound`); from that instant on, the mate
-        misses data of this epoch. A mate that restarted lost its state too.
-        """
-        if not self._mate_synced:
-            return
         mate = self.role.mate()
-        hb = self.peers[mate].hb
-        why = ""
-        if hb is not None and hb.incarnation != self._mate_sync_incarnation:
-            why = f"{mate.value} restarted"
-        elif not self.replication_caught_up:
-            why = f"{mate.value} fell behind"
-        elif now_ms >= self._grant_bound and not self._granting(now_ms):
-            why = f"{mate.value} unseen past its in-sync lease"
+        why = self.mate_sync.drop_reason(now_ms, self.peers[mate].hb, self.sees(mate, now_ms))
         if why:
-            self._mate_synced = False
-            self._decide(now_ms, "sync", f"{self.role.value}: {why} → redundancy down, {mate.value} out of sync "
-                                         f"for epoch {self.active_epoch}")
-
-    def _granting(self, now_ms: int) -> bool:
-        return self._mate_synced and self.replication_caught_up and self.sees(self.role.mate(), now_ms)
+            self._decide(now_ms, "sync", f"{self.role.value}: {mate.value} {why} → redundancy down, "
+                                         f"{mate.value} out of sync for epoch {self.active_epoch}")
 
     # --- heartbeats -----------------------------------------------------------
 
@@ -574,11 +520,11 @@ class QuorumCore:
         flags = 0
         if self.activity is Activity.ACTIVE:
             self._check_mate_sync(now_ms)
-            if self._granting(now_ms):
+            mate = self.peers[self.role.mate()]
+            if self.mate_sync.granting(self.sees(mate.role, now_ms)):
                 flags |= FLAG_MATE_IN_SYNC
-                # The mate's lease from this grant starts at its heartbeat we echo.
-                self._grant_bound = max(self._grant_bound, self.peers[self.role.mate()].heard_at + self.timing.insync_ms)
-        elif self._closed_in_sync:
+                self.mate_sync.granted(mate.heard_at)
+        elif self.mate_sync.closed_in_sync:
             flags |= FLAG_MATE_IN_SYNC
         if self.activity is Activity.STANDBY and self.in_sync(now_ms):
             flags |= FLAG_SELF_IN_SYNC
