@@ -1,0 +1,1 @@
+"""The MQTT broker core (sans-I/O) and its asyncio adapter."""
