@@ -1,0 +1,346 @@
+"""The broker core: MQTT sessions, routing and QoS flows, sans-I/O.
+
+Theory of operation
+-------------------
+Inputs are decoded MQTT packets per connection and the wall clock `now_ms`
+(wall, not monotonic: session expiry and message expiry must survive a restart
+and a failover). Each input returns a list of effects (`Send`, `Close`,
+`Persist(ops, then)`), which the adapter executes in order; `then` effects run
+only once the group commit holding `ops` is durable. The durability rules are
+in docs/broker.md; each `Persist` below names the rule it follows.
+
+State is rebuilt from the spool at start-up (`restore`). Every change the core
+makes to durable state is mirrored by an op in the same call, so replaying the
+op log reproduces this state exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ..mqtt import codec
+from ..mqtt.properties import PropertyId as P
+from ..mqtt.wire import ReasonCode as RC
+from ..spool import ops
+from .routing import Router
+from .session import NEVER, Connection, EntryState, Session, Will
+
+DEFAULT_RECEIVE_MAXIMUM = 32  # our in-flight window towards 3.1.1 clients (they cannot tell us theirs)
+SERVER_RECEIVE_MAXIMUM = 100
+SERVER_TOPIC_ALIAS_MAXIMUM = 64
+MAX_KEEP_ALIVE_S = 65535
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    conn: int
+    packet: object
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Close:
+    conn: int
+    reason_code: int = 0
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Persist:
+    ops: tuple
+    then: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    max_queued_messages: int = 100_000
+    max_queued_bytes: int = 64 * 1024 * 1024
+    max_packet_size: int = 1024 * 1024
+    max_session_expiry_s: int = 7 * 24 * 3600
+
+
+Authorizer = Callable[[str | None, str, str], bool]  # (username, "publish"|"subscribe", topic or filter) -> allowed
+
+
+def allow_all(username: str | None, action: str, topic: str) -> bool:
+    return True
+
+
+class BrokerCore:
+    def __init__(self, *, node_name: str = "pairmq", limits: Limits = Limits(),
+                 authorize: Authorizer = allow_all, id_source: Callable[[], str] | None = None) -> None:
+        self.limits = limits
+        self.authorize = authorize
+        self.router = Router(limits)
+        self.sessions: dict[str, Session] = {}
+        self.connections: dict[int, Connection] = {}
+        self._id_source = id_source
+        self._assigned = 0
+        self.node_name = node_name
+        self.counters: dict[str, int] = {}
+
+    # --- connections --------------------------------------------------------------------
+
+    def connect(self, conn_id: int, packet: codec.Connect, now_ms: int, *, username: str | None = None) -> list:
+        """A CONNECT already accepted by the front door (protocol, gate, authentication)."""
+        v = packet.protocol_version
+        props = packet.properties
+        client_id = packet.client_id
+        assigned = None
+        if not client_id:
+            client_id = assigned = self._new_client_id()
+        effects: list = []
+        expiry_s = props.get(P.SESSION_EXPIRY_INTERVAL, 0) if v == 5 else (0 if packet.clean_start else NEVER)
+        expiry_s = min(expiry_s, self.limits.max_session_expiry_s) if expiry_s != NEVER else NEVER
+        op_list: list = []
+
+        old = self.sessions.get(client_id)
+        if old is not None and old.conn is not None:
+            effects.append(Close(old.conn, RC.SESSION_TAKEN_OVER, "another connection took this session over"))
+            effects += self._connection_gone(old.conn, now_ms, taken_over=True, op_list=op_list)
+        session = self.sessions.get(client_id)
+        present = session is not None and not packet.clean_start
+        if session is not None and packet.clean_start:
+            op_list += self._delete_session(session)
+            session = None
+        if session is None:
+            session = Session(client_id, v, expiry_s)
+            self.sessions[client_id] = session
+        session.protocol_version, session.expiry_s, session.conn = v, expiry_s, conn_id
+        session.will_due_ms = 0
+        op_list.append(ops.SessionOpened(client_id, v, expiry_s, now_ms))
+        if session.will is not None:  # a reconnect cancels a pending delayed will (v5 §3.1.3.2.2)
+            op_list += self.router.drop_will(session)
+
+        conn = Connection(conn_id, client_id, v,
+                          receive_maximum=props.get(P.RECEIVE_MAXIMUM, DEFAULT_RECEIVE_MAXIMUM) if v == 5
+                          else DEFAULT_RECEIVE_MAXIMUM,
+                          maximum_packet_size=props.get(P.MAXIMUM_PACKET_SIZE, 1 << 28),
+                          topic_alias_maximum=props.get(P.TOPIC_ALIAS_MAXIMUM, 0) if v == 5 else 0,
+                          username=username,
+                          request_problem_information=bool(props.get(P.REQUEST_PROBLEM_INFORMATION, 1)))
+        self.connections[conn_id] = conn
+        if packet.will is not None:
+            op_list += self.router.set_will(session, packet.will, now_ms)
+
+        ack_props = {}
+        if v == 5:
+            ack_props = {P.RECEIVE_MAXIMUM: SERVER_RECEIVE_MAXIMUM, P.TOPIC_ALIAS_MAXIMUM: SERVER_TOPIC_ALIAS_MAXIMUM,
+                         P.MAXIMUM_PACKET_SIZE: self.limits.max_packet_size}
+            if assigned:
+                ack_props[P.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+            if expiry_s != props.get(P.SESSION_EXPIRY_INTERVAL, 0):
+                ack_props[P.SESSION_EXPIRY_INTERVAL] = expiry_s
+        connack = Send(conn_id, codec.Connack(RC.SUCCESS, present, ack_props))
+        # The CONNACK waits for the session ops: a client told "session present" must find it after a crash.
+        effects.append(Persist(tuple(op_list), (connack, *self._resend_and_pump(session, conn, now_ms))))
+        return effects
+
+    def connection_lost(self, conn_id: int, now_ms: int, *, disconnect: codec.Disconnect | None = None) -> list:
+        """The socket closed (with a DISCONNECT packet, or not). Publishes the will unless told not to."""
+        conn = self.connections.get(conn_id)
+        if conn is None:
+            return []
+        if disconnect is not None:
+            if disconnect.reason_code == RC.SUCCESS:
+                conn.will_on_close = False
+            new_expiry = disconnect.properties.get(P.SESSION_EXPIRY_INTERVAL)
+            session = self.sessions.get(conn.client_id)
+            if new_expiry is not None and session is not None:
+                if session.expiry_s == 0 and new_expiry != 0:
+                    pass  # v5 §3.14.2.2.2: a protocol error; keep 0 (the connection is ending anyway)
+                else:
+                    session.expiry_s = min(new_expiry, self.limits.max_session_expiry_s)
+        op_list: list = []
+        effects = self._connection_gone(conn_id, now_ms, taken_over=False, op_list=op_list)
+        return [Persist(tuple(op_list)), *effects] if op_list else effects
+
+    def _connection_gone(self, conn_id: int, now_ms: int, *, taken_over: bool, op_list: list) -> list:
+        conn = self.connections.pop(conn_id)
+        session = self.sessions.get(conn.client_id)
+        effects: list = []
+        if session is None or session.conn != conn_id:
+            return effects
+        session.conn = None
+        session.disconnected_at_ms = now_ms
+        if session.will is not None and conn.will_on_close:
+            if session.will.delay_s == 0 or session.expiry_s == 0:
+                effects += self.router.publish_will(session, now_ms, op_list, self)
+            else:
+                session.will_due_ms = now_ms + min(session.will.delay_s, session.expiry_s) * 1000
+        elif session.will is not None:
+            op_list += self.router.drop_will(session)
+        if taken_over:
+            pass  # the new connection carries the session on (or clears it, with Clean Start)
+        elif session.expiry_s == 0:
+            op_list += self._delete_session(session)
+        else:
+            op_list.append(ops.SessionDisconnected(session.client_id, now_ms, session.expiry_s))
+        return effects
+
+    def tick(self, now_ms: int) -> list:
+        """Session expiry, delayed wills, message expiry. Call about once a second."""
+        effects: list = []
+        op_list: list = []
+        for session in list(self.sessions.values()):
+            if session.will_due_ms and now_ms >= session.will_due_ms and session.will is not None:
+                session.will_due_ms = 0
+                effects += self.router.publish_will(session, now_ms, op_list, self)
+            expires = session.expires_at_ms()
+            if expires is not None and now_ms >= expires:
+                if session.will is not None:
+                    effects += self.router.publish_will(session, now_ms, op_list, self)
+                op_list += self._delete_session(session)
+        op_list += self.router.expire_queued(self.sessions.values(), now_ms)
+        if op_list:
+            effects.insert(0, Persist(tuple(op_list)))
+        return effects
+
+    # --- packets from a connected client --------------------------------------------------
+
+    def packet(self, conn_id: int, packet: object, now_ms: int) -> list:
+        conn = self.connections[conn_id]
+        handler = self._handlers.get(type(packet).__name__)
+        if handler is None:
+            return [Close(conn_id, RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")]
+        return handler(self, conn, packet, now_ms)
+
+    def _on_publish(self, conn: Connection, packet, now_ms: int) -> list:
+        session = self.sessions[conn.client_id]
+        topic = packet.topic
+        alias = packet.properties.get(P.TOPIC_ALIAS)
+        if alias is not None:
+            if not 0 < alias <= SERVER_TOPIC_ALIAS_MAXIMUM:
+                return [Close(conn.conn_id, RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")]
+            if topic:
+                conn.aliases_in[alias] = topic
+            else:
+                topic = conn.aliases_in.get(alias, "")
+                if not topic:
+                    return [Close(conn.conn_id, RC.PROTOCOL_ERROR, f"topic alias {alias} was never set")]
+        elif not topic:
+            return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "empty topic name without a topic alias")]
+        if topic.startswith("$"):
+            return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, "topics starting with $ are reserved")
+        if not self.authorize(conn.username, "publish", topic):
+            self._count("publish_not_authorized")
+            return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
+        if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+            return [Send(conn.conn_id, codec.Pubrec(packet.packet_id))]  # a retransmission: never routed twice
+        return self.router.route(self, conn, session, topic, packet, now_ms)
+
+    def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
+        if packet.qos == 0:
+            return [] if conn.protocol_version == 5 else [Close(conn.conn_id, reason, text)]
+        if conn.protocol_version == 5:
+            props = {P.REASON_STRING: text} if conn.request_problem_information else {}
+            ack = codec.Puback if packet.qos == 1 else codec.Pubrec
+            return [Send(conn.conn_id, ack(packet.packet_id, reason, props))]
+        return [Close(conn.conn_id, reason, text)]  # 3.1.1 has no negative ack: the client retries later
+
+    def _on_puback(self, conn: Connection, packet, now_ms: int) -> list:
+        return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(1,))
+
+    def _on_pubcomp(self, conn: Connection, packet, now_ms: int) -> list:
+        return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(2,))
+
+    def _ack_outbound(self, conn: Connection, packet_id: int, now_ms: int, expect: tuple[int, ...]) -> list:
+        session = self.sessions[conn.client_id]
+        for entry in session.queue:
+            if entry.state is not EntryState.QUEUED and entry.packet_id == packet_id and entry.qos in expect:
+                session.queue.remove(entry)
+                op_list = [ops.MessageAcked(session.client_id, entry.msg_id)]
+                op_list += self.router.release(session, entry)
+                return [Persist(tuple(op_list)), *self._pump(session, conn, now_ms)]
+        return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
+
+    def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
+        session = self.sessions[conn.client_id]
+        for entry in session.queue:
+            if entry.state is EntryState.INFLIGHT and entry.packet_id == packet.packet_id and entry.qos == 2:
+                if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
+                    session.queue.remove(entry)
+                    op_list = [ops.MessageAcked(session.client_id, entry.msg_id), *self.router.release(session, entry)]
+                    return [Persist(tuple(op_list)), *self._pump(session, conn, now_ms)]
+                entry.state = EntryState.PUBREC
+                # Rule 3: PUBREL only after the PUBREC is durable.
+                return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),
+                                (Send(conn.conn_id, codec.Pubrel(packet.packet_id)),))]
+            if entry.state is EntryState.PUBREC and entry.packet_id == packet.packet_id:
+                return [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
+        return [Send(conn.conn_id, codec.Pubrel(packet.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND))] \
+            if conn.protocol_version == 5 else [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
+
+    def _on_pubrel(self, conn: Connection, packet, now_ms: int) -> list:
+        session = self.sessions[conn.client_id]
+        if packet.packet_id not in session.inbound_qos2:
+            reason = RC.PACKET_IDENTIFIER_NOT_FOUND if conn.protocol_version == 5 else RC.SUCCESS
+            return [Send(conn.conn_id, codec.Pubcomp(packet.packet_id, reason))]
+        session.inbound_qos2.discard(packet.packet_id)
+        # Rule 4: PUBCOMP only once the release is durable.
+        return [Persist((ops.InboundQos2Released(session.client_id, packet.packet_id),),
+                        (Send(conn.conn_id, codec.Pubcomp(packet.packet_id)),))]
+
+    def _on_subscribe(self, conn: Connection, packet, now_ms: int) -> list:
+        return self.router.subscribe(self, conn, self.sessions[conn.client_id], packet, now_ms)
+
+    def _on_unsubscribe(self, conn: Connection, packet, now_ms: int) -> list:
+        return self.router.unsubscribe(conn, self.sessions[conn.client_id], packet)
+
+    def _on_pingreq(self, conn: Connection, packet, now_ms: int) -> list:
+        return [Send(conn.conn_id, codec.PingResp())]
+
+    def _on_disconnect(self, conn: Connection, packet, now_ms: int) -> list:
+        return [*self.connection_lost(conn.conn_id, now_ms, disconnect=packet), Close(conn.conn_id)]
+
+    _handlers = {
+        "Publish": _on_publish, "Puback": _on_puback, "Pubrec": _on_pubrec, "Pubrel": _on_pubrel,
+        "Pubcomp": _on_pubcomp, "Subscribe": _on_subscribe, "Unsubscribe": _on_unsubscribe,
+        "PingReq": _on_pingreq, "Disconnect": _on_disconnect,
+    }
+
+    # --- delivery --------------------------------------------------------------------------
+
+    def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list:
+        """On (re)connect: resend what was in flight (DUP), then fill the window."""
+        effects = []
+        for entry in session.queue:
+            if entry.state is EntryState.QUEUED:
+                break
+            if entry.state is EntryState.PUBREC:
+                effects.append(Send(conn.conn_id, codec.Pubrel(entry.packet_id)))
+            else:
+                effects += self.router.publish_packet(conn, session, entry, dup=True)
+        return effects + self._pump(session, conn, now_ms)
+
+    def _pump(self, session: Session, conn: Connection | None, now_ms: int) -> list:
+        """Send queued entries while the client's in-flight window has room."""
+        if conn is None:
+            return []
+        return self.router.pump(conn, session, now_ms)
+
+    def deliver_to(self, client_id: str, now_ms: int) -> list:
+        session = self.sessions.get(client_id)
+        if session is None or session.conn is None:
+            return []
+        return self._pump(session, self.connections[session.conn], now_ms)
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def _delete_session(self, session: Session) -> list:
+        self.sessions.pop(session.client_id, None)
+        op_list = self.router.forget_session(session)
+        op_list.append(ops.SessionDeleted(session.client_id))
+        return op_list
+
+    def _new_client_id(self) -> str:
+        if self._id_source is not None:
+            return self._id_source()
+        self._assigned += 1
+        return f"{self.node_name}-auto-{self._assigned}"
+
+    def _count(self, what: str) -> None:
+        self.counters[what] = self.counters.get(what, 0) + 1
+
+    def session_will(self, session: Session) -> Will | None:
+        return session.will

@@ -1,0 +1,380 @@
+"""Routing: from one PUBLISH to every session that should get it, and out again.
+
+Rules:
+- One stored body per message; each target session gets a queue entry at
+  min(publish QoS, subscription QoS). QoS 0 copies go out at once and are never
+  spooled; QoS 1/2 copies are queued and sent after the commit (docs/broker.md).
+- Overlapping subscriptions of one client yield one copy: the highest QoS and
+  every subscription identifier. A shared group (`$share/g/f`) yields one copy
+  for one member, chosen round-robin, preferring connected members.
+- No silent loss: if a target queue is full, the whole publish is refused with
+  a reason (v5 0x97), before anything is stored.
+- Retained: an empty payload clears the topic; new subscriptions get matching
+  retained messages per their Retain Handling; shared subscriptions never do.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..mqtt import codec
+from ..mqtt.properties import PropertyId as P
+from ..mqtt.wire import ReasonCode as RC
+from ..spool import ops
+from . import topics
+from .session import Connection, EntryState, Message, QueueEntry, Session, SubscriptionOptions, Will
+
+_NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
+
+
+class Router:
+    def __init__(self, limits) -> None:
+        self.limits = limits
+        self.messages: dict[int, Message] = {}
+        self.retained = topics.RetainedIndex()
+        self.subscriptions = topics.SubscriptionIndex()
+        self._msg_ids = itertools.count(1)
+        self.refused_full = 0
+
+    # --- publish in ------------------------------------------------------------------------
+
+    def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int) -> list:
+        props = {k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
+        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL)
+        msg = Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
+                      now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
+        targets = self._targets(core, topic, session.client_id, msg.retain)
+        full = self._full_target(core, targets, msg)
+        if full is not None and conn is not None:
+            self.refused_full += 1
+            return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
+                                        f"the queue of subscriber {full} is full; retry later")
+        op_list: list = []
+        now_effects: list = []
+        then: list = []
+        stored = False
+
+        def store() -> None:
+            nonlocal stored
+            if not stored:
+                self.messages[msg.msg_id] = msg
+                op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
+                                                 _encode_props(props), msg.expiry_at_ms, msg.publisher, now_ms))
+                stored = True
+
+        if msg.retain:
+            op_list += self._set_retained(topic, msg, store)
+        for client_id, (qos, sub_ids, retain_flag) in targets.items():
+            target = core.sessions.get(client_id)
+            if target is None:
+                continue
+            if qos == 0:
+                if target.conn is not None:
+                    entry = QueueEntry(msg.msg_id, 0, retain_flag, sub_ids)
+                    self.messages.setdefault(msg.msg_id, msg)
+                    now_effects += self.publish_packet(core.connections[target.conn], target, entry, dup=False,
+                                                       msg=msg)
+                continue
+            store()
+            msg.refs += 1
+            target.queue.append(QueueEntry(msg.msg_id, qos, retain_flag, sub_ids))
+            target.queued_bytes += msg.size
+            op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
+            if target.conn is not None:
+                then.append(client_id)
+        if packet.qos == 2 and conn is not None:
+            session.inbound_qos2.add(packet.packet_id)
+            op_list.append(ops.InboundQos2Received(session.client_id, packet.packet_id))
+        if msg.refs == 0 and not msg.retain:
+            self.messages.pop(msg.msg_id, None)  # QoS 0 only: nothing holds the body
+        acks = []
+        if conn is not None and packet.qos:
+            reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS
+            ack = codec.Puback if packet.qos == 1 else codec.Pubrec
+            acks.append(codec_send(conn, ack(packet.packet_id, reason)))
+        pumps = [("pump", cid) for cid in then]
+        if not op_list:
+            return now_effects + acks
+        # Rules 1 and 2: the ack and the QoS 1/2 deliveries wait for the commit.
+        return [*now_effects, core_persist(op_list, acks, pumps, core, now_ms)]
+
+    def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
+        """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
+        out: dict[str, tuple[int, tuple, bool]] = {}
+        shared: dict[tuple[str, str], list] = {}
+        for match in self.subscriptions.match(topic):
+            opts: SubscriptionOptions = match.options
+            if match.group is not None:
+                shared.setdefault((match.group, match.filter), []).append(match)
+                continue
+            if opts.no_local and match.client_id == publisher:
+                continue
+            self._merge(out, match.client_id, opts, retain and opts.retain_as_published)
+        for (group, filter_), members in shared.items():
+            chosen = self.subscriptions.choose_shared(group, filter_, members,
+                                                      lambda cid: _connected(core, cid))
+            self._merge(out, chosen.client_id, chosen.options, False)
+        return out
+
+    @staticmethod
+    def _merge(out: dict, client_id: str, opts: SubscriptionOptions, retain_flag: bool) -> None:
+        qos, ids, flag = out.get(client_id, (-1, (), False))
+        sub_ids = ids + ((opts.subscription_id,) if opts.subscription_id else ())
+        out[client_id] = (max(qos, opts.qos), sub_ids, flag or retain_flag)
+
+    def _full_target(self, core, targets: dict, msg: Message) -> str | None:
+        if msg.qos == 0:
+            return None
+        for client_id, (qos, _, _) in targets.items():
+            target = core.sessions.get(client_id)
+            if target is None or min(qos, msg.qos) == 0:
+                continue
+            if (len(target.queue) >= self.limits.max_queued_messages
+                    or target.queued_bytes + msg.size > self.limits.max_queued_bytes):
+                return client_id
+        return None
+
+    def _set_retained(self, topic: str, msg: Message, store) -> list:
+        old = self.retained.get(topic)
+        op_list: list = []
+        if old is not None:
+            self.retained.clear(topic)
+            self._unref(old)
+        if not msg.payload:
+            if old is not None:
+                op_list.append(ops.RetainedCleared(topic))
+            return op_list
+        store()
+        msg.refs += 1
+        self.retained.set(topic, msg.msg_id)
+        op_list.append(ops.RetainedSet(topic, msg.msg_id))
+        return op_list
+
+    # --- delivery out ---------------------------------------------------------------------
+
+    def pump(self, conn: Connection, session: Session, now_ms: int) -> list:
+        effects: list = []
+        durable_first: list = []
+        inflight = session.inflight_count()
+        window = max(1, conn.receive_maximum)
+        dropped: list = []
+        for entry in list(session.queue):
+            if inflight >= window:
+                break
+            if entry.state is not EntryState.QUEUED:
+                continue
+            msg = self.messages[entry.msg_id]
+            if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                session.queue.remove(entry)
+                dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
+                self._release_entry(session, entry)
+                continue
+            entry.state = EntryState.INFLIGHT
+            entry.packet_id = session.allocate_packet_id()
+            inflight += 1
+            sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms)
+            record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
+            if entry.qos == 2:
+                durable_first.append((record, sends))  # rule 3
+            else:
+                dropped.append(record)
+                effects += sends
+        if durable_first:
+            effects.append(Persist_(tuple(r for r, _ in durable_first),
+                                    tuple(s for _, sends in durable_first for s in sends)))
+        if dropped:
+            effects.insert(0, Persist_(tuple(dropped), ()))
+        return effects
+
+    def publish_packet(self, conn: Connection, session: Session, entry: QueueEntry, *, dup: bool,
+                       msg: Message | None = None, now_ms: int = 0) -> list:
+        msg = msg or self.messages[entry.msg_id]
+        props = dict(msg.properties) if conn.protocol_version == 5 else {}
+        if props and msg.expiry_at_ms and now_ms:
+            props[P.MESSAGE_EXPIRY_INTERVAL] = max(0, (msg.expiry_at_ms - now_ms) // 1000)
+        if entry.subscription_ids and conn.protocol_version == 5:
+            props[P.SUBSCRIPTION_IDENTIFIER] = list(entry.subscription_ids)
+        topic = msg.topic
+        if conn.topic_alias_maximum and not dup:
+            alias, first = conn.outbound_alias(topic)
+            if alias:
+                props[P.TOPIC_ALIAS] = alias
+                if not first:
+                    topic = ""
+        packet = codec.Publish(topic=topic, payload=msg.payload, qos=entry.qos, retain=entry.retain, dup=dup,
+                               packet_id=entry.packet_id if entry.qos else None, properties=props)
+        return [codec_send(conn, packet)]
+
+    def release(self, session: Session, entry: QueueEntry) -> list:
+        self._release_entry(session, entry)
+        return []
+
+    def _release_entry(self, session: Session, entry: QueueEntry) -> None:
+        msg = self.messages.get(entry.msg_id)
+        if msg is not None:
+            session.queued_bytes -= msg.size
+            self._unref(msg.msg_id)
+
+    def _unref(self, msg_id: int) -> None:
+        msg = self.messages.get(msg_id)
+        if msg is None:
+            return
+        msg.refs -= 1
+        if msg.refs <= 0:
+            del self.messages[msg_id]
+
+    def expire_queued(self, sessions, now_ms: int) -> list:
+        op_list = []
+        for session in sessions:
+            for entry in list(session.queue):
+                if entry.state is not EntryState.QUEUED:
+                    continue
+                msg = self.messages.get(entry.msg_id)
+                if msg is not None and msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                    session.queue.remove(entry)
+                    self._release_entry(session, entry)
+                    op_list.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
+        return op_list
+
+    # --- subscriptions ------------------------------------------------------------------------
+
+    def subscribe(self, core, conn: Connection, session: Session, packet, now_ms: int) -> list:
+        sub_id = packet.properties.get(P.SUBSCRIPTION_IDENTIFIER, 0)
+        if isinstance(sub_id, list):
+            sub_id = sub_id[0] if sub_id else 0
+        codes: list[int] = []
+        op_list: list = []
+        retained_effects: list = []
+        pump = False
+        for topic_filter, requested in packet.subscriptions:
+            try:
+                group, plain = topics.parse_shared(topic_filter)
+                topics.validate_topic_filter(plain)
+            except topics.TopicError as exc:
+                codes.append(exc.reason_code if conn.protocol_version == 5 else 0x80)
+                continue
+            if not core.authorize(conn.username, "subscribe", topic_filter):
+                codes.append(RC.NOT_AUTHORIZED if conn.protocol_version == 5 else 0x80)
+                continue
+            qos = min(requested.qos, 2)
+            if group is not None and requested.no_local:
+                codes.append(RC.PROTOCOL_ERROR if conn.protocol_version == 5 else 0x80)  # v5 §3.8.3.1
+                continue
+            opts = SubscriptionOptions(qos, requested.no_local, requested.retain_as_published,
+                                       requested.retain_handling, sub_id)
+            existed = topic_filter in session.subscriptions
+            session.subscriptions[topic_filter] = opts
+            self.subscriptions.subscribe(session.client_id, topic_filter, opts)
+            op_list.append(ops.Subscribed(session.client_id, topic_filter, qos, opts.no_local,
+                                          opts.retain_as_published, opts.retain_handling, sub_id))
+            codes.append(qos)
+            send_retained = group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed))
+            if send_retained:
+                for _topic, msg_id in self.retained.matching(plain):
+                    msg = self.messages[msg_id]
+                    if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                        continue
+                    eff = min(qos, msg.qos)
+                    ids = (sub_id,) if sub_id else ()
+                    entry = QueueEntry(msg_id, eff, True, ids)
+                    if eff == 0:
+                        retained_effects += self.publish_packet(conn, session, entry, dup=False, msg=msg,
+                                                                now_ms=now_ms)
+                    else:
+                        msg.refs += 1
+                        session.queue.append(entry)
+                        session.queued_bytes += msg.size
+                        op_list.append(ops.MessageQueued(session.client_id, msg_id, eff, True, ids))
+                        pump = True
+        suback = codec_send(conn, codec.Suback(packet.packet_id, codes))
+        pumps = [("pump", session.client_id)] if pump else []
+        return [core_persist(op_list, [suback, *retained_effects], pumps, core, now_ms)]
+
+    def unsubscribe(self, conn: Connection, session: Session, packet) -> list:
+        codes = []
+        op_list = []
+        for topic_filter in packet.topic_filters:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.subscriptions.unsubscribe(session.client_id, topic_filter)
+                op_list.append(ops.Unsubscribed(session.client_id, topic_filter))
+                codes.append(RC.SUCCESS)
+            else:
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+        return [Persist_(tuple(op_list), (codec_send(conn, codec.Unsuback(packet.packet_id, codes)),))]
+
+    # --- wills and session end ------------------------------------------------------------------
+
+    def set_will(self, session: Session, will, now_ms: int) -> list:
+        op_list = self.drop_will(session)
+        # The will's Message Expiry Interval stays relative in its properties: it starts when the will
+        # is published (route() turns it into an absolute expiry then).
+        props = {k: v for k, v in will.properties.items() if k != P.WILL_DELAY_INTERVAL}
+        msg = Message(next(self._msg_ids), will.topic, bytes(will.payload), will.qos, will.retain, props,
+                      0, session.client_id, now_ms, refs=1)
+        self.messages[msg.msg_id] = msg
+        session.will = Will(msg.msg_id, will.properties.get(P.WILL_DELAY_INTERVAL, 0))
+        op_list += [ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, _encode_props(props),
+                                      msg.expiry_at_ms, msg.publisher, now_ms),
+                    ops.WillSet(session.client_id, msg.msg_id, session.will.delay_s)]
+        return op_list
+
+    def drop_will(self, session: Session) -> list:
+        if session.will is None:
+            return []
+        self._unref(session.will.msg_id)
+        session.will = None
+        session.will_due_ms = 0
+        return [ops.WillCleared(session.client_id)]
+
+    def publish_will(self, session: Session, now_ms: int, op_list: list, core) -> list:
+        will = session.will
+        msg = self.messages[will.msg_id]
+        packet = codec.Publish(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain, dup=False,
+                               packet_id=None, properties=dict(msg.properties))
+        op_list += self.drop_will(session)
+        effects = self.route(core, None, session, msg.topic, packet, now_ms)
+        return effects
+
+    def forget_session(self, session: Session) -> list:
+        self.subscriptions.remove_client(session.client_id)
+        for entry in session.queue:
+            self._release_entry(session, entry)
+        session.queue.clear()
+        if session.will is not None:
+            self._unref(session.will.msg_id)
+            session.will = None
+        return []
+
+
+def _connected(core, client_id: str) -> bool:
+    session = core.sessions.get(client_id)
+    return session is not None and session.conn is not None
+
+
+def _encode_props(props: dict) -> bytes:
+    from ..mqtt.properties import encode_properties
+    from ..mqtt.wire import PacketType
+
+    return encode_properties(props, PacketType.PUBLISH) if props else b""
+
+
+def codec_send(conn: Connection, packet):
+    from .core import Send
+
+    return Send(conn.conn_id, packet)
+
+
+def Persist_(op_tuple: tuple, then: tuple):
+    from .core import Persist
+
+    return Persist(op_tuple, then)
+
+
+def core_persist(op_list: list, sends: list, pumps: list, core, now_ms: int):
+    """Persist the ops; once durable, send the acks, then fill the windows of the targets."""
+    from .core import Persist
+
+    then = list(sends)
+    for _, client_id in pumps:
+        then += core.deliver_to(client_id, now_ms)
+    return Persist(tuple(op_list), tuple(then))
