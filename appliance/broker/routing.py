@@ -101,19 +101,12 @@ class Router:
     def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
         out: dict[str, tuple[int, tuple, bool]] = {}
-        shared: dict[tuple[str, str], list] = {}
-        for match in self.subscriptions.match(topic):
+        # The index picks one member per shared group (round-robin, connected members first).
+        for match in self.subscriptions.match(topic, eligible=lambda cid: _connected(core, cid)):
             opts: SubscriptionOptions = match.options
-            if match.group is not None:
-                shared.setdefault((match.group, match.filter), []).append(match)
+            if match.group is None and opts.no_local and match.client_id == publisher:
                 continue
-            if opts.no_local and match.client_id == publisher:
-                continue
-            self._merge(out, match.client_id, opts, retain and opts.retain_as_published)
-        for (group, filter_), members in shared.items():
-            chosen = self.subscriptions.choose_shared(group, filter_, members,
-                                                      lambda cid: _connected(core, cid))
-            self._merge(out, chosen.client_id, chosen.options, False)
+            self._merge(out, match.client_id, opts, match.group is None and retain and opts.retain_as_published)
         return out
 
     @staticmethod
