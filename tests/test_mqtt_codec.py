@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from appliance.errors import RemoteProtocolError
 from appliance.mqtt.codec import (
     DEFAULT_MAX_PACKET_SIZE, V311_RETURN_CODES, Connack, Connect, Disconnect,
-    FixedHeader, PacketReader, PingReq, PingResp, UnsupportedPacket, Will,
-    decode_connack, decode_connect, decode_disconnect, decode_packet,
-    encode_packet, parse_fixed_header,
+    FixedHeader, PacketReader, PingReq, PingResp, Will, decode_connack,
+    decode_connect, decode_disconnect, decode_packet, encode_packet,
+    parse_fixed_header,
 )
+from appliance.mqtt.packets import Auth, Pubrel, Subscribe, Subscription
+from appliance.mqtt.publish import Publish
 from appliance.mqtt.properties import (
     PROPERTY_TABLE, WILL, DataType, PropertyId, decode_properties,
     encode_properties,
@@ -68,7 +70,8 @@ def connect_packet(body: bytes) -> bytes:
 def test_codec_modules_import_no_io():
     forbidden = {"asyncio", "socket", "time", "random", "sqlite3", "aiohttp"}
     root = pathlib.Path(__file__).resolve().parents[1] / "appliance" / "mqtt"
-    for name in ("wire.py", "properties.py", "codec.py", "__init__.py"):
+    for name in ("wire.py", "properties.py", "codec.py", "publish.py", "packets.py",
+                 "__init__.py"):
         tree = ast.parse((root / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -346,6 +349,24 @@ def test_connect_refusals_carry_reason_code_and_known_version(name, body, exc, r
     assert err2.protocol_version == version
 
 
+def test_will_rules_shared_with_publish():
+    bad = Connect(MQTT_5, "c", will=Will("w", b"", properties={P.RESPONSE_TOPIC: "r/+"}))
+    err = raises(ProtocolError, R.PROTOCOL_ERROR, decode_connect, bad.encode()[2:])
+    assert err.protocol_version == MQTT_5
+    # Declared UTF-8 asks for well-formed UTF-8 only, and U+0000 is well-formed.
+    nul = Connect(MQTT_5, "c", will=Will("w", b"a\x00b", properties={
+        P.PAYLOAD_FORMAT_INDICATOR: 1}))
+    assert decode_connect(nul.encode()[2:]) == nul
+
+
+def test_every_packet_class_names_its_type():
+    import appliance.mqtt as mqtt
+    for name in mqtt.__all__:
+        cls = getattr(mqtt, name)
+        if isinstance(cls, type) and hasattr(cls, "encode") and name != "PublishTemplate":
+            assert cls.packet_type.name == name.upper(), name
+
+
 def test_v5_password_without_user_name_is_allowed():
     body = connect_body(flags=0x42, tail=b"\x00\x3c\x00\x00\x00\x00\x02pw")
     assert decode_connect(body).password == b"pw"
@@ -410,25 +431,26 @@ def test_reader_error_is_sticky_and_drops_the_buffer():
     assert again.value is first
 
 
-def test_unsupported_types_come_out_raw_after_connect():
+def test_every_client_packet_type_decodes_after_connect():
     publish = b"\x32\x07\x00\x01t\x00\x01\x00p"
     auth = b"\xf0\x00"
     packets = read_all(v5_session(publish, auth, b"\x62\x02\x00\x01"))
-    assert packets[1:] == [UnsupportedPacket(PacketType.PUBLISH, 0x2, publish[2:]),
-                           UnsupportedPacket(PacketType.AUTH, 0, b""),
-                           UnsupportedPacket(PacketType.PUBREL, 0x2, b"\x00\x01")]
+    assert packets[1:] == [Publish("t", b"p", 1, packet_id=1), Auth(), Pubrel(1)]
     assert packets[1].encode(MQTT_5) == publish
+    assert [p.packet_type for p in packets] == [
+        PacketType.CONNECT, PacketType.PUBLISH, PacketType.AUTH, PacketType.PUBREL]
 
 
 # --- incremental input ----------------------------------------------------------------
 
 def test_byte_by_byte_gives_the_same_packets_and_nothing_early():
-    stream = v5_session(PingReq().encode(5), b"\x82\x06\x00\x01\x00\x01t\x00",
+    stream = v5_session(PingReq().encode(5), b"\x82\x07\x00\x01\x00\x00\x01t\x00",
                         Disconnect(R.DISCONNECT_WITH_WILL_MESSAGE,
                                    {P.REASON_STRING: "bye"}).encode(5))
     whole = read_all(stream)
     assert [type(p).__name__ for p in whole] == [
-        "Connect", "PingReq", "UnsupportedPacket", "Disconnect"]
+        "Connect", "PingReq", "Subscribe", "Disconnect"]
+    assert whole[2] == Subscribe(1, (Subscription("t"),))
     reader = PacketReader()
     got, ends = [], set()
     offset = 0

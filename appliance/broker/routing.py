@@ -239,7 +239,8 @@ class Router:
         op_list: list = []
         retained_effects: list = []
         pump = False
-        for topic_filter, requested in packet.subscriptions:
+        for requested in packet.subscriptions:
+            topic_filter = requested.topic_filter
             try:
                 group, plain = topics.parse_shared(topic_filter)
                 topics.validate_topic_filter(plain)

@@ -1,25 +1,34 @@
 """PairMQ's MQTT front door: a sans-I/O codec and the asyncio listener.
 
-`codec` frames and decodes packets with no I/O; `listener` is the thin asyncio
-adapter that the redundancy core gates. Import the listener from its module
-(`appliance.mqtt.listener`) so that codec users never pull in asyncio.
+`codec` frames and decodes packets with no I/O (PUBLISH lives in `publish`,
+the acknowledgements, subscriptions and AUTH in `packets`); `listener` is the
+thin asyncio adapter that the redundancy core gates. Import the listener from
+its module (`appliance.mqtt.listener`) so that codec users never pull in
+asyncio.
 """
 
 from appliance.mqtt.codec import (
     DEFAULT_MAX_PACKET_SIZE, Connack, Connect, Disconnect, FixedHeader, Packet,
-    PacketReader, PingReq, PingResp, UnsupportedPacket, Will, decode_packet,
-    encode_packet, parse_fixed_header,
+    PacketReader, PingReq, PingResp, Will, decode_packet, encode_packet,
+    parse_fixed_header,
+)
+from appliance.mqtt.packets import (
+    Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe, Subscription,
+    Unsuback, Unsubscribe,
 )
 from appliance.mqtt.properties import WILL, PropertyId
+from appliance.mqtt.publish import KEEP, Publish, PublishTemplate
 from appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, MalformedPacket, MqttError, PacketType, ProtocolError,
     ReasonCode,
 )
 
 __all__ = [
-    "DEFAULT_MAX_PACKET_SIZE", "MQTT_3_1_1", "MQTT_5", "WILL",
-    "Connack", "Connect", "Disconnect", "FixedHeader", "MalformedPacket",
+    "DEFAULT_MAX_PACKET_SIZE", "KEEP", "MQTT_3_1_1", "MQTT_5", "WILL",
+    "Auth", "Connack", "Connect", "Disconnect", "FixedHeader", "MalformedPacket",
     "MqttError", "Packet", "PacketReader", "PacketType", "PingReq", "PingResp",
-    "PropertyId", "ProtocolError", "ReasonCode", "UnsupportedPacket", "Will",
-    "decode_packet", "encode_packet", "parse_fixed_header",
+    "PropertyId", "ProtocolError", "Puback", "Pubcomp", "Publish",
+    "PublishTemplate", "Pubrec", "Pubrel", "ReasonCode", "Suback", "Subscribe",
+    "Subscription", "Unsuback", "Unsubscribe", "Will", "decode_packet",
+    "encode_packet", "parse_fixed_header",
 ]

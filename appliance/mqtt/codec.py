@@ -9,12 +9,15 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
 - Packet size is the fixed header plus the Remaining Length. Above
   `max_packet_size` it is 0x95, raised as soon as the header is read, before a
   byte of the body is waited for.
+- Every other packet has its own module and rules: PUBLISH in `publish`,
+  the acknowledgements, SUBSCRIBE/UNSUBSCRIBE and AUTH in `packets`.
 - CONNECT: protocol name "MQTT" with level 4 (3.1.1) or 5 (5.0). Any other
   level, or "MQIsdp" (3.1), is 0x84; any other name is malformed. Malformed
   too: the reserved flag set, Will QoS 3, Will QoS/Retain without the Will
   flag, a password without a user name (3.1.1), bytes after the payload.
   Authentication Data without a Method is 0x82; a Will Topic that is empty or
-  holds a wildcard is 0x90; a will payload declared UTF-8 that is not is 0x99.
+  holds a wildcard is 0x90, a will Response Topic with a wildcard 0x82; a
+  will payload declared UTF-8 that is not well-formed UTF-8 is 0x99.
 - CONNACK: we hold the v5 reason code; 3.1.1 maps it to return codes 0-5
   (`V311_RETURN_CODES`). Session present must be 0 on a refusal.
 - DISCONNECT: empty in 3.1.1. In 5.0 the reason code (default 0x00) and the
@@ -22,35 +25,59 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
 - PINGREQ/PINGRESP: empty bodies.
 - PacketReader reads what a client sends a server: the first packet must be
   CONNECT, a second CONNECT is 0x82, and so are the packets only a server
-  sends (CONNACK, SUBACK, UNSUBACK, PINGRESP). After an error the reader is
-  dead and raises the same error again.
+  sends (CONNACK, SUBACK, UNSUBACK, PINGRESP). Its PUBLISHes are decoded
+  `from_client`. After an error the reader is dead and raises the same error
+  again.
+- `encode_packet` to a peer with a Maximum Packet Size drops Reason String
+  and User Property from the packets that may lose them (§3.1.2.11.4:
+  CONNACK, the acks, DISCONNECT, AUTH), never from a PUBLISH, whose User
+  Properties belong to the application message; still too big is None.
 
 Theory of operation: `feed(bytes)` appends; `next_packet()` returns one
 decoded packet or None when it needs more bytes. A caller that drains
 `next_packet()` after each `feed()` never has more buffered than one
-incomplete packet (at most `max_packet_size`) plus the last chunk fed. Packet
-types not decoded yet come out as `UnsupportedPacket` with the raw body, so a
-later broker adds a decoder without touching the framing.
+incomplete packet (at most `max_packet_size`) plus the last chunk fed.
+Consumed bytes are skipped with an offset and compacted at the next `feed()`,
+so a chunk of many small packets costs one copy, not one per packet.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from appliance.mqtt.packets import (
+    ACK_CLASSES, Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
+    Subscription, Unsuback, Unsubscribe, decode_ack, decode_auth, decode_suback,
+    decode_subscribe, decode_unsuback, decode_unsubscribe,
+)
 from appliance.mqtt.properties import (
     WILL, Properties, PropertyId, decode_properties, encode_properties,
 )
-from appliance.mqtt.wire import (
-    MQTT_3_1_1, MQTT_5, VBI_MAX, Cursor, MqttError, PacketType, ProtocolError,
-    ReasonCode, check_utf8, encode_binary, encode_u8, encode_u16, encode_utf8,
-    fixed_header, malformed, parse_vbi, protocol_error,
+from appliance.mqtt.publish import (
+    Publish, PublishTemplate, check_response_topic, decode_publish,
 )
+from appliance.mqtt.wire import (
+    MQTT_3_1_1, MQTT_5, SUPPORTED_VERSIONS, VBI_MAX, Cursor, MqttError,
+    PacketType, ProtocolError, ReasonCode, check_topic_name, check_version,
+    encode_binary, encode_u8, encode_u16, encode_utf8, fixed_header, is_utf8,
+    malformed, parse_vbi, protocol_error,
+)
+
+__all__ = [  # the codec's API, including what it re-exports from publish and packets
+    "CONNACK_REASON_CODES", "DEFAULT_MAX_PACKET_SIZE", "DISCONNECT_REASON_CODES",
+    "MAX_MAX_PACKET_SIZE", "MIN_MAX_PACKET_SIZE", "SUPPORTED_VERSIONS", "V311_RETURN_CODES", "Auth", "Connack", "Connect", "Disconnect", "FixedHeader",
+    "Packet", "PacketReader", "PingReq", "PingResp", "Puback", "Pubcomp", "Publish",
+    "PublishTemplate", "Pubrec", "Pubrel", "Suback", "Subscribe", "Subscription",
+    "Unsuback", "Unsubscribe", "Will", "check_topic_name", "decode_connack",
+    "decode_connect", "decode_disconnect", "decode_packet", "encode_packet",
+    "parse_fixed_header",
+]
 
 DEFAULT_MAX_PACKET_SIZE = 1 << 20
 MIN_MAX_PACKET_SIZE = 16
 MAX_MAX_PACKET_SIZE = 1 + 4 + VBI_MAX
-SUPPORTED_VERSIONS = (MQTT_3_1_1, MQTT_5)
 
 _R = ReasonCode
 V311_RETURN_CODES = {
@@ -93,6 +120,8 @@ class Will:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
+    packet_type: ClassVar[PacketType] = PacketType.CONNECT
+
     protocol_version: int
     client_id: str
     clean_start: bool = True
@@ -131,6 +160,8 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Connack:
+    packet_type: ClassVar[PacketType] = PacketType.CONNACK
+
     reason_code: int = ReasonCode.SUCCESS
     session_present: bool = False
     properties: Properties = field(default_factory=dict)
@@ -143,7 +174,7 @@ class Connack:
                 raise ValueError(f"reason 0x{self.reason_code:02X} has no 3.1.1 return code")
             body = bytes([self.session_present, V311_RETURN_CODES[self.reason_code]])
         else:
-            _check_version(protocol_version)
+            check_version(protocol_version)
             if self.reason_code not in CONNACK_REASON_CODES:
                 raise ValueError(f"0x{self.reason_code:02X} is not a CONNACK reason code")
             body = bytes([self.session_present, self.reason_code]) \
@@ -153,6 +184,8 @@ class Connack:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
+    packet_type: ClassVar[PacketType] = PacketType.DISCONNECT
+
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = field(default_factory=dict)
 
@@ -162,7 +195,7 @@ class Disconnect:
                 raise ValueError("a 3.1.1 DISCONNECT has no reason code or properties")
             body = b""
         else:
-            _check_version(protocol_version)
+            check_version(protocol_version)
             if self.reason_code not in DISCONNECT_REASON_CODES:
                 raise ValueError(f"0x{self.reason_code:02X} is not a DISCONNECT reason code")
             body = b""
@@ -174,34 +207,26 @@ class Disconnect:
 
 @dataclass(frozen=True, slots=True)
 class PingReq:
+    packet_type: ClassVar[PacketType] = PacketType.PINGREQ
+
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGREQ, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class PingResp:
+    packet_type: ClassVar[PacketType] = PacketType.PINGRESP
+
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGRESP, 0, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class UnsupportedPacket:
-    """A well-framed packet of a type this codec does not decode yet."""
-
-    packet_type: PacketType
-    flags: int
-    body: bytes
-
-    def encode(self, protocol_version: int) -> bytes:
-        return fixed_header(self.packet_type, self.flags, len(self.body)) + self.body
-
-
-Packet = Connect | Connack | Disconnect | PingReq | PingResp | UnsupportedPacket
-
-
-def _check_version(protocol_version: int) -> None:
-    if protocol_version not in SUPPORTED_VERSIONS:
-        raise ValueError(f"unsupported protocol version {protocol_version}")
+Packet = (Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe
+          | Suback | Unsubscribe | Unsuback | PingReq | PingResp | Disconnect | Auth)
+# §3.1.2.11.4 and each packet's Reason String / User Property: the sender
+# must leave them out rather than exceed the peer's Maximum Packet Size.
+_MAY_DROP_DIAGNOSTICS = (Connack, Puback, Pubrec, Pubrel, Pubcomp, Suback, Unsuback,
+                         Disconnect, Auth)
 
 
 def encode_packet(packet: Packet, protocol_version: int, *,
@@ -209,15 +234,17 @@ def encode_packet(packet: Packet, protocol_version: int, *,
     """Encode for a peer that accepts at most `max_packet_size` bytes.
 
     Too big: drop Reason String and User Property (the only properties MQTT 5
-    lets a sender drop) and try again; still too big: None, meaning "do not
-    send, just close".
+    lets a sender drop, and never from a PUBLISH) and try again; still too
+    big: None, meaning "do not send": close, or for a PUBLISH drop it as if
+    it had been delivered.
     """
     data = packet.encode(protocol_version)
     if max_packet_size is None or len(data) <= max_packet_size:
         return data
     props = getattr(packet, "properties", None)
     droppable = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
-    if props and any(p in props for p in droppable):
+    if isinstance(packet, _MAY_DROP_DIAGNOSTICS) and props \
+            and any(p in props for p in droppable):
         slim = {k: v for k, v in props.items() if k not in droppable}
         data = dataclasses.replace(packet, properties=slim).encode(protocol_version)
         if len(data) <= max_packet_size:
@@ -239,19 +266,31 @@ class FixedHeader:
         return self.header_length + self.remaining_length
 
 
-def parse_fixed_header(data: bytes | bytearray,
-                       protocol_version: int | None = None) -> FixedHeader | None:
-    """The fixed header at the start of `data`, or None if it is cut short.
+def parse_fixed_header(data: bytes | bytearray, protocol_version: int | None = None,
+                       offset: int = 0) -> FixedHeader | None:
+    """The fixed header at `data[offset:]`, or None if it is cut short.
 
     Type and flags are checked from the first byte alone, so garbage is
     refused before any length arrives.
     """
-    if not data:
+    framed = _frame(data, offset, protocol_version)
+    if framed is None:
         return None
-    raw_type, flags = data[0] >> 4, data[0] & 0x0F
-    if raw_type == 0:
+    packet_type, flags, header_length, remaining = framed
+    return FixedHeader(packet_type, flags, remaining, header_length)
+
+
+def _frame(data: bytes | bytearray, offset: int,
+           protocol_version: int | None) -> tuple[PacketType, int, int, int] | None:
+    """(type, flags, header length, remaining length): parse_fixed_header
+    without the dataclass, for the reader's per-packet path."""
+    if len(data) <= offset:
+        return None
+    first = data[offset]
+    packet_type = _TYPES[first >> 4]
+    flags = first & 0x0F
+    if packet_type is None:
         raise malformed("packet type 0 is reserved")
-    packet_type = PacketType(raw_type)
     if packet_type == PacketType.AUTH and protocol_version == MQTT_3_1_1:
         raise malformed("packet type 15 is reserved in MQTT 3.1.1")
     expected = _FIXED_FLAGS[packet_type]
@@ -260,29 +299,42 @@ def parse_fixed_header(data: bytes | bytearray,
             raise malformed("PUBLISH with QoS 3")
     elif flags != expected:
         raise malformed(f"{packet_type.name} with flags 0b{flags:04b}, expected 0b{expected:04b}")
-    parsed = parse_vbi(data, 1)
+    parsed = parse_vbi(data, offset + 1)
     if parsed is None:
         return None
     remaining, used = parsed
-    return FixedHeader(packet_type, flags, remaining, 1 + used)
+    return packet_type, flags, 1 + used, remaining
 
 
-def decode_packet(header: FixedHeader, body: bytes,
-                  protocol_version: int | None) -> Packet:
-    """Decode one packet body; `protocol_version` is needed for all but CONNECT."""
-    t = header.packet_type
+_TYPES: tuple[PacketType | None, ...] = (None, *PacketType)
+
+
+def decode_packet(header: FixedHeader, body: bytes, protocol_version: int | None, *,
+                  from_client: bool = True) -> Packet:
+    """Decode one packet body; `protocol_version` is needed for all but CONNECT.
+
+    `from_client`: the body came from a client (the broker's case); a
+    client's PUBLISH is held to stricter rules (see `publish`).
+    """
+    return _decode(header.packet_type, header.flags, body, protocol_version, from_client)
+
+
+def _decode(t: PacketType, flags: int, body: bytes, protocol_version: int | None,
+            from_client: bool) -> Packet:
+    if t == PacketType.PUBLISH:  # first: the hot path
+        check_version(protocol_version)
+        return decode_publish(flags, body, protocol_version,  # type: ignore[arg-type]
+                              from_client=from_client)
     if t == PacketType.CONNECT:
         return decode_connect(body)
-    _check_version(protocol_version)  # type: ignore[arg-type]
-    if t == PacketType.CONNACK:
-        return decode_connack(body, protocol_version)  # type: ignore[arg-type]
-    if t == PacketType.DISCONNECT:
-        return decode_disconnect(body, protocol_version)  # type: ignore[arg-type]
+    check_version(protocol_version)
+    if t in ACK_CLASSES:
+        return decode_ack(t, body, protocol_version)  # type: ignore[arg-type]
     if t in (PacketType.PINGREQ, PacketType.PINGRESP):
         if body:
             raise malformed(f"{t.name} with a {len(body)}-byte body")
         return PingReq() if t == PacketType.PINGREQ else PingResp()
-    return UnsupportedPacket(t, header.flags, body)
+    return _DECODERS[t](body, protocol_version)  # type: ignore[arg-type]
 
 
 def decode_connect(body: bytes) -> Connect:
@@ -321,15 +373,13 @@ def _decode_connect_rest(c: Cursor, v: int) -> Connect:
     will = None
     if has_will:
         will_props = decode_properties(c, WILL) if v == MQTT_5 else {}
+        check_response_topic(will_props, "will response topic")
         topic = c.utf8("will topic")
         check_topic_name(topic, "will topic")
         payload = c.binary("will payload")
-        if will_props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1:
-            try:
-                check_utf8(payload, "will payload")
-            except MqttError:
-                raise ProtocolError(ReasonCode.PAYLOAD_FORMAT_INVALID,
-                                    "will payload is declared UTF-8 but is not") from None
+        if will_props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1 and not is_utf8(payload):
+            raise ProtocolError(ReasonCode.PAYLOAD_FORMAT_INVALID,
+                                "will payload is declared UTF-8 but is not")
         will = Will(topic, payload, will_qos, will_retain, will_props)
     username = c.utf8("user name") if has_username else None
     password = c.binary("password") if has_password else None
@@ -337,13 +387,6 @@ def _decode_connect_rest(c: Cursor, v: int) -> Connect:
         raise malformed(f"{c.remaining} bytes after the CONNECT payload")
     return Connect(v, client_id, bool(flags & 0x02), keep_alive_s, will,
                    username, password, props)
-
-
-def check_topic_name(topic: str, what: str = "topic name") -> None:
-    if not topic:
-        raise ProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} is empty")
-    if "+" in topic or "#" in topic:
-        raise ProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} {topic!r} holds a wildcard")
 
 
 def decode_connack(body: bytes, protocol_version: int) -> Connack:
@@ -382,6 +425,14 @@ def decode_disconnect(body: bytes, protocol_version: int) -> Disconnect:
     return Disconnect(ReasonCode(code), props)
 
 
+_DECODERS = {
+    PacketType.CONNACK: decode_connack, PacketType.DISCONNECT: decode_disconnect,
+    PacketType.SUBSCRIBE: decode_subscribe, PacketType.SUBACK: decode_suback,
+    PacketType.UNSUBSCRIBE: decode_unsubscribe, PacketType.UNSUBACK: decode_unsuback,
+    PacketType.AUTH: decode_auth,
+}
+
+
 # --- the incremental reader --------------------------------------------------
 
 class PacketReader:
@@ -393,6 +444,7 @@ class PacketReader:
                              f"{MAX_MAX_PACKET_SIZE}, got {max_packet_size}")
         self.max_packet_size = max_packet_size
         self._buf = bytearray()
+        self._start = 0  # bytes of _buf already decoded
         self._version: int | None = None
         self._error: MqttError | None = None
 
@@ -403,10 +455,13 @@ class PacketReader:
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        return len(self._buf) - self._start
 
     def feed(self, data: bytes) -> None:
         if self._error is None:  # a dead reader holds nothing
+            if self._start:
+                del self._buf[:self._start]
+                self._start = 0
             self._buf += data
 
     def next_packet(self) -> Packet | None:
@@ -419,16 +474,19 @@ class PacketReader:
                 err.protocol_version = self._version
             self._error = err
             self._buf = bytearray()
+            self._start = 0
             raise
 
     def _next_packet(self) -> Packet | None:
-        header = parse_fixed_header(self._buf, self._version)
-        if header is None:
+        start, buf = self._start, self._buf
+        framed = _frame(buf, start, self._version)
+        if framed is None:
             return None
-        t = header.packet_type
-        if header.packet_size > self.max_packet_size:
+        t, flags, header_length, remaining = framed
+        size = header_length + remaining
+        if size > self.max_packet_size:
             raise ProtocolError(ReasonCode.PACKET_TOO_LARGE,
-                                f"{t.name} of {header.packet_size} bytes exceeds "
+                                f"{t.name} of {size} bytes exceeds "
                                 f"the maximum packet size {self.max_packet_size}")
         if self._version is None and t != PacketType.CONNECT:
             raise protocol_error(f"first packet must be CONNECT, got {t.name}")
@@ -436,11 +494,16 @@ class PacketReader:
             raise protocol_error("second CONNECT on one connection")
         if t in _SERVER_ONLY:
             raise protocol_error(f"{t.name} is sent only by a server")
-        if len(self._buf) < header.packet_size:
+        end = start + size
+        if len(buf) < end:
             return None
-        body = bytes(self._buf[header.header_length:header.packet_size])
-        del self._buf[:header.packet_size]
-        packet = decode_packet(header, body, self._version)
+        body = bytes(buf[start + header_length:end])
+        if end == len(buf):  # an idle connection keeps no old chunk
+            buf.clear()
+            self._start = 0
+        else:
+            self._start = end
+        packet = _decode(t, flags, body, self._version, True)
         if isinstance(packet, Connect):
             self._version = packet.protocol_version
         return packet

@@ -42,7 +42,7 @@ from typing import Protocol
 from appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES,
     V311_RETURN_CODES, Connack, Connect, Disconnect, Packet, PacketReader,
-    PingReq, PingResp, UnsupportedPacket, encode_packet,
+    PingReq, PingResp, encode_packet,
 )
 from appliance.mqtt.properties import PropertyId
 from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
@@ -251,8 +251,7 @@ class _Connection:
         elif isinstance(packet, PingReq):
             await self._send(PingResp())
         else:
-            name = (packet.packet_type.name if isinstance(packet, UnsupportedPacket)
-                    else type(packet).__name__)
+            name = packet.packet_type.name
             await self._answer_and_close(
                 Disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
                            {PropertyId.REASON_STRING: NOT_SUPPORTED_YET}),

@@ -22,8 +22,9 @@ Identifier: tuple of ints), whatever the scope, so callers never branch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from appliance.mqtt.wire import (
     VBI_MAX, Cursor, PacketType, encode_binary, encode_u8, encode_u16,
@@ -142,20 +143,21 @@ def scope_name(scope: Scope) -> str:
     return "will properties" if scope == WILL else PacketType(scope).name
 
 
-def _read_value(block: Cursor, data_type: DataType, what: str) -> object:
-    if data_type is DataType.BYTE:
-        return block.u8(what)
-    if data_type is DataType.TWO_BYTE_INT:
-        return block.u16(what)
-    if data_type is DataType.FOUR_BYTE_INT:
-        return block.u32(what)
-    if data_type is DataType.VBI:
-        return block.vbi(what)
-    if data_type is DataType.UTF8:
-        return block.utf8(what)
-    if data_type is DataType.BINARY:
-        return block.binary(what)
-    return (block.utf8(f"{what} name"), block.utf8(f"{what} value"))
+_READERS: dict[DataType, Callable[[Cursor, str], object]] = {
+    DataType.BYTE: Cursor.u8,
+    DataType.TWO_BYTE_INT: Cursor.u16,
+    DataType.FOUR_BYTE_INT: Cursor.u32,
+    DataType.VBI: Cursor.vbi,
+    DataType.UTF8: Cursor.utf8,
+    DataType.BINARY: Cursor.binary,
+    DataType.UTF8_PAIR: lambda c, what: (c.utf8(f"{what} name"), c.utf8(f"{what} value")),
+}
+# identifier -> (PropertyId, spec, name, reader): one dict hit per property
+_BY_ID = {int(pid): (pid, spec, pid.name, _READERS[spec.data_type])
+          for pid, spec in PROPERTY_TABLE.items()}
+_SMALL_IDS = {pid: bytes([pid]) for pid in PropertyId}  # every identifier is < 128
+_BOUNDED = frozenset(pid for pid, spec in PROPERTY_TABLE.items()
+                     if spec.min_value is not None or spec.max_value is not None)
 
 
 def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
@@ -165,16 +167,15 @@ def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
     props: dict[PropertyId, object] = {}
     while not block.at_end():
         raw_id = block.vbi("property identifier")
-        try:
-            pid = PropertyId(raw_id)
-        except ValueError:
-            raise malformed(f"unknown property identifier 0x{raw_id:02X}") from None
-        spec = PROPERTY_TABLE[pid]
+        entry = _BY_ID.get(raw_id)
+        if entry is None:
+            raise malformed(f"unknown property identifier 0x{raw_id:02X}")
+        pid, spec, name, read = entry
         if scope not in spec.scopes:
-            raise malformed(f"property {pid.name} is not allowed in {scope_name(scope)}")
-        value = _read_value(block, spec.data_type, pid.name)
-        if isinstance(value, int):
-            _check_range(pid, spec, value)
+            raise malformed(f"property {name} is not allowed in {scope_name(scope)}")
+        value = read(block, name)
+        if pid in _BOUNDED:
+            _check_range(pid, spec, value)  # type: ignore[arg-type]
         if pid in TUPLE_VALUED:
             if pid in props and scope not in spec.repeatable_in:
                 raise protocol_error(f"property {pid.name} appears twice in {scope_name(scope)}")
@@ -193,41 +194,54 @@ def _check_range(pid: PropertyId, spec: PropertySpec, value: int) -> None:
         raise protocol_error(f"property {pid.name} must be at most {spec.max_value}, got {value}")
 
 
-def _encode_value(data_type: DataType, value: object) -> bytes:
-    if data_type is DataType.BYTE:
-        return encode_u8(value)  # type: ignore[arg-type]
-    if data_type is DataType.TWO_BYTE_INT:
-        return encode_u16(value)  # type: ignore[arg-type]
-    if data_type is DataType.FOUR_BYTE_INT:
-        return encode_u32(value)  # type: ignore[arg-type]
-    if data_type is DataType.VBI:
-        return encode_vbi(value)  # type: ignore[arg-type]
-    if data_type is DataType.UTF8:
-        return encode_utf8(value)  # type: ignore[arg-type]
-    if data_type is DataType.BINARY:
-        return encode_binary(value)  # type: ignore[arg-type]
-    name, text = value  # type: ignore[misc]
+def _encode_pair(value: tuple[str, str]) -> bytes:
+    name, text = value
     return encode_utf8(name) + encode_utf8(text)
+
+
+_ENCODERS: dict[DataType, Callable[[Any], bytes]] = {
+    DataType.BYTE: encode_u8,
+    DataType.TWO_BYTE_INT: encode_u16,
+    DataType.FOUR_BYTE_INT: encode_u32,
+    DataType.VBI: encode_vbi,
+    DataType.UTF8: encode_utf8,
+    DataType.BINARY: encode_binary,
+    DataType.UTF8_PAIR: _encode_pair,
+}
 
 
 def encode_properties(props: Properties, scope: Scope) -> bytes:
     """The property block (length included) for `scope`, in identifier order."""
-    body = bytearray()
-    for pid in sorted(props):
-        pid = PropertyId(pid)
-        spec = PROPERTY_TABLE[pid]
-        if scope not in spec.scopes:
-            raise ValueError(f"property {pid.name} is not allowed in {scope_name(scope)}")
-        values = props[pid] if pid in TUPLE_VALUED else (props[pid],)
-        if len(values) > 1 and scope not in spec.repeatable_in:  # type: ignore[arg-type]
-            raise ValueError(f"property {pid.name} may appear once in {scope_name(scope)}")
-        for value in values:  # type: ignore[union-attr]
-            if isinstance(value, int) and not _in_range(spec, value):
-                raise ValueError(f"property {pid.name} value {value} out of range")
-            body += encode_vbi(pid) + _encode_value(spec.data_type, value)
+    if not props:
+        return b"\x00"
+    body = encode_property_list(props, scope)
     if len(body) > VBI_MAX:
         raise ValueError("property block too long")
-    return encode_vbi(len(body)) + bytes(body)
+    return encode_vbi(len(body)) + body
+
+
+def encode_property_list(props: Properties, scope: Scope) -> bytes:
+    """The (identifier, value) pairs of a block, in identifier order, no length."""
+    return b"".join([encode_property(key, props[key], scope) for key in sorted(props)])
+
+
+def encode_property(key: int, value: object, scope: Scope) -> bytes:
+    """One property's pairs (several for a repeated one, as a tuple)."""
+    if key not in _BY_ID:
+        raise ValueError(f"unknown property identifier {key!r}")
+    pid, spec, name, _ = _BY_ID[key]
+    if scope not in spec.scopes:
+        raise ValueError(f"property {name} is not allowed in {scope_name(scope)}")
+    values = value if pid in TUPLE_VALUED else (value,)
+    if len(values) > 1 and scope not in spec.repeatable_in:  # type: ignore[arg-type]
+        raise ValueError(f"property {name} may appear once in {scope_name(scope)}")
+    encode = _ENCODERS[spec.data_type]
+    out = b""
+    for one in values:  # type: ignore[union-attr]
+        if pid in _BOUNDED and not _in_range(spec, one):  # type: ignore[arg-type]
+            raise ValueError(f"property {name} value {one} out of range")
+        out += _SMALL_IDS[pid] + encode(one)
+    return out
 
 
 def _in_range(spec: PropertySpec, value: int) -> bool:

@@ -11,6 +11,11 @@ Rules (MQTT 3.1.1 §1.5, MQTT 5.0 §1.5, §2.4, §4.13):
   U+0000; either is a Malformed Packet.
 - Binary data is a two-byte length then that many bytes.
 - Reading past the end of a packet is a Malformed Packet.
+- A Topic Name is a UTF-8 string without the wildcards `+` and `#` (0x90).
+- A Packet Identifier, where a packet has one, is 1..65,535; 0 is Malformed.
+- A payload declared UTF-8 (Payload Format Indicator 1) must be well-formed
+  UTF-8; unlike a string it may hold U+0000 (§3.3.2.3.2 asks only for
+  well-formed UTF-8).
 
 Every error here is the peer's fault and carries the MQTT 5 reason code to
 answer with. Bad values handed to an encoder are our bug: `ValueError`.
@@ -25,6 +30,7 @@ from appliance.errors import RemoteProtocolError
 
 MQTT_3_1_1 = 4
 MQTT_5 = 5
+SUPPORTED_VERSIONS = (MQTT_3_1_1, MQTT_5)
 VBI_MAX = 268_435_455
 STRING_MAX_BYTES = 65_535
 
@@ -51,6 +57,7 @@ class ReasonCode(enum.IntEnum):
     """MQTT 5 reason codes (§2.4). 0x00 doubles as Normal disconnection."""
 
     SUCCESS = 0x00
+    GRANTED_QOS_0 = 0x00  # an alias: SUBACK's name for 0x00
     GRANTED_QOS_1 = 0x01
     GRANTED_QOS_2 = 0x02
     DISCONNECT_WITH_WILL_MESSAGE = 0x04
@@ -128,6 +135,11 @@ def protocol_error(message: str,
     return ProtocolError(reason_code, message)
 
 
+def check_version(protocol_version: int | None) -> None:
+    if protocol_version not in SUPPORTED_VERSIONS:
+        raise ValueError(f"unsupported protocol version {protocol_version}")
+
+
 # --- decoding ---------------------------------------------------------------
 
 def parse_vbi(data: bytes | bytearray, pos: int,
@@ -157,6 +169,22 @@ def check_utf8(raw: bytes, what: str) -> str:
     return text
 
 
+def is_utf8(raw: bytes) -> bool:
+    """Well-formed UTF-8 (Python's strict codec refuses surrogates and overlongs)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_topic_name(topic: str, what: str = "topic name") -> None:
+    if not topic:
+        raise ProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} is empty")
+    if "+" in topic or "#" in topic:
+        raise ProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} {topic!r} holds a wildcard")
+
+
 class Cursor:
     """Reads MQTT data types from one packet body; never reads past `end`."""
 
@@ -166,6 +194,10 @@ class Cursor:
         self._data = data
         self._pos = pos
         self._end = len(data) if end is None else end
+
+    @property
+    def position(self) -> int:
+        return self._pos
 
     @property
     def remaining(self) -> int:
@@ -185,7 +217,11 @@ class Cursor:
         return self.take(1, what)[0]
 
     def u16(self, what: str) -> int:
-        return struct.unpack(">H", self.take(2, what))[0]
+        pos = self._pos
+        if pos + 2 > self._end:
+            raise malformed(f"packet ends inside {what}")
+        self._pos = pos + 2
+        return (self._data[pos] << 8) | self._data[pos + 1]
 
     def u32(self, what: str) -> int:
         return struct.unpack(">I", self.take(4, what))[0]
@@ -198,8 +234,21 @@ class Cursor:
         self._pos += used
         return value
 
+    def packet_id(self) -> int:
+        value = self.u16("packet identifier")
+        if not value:
+            raise malformed("packet identifier 0")
+        return value
+
     def binary(self, what: str) -> bytes:
-        return self.take(self.u16(f"length of {what}"), what)
+        pos, data = self._pos, self._data
+        if pos + 2 > self._end:
+            raise malformed(f"packet ends inside length of {what}")
+        stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+        if stop > self._end:
+            raise malformed(f"packet ends inside {what}")
+        self._pos = stop
+        return data[pos + 2:stop]
 
     def utf8(self, what: str) -> str:
         return check_utf8(self.binary(what), what)
@@ -216,6 +265,8 @@ class Cursor:
 # --- encoding (our values: a bad one is our bug) -----------------------------
 
 def encode_vbi(value: int) -> bytes:
+    if 0 <= value < 128:  # the common case, on the PUBLISH hot path
+        return _SMALL_VBI[value]
     if not 0 <= value <= VBI_MAX:
         raise ValueError(f"variable byte integer out of range: {value}")
     out = bytearray()
@@ -226,28 +277,31 @@ def encode_vbi(value: int) -> bytes:
             return bytes(out)
 
 
-def _encode_int(fmt: str, bits: int, value: int) -> bytes:
-    if not 0 <= value < (1 << bits):
-        raise ValueError(f"{value} does not fit in {bits} bits")
-    return struct.pack(fmt, value)
+_SMALL_VBI = tuple(bytes([i]) for i in range(128))
+
+
+def _encode_int(size: int, value: int) -> bytes:
+    if not 0 <= value < (1 << (8 * size)):
+        raise ValueError(f"{value} does not fit in {8 * size} bits")
+    return value.to_bytes(size, "big")
 
 
 def encode_u8(value: int) -> bytes:
-    return _encode_int(">B", 8, value)
+    return _encode_int(1, value)
 
 
 def encode_u16(value: int) -> bytes:
-    return _encode_int(">H", 16, value)
+    return _encode_int(2, value)
 
 
 def encode_u32(value: int) -> bytes:
-    return _encode_int(">I", 32, value)
+    return _encode_int(4, value)
 
 
 def encode_binary(value: bytes) -> bytes:
     if len(value) > STRING_MAX_BYTES:
         raise ValueError(f"binary data longer than {STRING_MAX_BYTES} bytes")
-    return encode_u16(len(value)) + bytes(value)
+    return len(value).to_bytes(2, "big") + bytes(value)
 
 
 def encode_utf8(value: str) -> bytes:
