@@ -344,3 +344,45 @@ class BrokerCore:
 
     def session_will(self, session: Session) -> Will | None:
         return session.will
+
+
+def restore(core: BrokerCore, state, now_ms: int) -> None:
+    """Rebuild the core's state from the spool's (`appliance.spool.state.SpoolState`) at start-up.
+
+    No connection survives a restart: every session comes back offline, its
+    expiry counted from now if it was connected when the node stopped.
+    """
+    from .routing import decode_stored_properties
+    from .session import Message, QueueEntry, SubscriptionOptions
+
+    router = core.router
+    for msg_id, stored in state.messages.items():
+        router.messages[msg_id] = Message(msg_id, stored.topic, stored.payload, stored.qos, stored.retain,
+                                          decode_stored_properties(stored.properties), stored.expiry_at_ms,
+                                          stored.publisher, stored.created_at_ms)
+    for topic, msg_id in state.retained.items():
+        router.retained.set(topic, msg_id)
+        router.messages[msg_id].refs += 1
+    for record in state.sessions.values():
+        session = Session(record.client_id, record.protocol_version, record.expiry_s)
+        session.disconnected_at_ms = now_ms if record.connected else record.disconnected_at_ms
+        for sub in record.subscriptions:
+            opts = SubscriptionOptions(sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling,
+                                       sub.subscription_id)
+            session.subscriptions[sub.topic_filter] = opts
+            router.subscriptions.subscribe(record.client_id, sub.topic_filter, opts)
+        for e in record.queue:
+            state_ = (EntryState.PUBREC if e.pubrec_received else
+                      EntryState.INFLIGHT if e.packet_id else EntryState.QUEUED)
+            session.queue.append(QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, state_, e.packet_id))
+            if not e.pubrec_received:
+                msg = router.messages[e.msg_id]
+                msg.refs += 1
+                session.queued_bytes += msg.size
+        session.inbound_qos2 = set(record.inbound_qos2)
+        if record.will is not None:
+            session.will = Will(record.will.msg_id, record.will.delay_s)
+            router.messages[record.will.msg_id].refs += 1
+        session.next_packet_id = max((e.packet_id for e in record.queue), default=0) % 65535 + 1
+        core.sessions[record.client_id] = session
+    router.restart_ids(max([state.head.seq, *state.messages]) + 1)

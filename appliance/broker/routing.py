@@ -19,6 +19,8 @@ import itertools
 
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
+from ..mqtt.properties import decode_properties, encode_properties
+from ..mqtt.wire import Cursor, PacketType
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
 from . import topics
@@ -35,6 +37,10 @@ class Router:
         self.subscriptions = topics.SubscriptionIndex()
         self._msg_ids = itertools.count(1)
         self.refused_full = 0
+
+    def restart_ids(self, first: int) -> None:
+        """Continue message ids above every id the restored state still refers to."""
+        self._msg_ids = itertools.count(first)
 
     # --- publish in ------------------------------------------------------------------------
 
@@ -186,7 +192,7 @@ class Router:
         if props and msg.expiry_at_ms and now_ms:
             props[P.MESSAGE_EXPIRY_INTERVAL] = max(0, (msg.expiry_at_ms - now_ms) // 1000)
         if entry.subscription_ids and conn.protocol_version == 5:
-            props[P.SUBSCRIPTION_IDENTIFIER] = list(entry.subscription_ids)
+            props[P.SUBSCRIPTION_IDENTIFIER] = tuple(entry.subscription_ids)
         topic = msg.topic
         if conn.topic_alias_maximum and not dup:
             alias, first = conn.outbound_alias(topic)
@@ -233,7 +239,7 @@ class Router:
 
     def subscribe(self, core, conn: Connection, session: Session, packet, now_ms: int) -> list:
         sub_id = packet.properties.get(P.SUBSCRIPTION_IDENTIFIER, 0)
-        if isinstance(sub_id, list):
+        if isinstance(sub_id, (list, tuple)):  # repeatable on the wire; a SUBSCRIBE carries at most one
             sub_id = sub_id[0] if sub_id else 0
         codes: list[int] = []
         op_list: list = []
@@ -346,10 +352,12 @@ def _connected(core, client_id: str) -> bool:
 
 
 def _encode_props(props: dict) -> bytes:
-    from ..mqtt.properties import encode_properties
-    from ..mqtt.wire import PacketType
-
+    """A stored message's properties, as the PUBLISH property block (the spool keeps them opaque)."""
     return encode_properties(props, PacketType.PUBLISH) if props else b""
+
+
+def decode_stored_properties(data: bytes) -> dict:
+    return decode_properties(Cursor(data), PacketType.PUBLISH) if data else {}
 
 
 def codec_send(conn: Connection, packet):
