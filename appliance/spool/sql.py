@@ -1,0 +1,299 @@
+"""The spool's SQLite schema and the op application rules (state.py) as SQL.
+
+Theory of operation: `SqlApplier` runs in the writer thread inside one
+transaction per group commit. It keeps in memory only what makes the hot path
+cheap and can be reloaded from the file after a rollback: the set of session
+ids, the size of the message-id history, the highest msg_id stored and
+`stored_bytes`. Bodies stored in the current transaction stay in memory
+(`_fresh`, with their reference counts) and reach the table in one
+`executemany` at `finish`: the usual publish (store, then queue for each
+subscriber, in one batch) then costs no UPDATE of a count. Queue entries use
+the seq of their `MessageQueued` as rowid, so a queue reads back in order and
+appending is a rowid append.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+
+from . import ops as o
+from .chain import ChainPoint, LogEntry
+from .codec import encode_uints
+from .state import stored_size
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x50514D53  # "PQMS": a PairMQ spool
+
+SCHEMA = """
+CREATE TABLE meta (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    head_epoch INTEGER NOT NULL, head_seq INTEGER NOT NULL, head_checksum BLOB NOT NULL,
+    base_epoch INTEGER NOT NULL, base_seq INTEGER NOT NULL, base_checksum BLOB NOT NULL,
+    stored_bytes INTEGER NOT NULL
+) STRICT;
+CREATE TABLE oplog (
+    seq INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, checksum BLOB NOT NULL, body BLOB NOT NULL
+) STRICT;
+CREATE TABLE messages (
+    msg_id INTEGER PRIMARY KEY, refs INTEGER NOT NULL, size INTEGER NOT NULL, crc INTEGER NOT NULL,
+    body BLOB NOT NULL
+) STRICT;
+CREATE TABLE sessions (
+    client_id TEXT PRIMARY KEY, protocol_version INTEGER NOT NULL, expiry_s INTEGER NOT NULL,
+    connected_at_ms INTEGER NOT NULL, disconnected_at_ms INTEGER NOT NULL, connected INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE TABLE subscriptions (
+    client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL, no_local INTEGER NOT NULL,
+    retain_as_published INTEGER NOT NULL, retain_handling INTEGER NOT NULL, subscription_id INTEGER NOT NULL,
+    PRIMARY KEY (client_id, topic_filter)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE queue (
+    seq INTEGER PRIMARY KEY, client_id TEXT NOT NULL, msg_id INTEGER NOT NULL, qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL, subscription_ids BLOB NOT NULL, packet_id INTEGER NOT NULL, pubrec INTEGER NOT NULL,
+    UNIQUE (client_id, msg_id)
+) STRICT;
+CREATE TABLE retained (topic TEXT PRIMARY KEY, msg_id INTEGER NOT NULL) STRICT, WITHOUT ROWID;
+CREATE TABLE inbound_qos2 (
+    client_id TEXT NOT NULL, packet_id INTEGER NOT NULL, PRIMARY KEY (client_id, packet_id)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE wills (
+    client_id TEXT PRIMARY KEY, msg_id INTEGER NOT NULL, delay_s INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE TABLE message_ids (
+    seq INTEGER PRIMARY KEY, message_id TEXT NOT NULL UNIQUE, seen_at_ms INTEGER NOT NULL
+) STRICT;
+"""
+TABLES = ("meta", "oplog", "messages", "sessions", "subscriptions", "queue", "retained", "inbound_qos2", "wills",
+          "message_ids")
+
+
+def create(conn: sqlite3.Connection) -> None:
+    """Lay out an empty spool in a fresh database file (the caller makes the file appear atomically)."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT INTO meta VALUES (1, 0, 0, ?, 0, 0, ?, 0)", (bytes(16), bytes(16)))
+
+
+def read_meta(conn: sqlite3.Connection) -> tuple[ChainPoint, ChainPoint, int]:
+    """(head, base, stored_bytes); base is the point before the oldest op kept in the log."""
+    (he, hs, hc, be, bs, bc, stored), = conn.execute(
+        "SELECT head_epoch, head_seq, head_checksum, base_epoch, base_seq, base_checksum, stored_bytes FROM meta")
+    return ChainPoint(he, hs, hc), ChainPoint(be, bs, bc), stored
+
+
+class SqlApplier:
+    """Applies ops to the open transaction of `conn` by the rules of state.py."""
+
+    def __init__(self, conn: sqlite3.Connection, max_message_ids: int) -> None:
+        self.conn = conn
+        self.max_message_ids = max_message_ids
+        self.ignored = 0
+        self.reload()
+        self._handlers = {cls: getattr(self, "_" + cls.__name__) for cls in o.OP_TYPES.values()}
+
+    def reload(self) -> None:
+        """Re-read the in-memory helpers from the file (after a rollback)."""
+        self.sessions = {cid for cid, in self.conn.execute("SELECT client_id FROM sessions")}
+        (self.max_msg_id,), = self.conn.execute("SELECT coalesce(max(msg_id), -1) FROM messages")
+        self._fresh: dict[int, list] = {}  # msg_id -> [refs, size, crc, body], stored in this transaction
+        (self.message_id_count,), = self.conn.execute("SELECT count(*) FROM message_ids")
+        _, _, self.stored_bytes = read_meta(self.conn)
+
+    def apply(self, seq: int, op: o.Op, body: bytes) -> bool:
+        applied = self._handlers[type(op)](seq, op, body)
+        self.ignored += not applied
+        return applied
+
+    def finish(self, entries: list[LogEntry]) -> None:
+        """Write the fresh bodies, append the entries to the op log and move the head, in the same transaction."""
+        if self._fresh:
+            self.conn.executemany("INSERT INTO messages (msg_id, refs, size, crc, body) VALUES (?, ?, ?, ?, ?)",
+                                  [(msg_id, *row) for msg_id, row in self._fresh.items()])
+            self._fresh.clear()
+        self.conn.executemany("INSERT INTO oplog (epoch, seq, checksum, body) VALUES (?, ?, ?, ?)", entries)
+        last = entries[-1]
+        self.conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, stored_bytes = ?",
+                          (last.epoch, last.seq, last.checksum, self.stored_bytes))
+
+    def truncate_log(self, keep_after: int) -> int:
+        """Drop ops with seq <= keep_after (their effect lives on in the state); returns how many."""
+        row = self.conn.execute("SELECT epoch, checksum FROM oplog WHERE seq = ?", (keep_after,)).fetchone()
+        if row is None:
+            return 0
+        dropped = self.conn.execute("DELETE FROM oplog WHERE seq <= ?", (keep_after,)).rowcount
+        self.conn.execute("UPDATE meta SET base_epoch = ?, base_seq = ?, base_checksum = ?",
+                          (row[0], keep_after, row[1]))
+        return dropped
+
+    # References to bodies.
+
+    def _take(self, msg_id: int) -> bool:
+        fresh = self._fresh.get(msg_id)
+        if fresh is not None:
+            fresh[0] += 1
+            return True
+        return self.conn.execute("UPDATE messages SET refs = refs + 1 WHERE msg_id = ?", (msg_id,)).rowcount == 1
+
+    def _release(self, msg_id: int) -> None:
+        fresh = self._fresh.get(msg_id)
+        if fresh is not None:
+            fresh[0] -= 1
+            if fresh[0] == 0:
+                del self._fresh[msg_id]
+                self.stored_bytes -= fresh[1]
+            return
+        gone = self.conn.execute("DELETE FROM messages WHERE msg_id = ? AND refs = 1 RETURNING size",
+                                 (msg_id,)).fetchall()
+        if gone:
+            self.stored_bytes -= gone[0][0]
+        else:
+            self.conn.execute("UPDATE messages SET refs = refs - 1 WHERE msg_id = ?", (msg_id,))
+
+    # One handler per op type: (seq, op, encoded op) -> applied?
+
+    def _MessageStored(self, seq: int, op: o.MessageStored, body: bytes) -> bool:
+        msg_id = op.msg_id
+        if msg_id in self._fresh or msg_id <= self.max_msg_id and self.conn.execute(
+                "SELECT 1 FROM messages WHERE msg_id = ?", (msg_id,)).fetchall():
+            return False
+        size = stored_size(body)
+        self._fresh[msg_id] = [0, size, zlib.crc32(body), body]
+        self.max_msg_id = max(self.max_msg_id, msg_id)
+        self.stored_bytes += size
+        return True
+
+    def _MessageQueued(self, seq: int, op: o.MessageQueued, body: bytes) -> bool:
+        if op.client_id not in self.sessions:
+            return False
+        row = (seq, op.client_id, op.msg_id, op.qos, op.retain, encode_uints(op.subscription_ids))
+        if self.conn.execute("INSERT OR IGNORE INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, "
+                             "packet_id, pubrec) VALUES (?, ?, ?, ?, ?, ?, 0, 0)", row).rowcount == 0:
+            return False
+        if not self._take(op.msg_id):
+            self.conn.execute("DELETE FROM queue WHERE seq = ?", (seq,))
+            return False
+        return True
+
+    def _MessageInflight(self, seq: int, op: o.MessageInflight, body: bytes) -> bool:
+        return self.conn.execute("UPDATE queue SET packet_id = ? WHERE client_id = ? AND msg_id = ? AND pubrec = 0",
+                                 (op.packet_id, op.client_id, op.msg_id)).rowcount == 1
+
+    def _MessagePubrecReceived(self, seq: int, op: o.MessagePubrecReceived, body: bytes) -> bool:
+        if self.conn.execute("UPDATE queue SET pubrec = 1 WHERE client_id = ? AND msg_id = ? AND pubrec = 0",
+                             (op.client_id, op.msg_id)).rowcount == 0:
+            return False
+        self._release(op.msg_id)
+        return True
+
+    def _remove_entry(self, client_id: str, msg_id: int) -> bool:
+        gone = self.conn.execute("DELETE FROM queue WHERE client_id = ? AND msg_id = ? RETURNING pubrec",
+                                 (client_id, msg_id)).fetchall()
+        if not gone:
+            return False
+        if not gone[0][0]:
+            self._release(msg_id)
+        return True
+
+    def _MessageAcked(self, seq: int, op: o.MessageAcked, body: bytes) -> bool:
+        return self._remove_entry(op.client_id, op.msg_id)
+
+    def _MessageDropped(self, seq: int, op: o.MessageDropped, body: bytes) -> bool:
+        return self._remove_entry(op.client_id, op.msg_id)
+
+    def _SessionOpened(self, seq: int, op: o.SessionOpened, body: bytes) -> bool:
+        self.conn.execute(
+            "INSERT INTO sessions (client_id, protocol_version, expiry_s, connected_at_ms, disconnected_at_ms, "
+            "connected) VALUES (?, ?, ?, ?, 0, 1) ON CONFLICT (client_id) DO UPDATE SET "
+            "protocol_version = excluded.protocol_version, expiry_s = excluded.expiry_s, "
+            "connected_at_ms = excluded.connected_at_ms, disconnected_at_ms = 0, connected = 1",
+            (op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms))
+        self.sessions.add(op.client_id)
+        return True
+
+    def _SessionDisconnected(self, seq: int, op: o.SessionDisconnected, body: bytes) -> bool:
+        return self.conn.execute(
+            "UPDATE sessions SET disconnected_at_ms = ?, expiry_s = ?, connected = 0 WHERE client_id = ?",
+            (op.disconnected_at_ms, op.expiry_s, op.client_id)).rowcount == 1
+
+    def _SessionDeleted(self, seq: int, op: o.SessionDeleted, body: bytes) -> bool:
+        if op.client_id not in self.sessions:
+            return False
+        ex, key = self.conn.execute, (op.client_id,)
+        for msg_id, pubrec in ex("DELETE FROM queue WHERE client_id = ? RETURNING msg_id, pubrec", key).fetchall():
+            if not pubrec:
+                self._release(msg_id)
+        for msg_id, in ex("DELETE FROM wills WHERE client_id = ? RETURNING msg_id", key).fetchall():
+            self._release(msg_id)
+        ex("DELETE FROM subscriptions WHERE client_id = ?", key)
+        ex("DELETE FROM inbound_qos2 WHERE client_id = ?", key)
+        ex("DELETE FROM sessions WHERE client_id = ?", key)
+        self.sessions.discard(op.client_id)
+        return True
+
+    def _Subscribed(self, seq: int, op: o.Subscribed, body: bytes) -> bool:
+        if op.client_id not in self.sessions:
+            return False
+        self.conn.execute("INSERT OR REPLACE INTO subscriptions (client_id, topic_filter, qos, no_local, "
+                          "retain_as_published, retain_handling, subscription_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (op.client_id, op.topic_filter, op.qos, op.no_local, op.retain_as_published,
+                           op.retain_handling, op.subscription_id))
+        return True
+
+    def _Unsubscribed(self, seq: int, op: o.Unsubscribed, body: bytes) -> bool:
+        return self.conn.execute("DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?",
+                                 (op.client_id, op.topic_filter)).rowcount == 1
+
+    def _RetainedSet(self, seq: int, op: o.RetainedSet, body: bytes) -> bool:
+        if not self._take(op.msg_id):
+            return False
+        old = self.conn.execute("SELECT msg_id FROM retained WHERE topic = ?", (op.topic,)).fetchall()
+        self.conn.execute("INSERT OR REPLACE INTO retained (topic, msg_id) VALUES (?, ?)", (op.topic, op.msg_id))
+        if old:
+            self._release(old[0][0])
+        return True
+
+    def _RetainedCleared(self, seq: int, op: o.RetainedCleared, body: bytes) -> bool:
+        gone = self.conn.execute("DELETE FROM retained WHERE topic = ? RETURNING msg_id", (op.topic,)).fetchall()
+        if gone:
+            self._release(gone[0][0])
+        return bool(gone)
+
+    def _InboundQos2Received(self, seq: int, op: o.InboundQos2Received, body: bytes) -> bool:
+        return op.client_id in self.sessions and self.conn.execute(
+            "INSERT OR IGNORE INTO inbound_qos2 (client_id, packet_id) VALUES (?, ?)",
+            (op.client_id, op.packet_id)).rowcount == 1
+
+    def _InboundQos2Released(self, seq: int, op: o.InboundQos2Released, body: bytes) -> bool:
+        return self.conn.execute("DELETE FROM inbound_qos2 WHERE client_id = ? AND packet_id = ?",
+                                 (op.client_id, op.packet_id)).rowcount == 1
+
+    def _WillSet(self, seq: int, op: o.WillSet, body: bytes) -> bool:
+        if op.client_id not in self.sessions or not self._take(op.msg_id):
+            return False
+        old = self.conn.execute("SELECT msg_id FROM wills WHERE client_id = ?", (op.client_id,)).fetchall()
+        self.conn.execute("INSERT OR REPLACE INTO wills (client_id, msg_id, delay_s) VALUES (?, ?, ?)",
+                          (op.client_id, op.msg_id, op.delay_s))
+        if old:
+            self._release(old[0][0])
+        return True
+
+    def _WillCleared(self, seq: int, op: o.WillCleared, body: bytes) -> bool:
+        gone = self.conn.execute("DELETE FROM wills WHERE client_id = ? RETURNING msg_id", (op.client_id,)).fetchall()
+        if gone:
+            self._release(gone[0][0])
+        return bool(gone)
+
+    def _MessageIdSeen(self, seq: int, op: o.MessageIdSeen, body: bytes) -> bool:
+        if self.conn.execute("UPDATE message_ids SET seq = ?, seen_at_ms = ? WHERE message_id = ?",
+                             (seq, op.seen_at_ms, op.message_id)).rowcount == 1:
+            return True
+        self.conn.execute("INSERT INTO message_ids (seq, message_id, seen_at_ms) VALUES (?, ?, ?)",
+                          (seq, op.message_id, op.seen_at_ms))
+        self.message_id_count += 1
+        if self.message_id_count > self.max_message_ids:
+            self.conn.execute("DELETE FROM message_ids WHERE seq = (SELECT min(seq) FROM message_ids)")
+            self.message_id_count -= 1
+        return True

@@ -1,0 +1,303 @@
+"""What applying ops means: the spool's state and the rules, as a pure in-memory model.
+
+Rules (the SQLite store implements exactly these; tests compare the two):
+- Application is total and deterministic: every op applies to every state, and
+  an op whose preconditions fail is a no-op (counted as `ignored`, a broker bug
+  worth a look, never an error). So replaying the op log from empty always
+  rebuilds the same state, whatever the batch boundaries were.
+- Messages: `MessageStored` adds a body (a second one with the same msg_id is
+  ignored). Queue entries, retained topics and wills each hold one reference to
+  a body; an entry whose PUBREC arrived holds none (the body is not needed to
+  send PUBREL). A body is deleted when its reference count drops to 0, so the
+  broker emits `MessageStored` together with the op taking its first reference.
+- Ops that name a session (`MessageQueued`, `Subscribed`, `InboundQos2Received`,
+  `WillSet`, `SessionDisconnected`, `SessionDeleted`) are ignored if it does not
+  exist; ops that take a reference are ignored if the body does not exist.
+- Queues: `MessageQueued` appends (client, msg_id) unless already queued; the
+  entry's `order` is the op's seq. `MessageInflight` sets the packet id and
+  `MessagePubrecReceived` marks the entry (both only before PUBREC);
+  `MessageAcked`/`MessageDropped` remove it. `SessionDeleted` removes the
+  session with its subscriptions, queue, QoS 2 packet ids and will.
+- `SessionOpened` upserts: connected, `disconnected_at_ms` back to 0.
+- `RetainedSet`/`WillSet` replace (the earlier body loses its reference).
+- Message-id history keeps the newest `max_message_ids` ids by the seq of their
+  last `MessageIdSeen`; the oldest goes when a new id would exceed the bound.
+- `stored_bytes` is the sum of the encoded `MessageStored` sizes of the bodies
+  present: what the spool's byte limit counts.
+- Domains (`check_op`, enforced when ops are submitted and verified when the
+  state is loaded, so a damaged row is noticed): QoS and retain handling are
+  0..2, protocol versions 3..5, packet ids 1..65535.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import ops as o
+from .chain import GENESIS, ChainPoint
+from .codec import encode_op
+
+DEFAULT_MAX_MESSAGE_IDS = 100_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueEntry:
+    msg_id: int
+    qos: int
+    retain: bool
+    subscription_ids: tuple[int, ...]
+    order: int  # the seq of its MessageQueued: queues are in this order
+    packet_id: int = 0  # 0: not sent yet
+    pubrec_received: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Session:
+    client_id: str
+    protocol_version: int
+    expiry_s: int
+    connected_at_ms: int
+    disconnected_at_ms: int  # 0 while connected
+    connected: bool  # as of the last op; after a restart no connection survives
+    subscriptions: tuple[o.Subscribed, ...] = ()  # by topic filter
+    queue: tuple[QueueEntry, ...] = ()  # in order
+    inbound_qos2: tuple[int, ...] = ()  # packet ids, ascending
+    will: o.WillSet | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpoolState:
+    """Everything the broker rebuilds from at start-up (and a standby's snapshot)."""
+
+    head: ChainPoint
+    sessions: dict[str, Session]
+    messages: dict[int, o.MessageStored]  # bodies, shared by queue entries, retained topics and wills
+    retained: dict[str, int]  # topic -> msg_id
+    message_ids: tuple[tuple[str, int], ...]  # (message id, seen_at_ms), oldest first
+    stored_bytes: int
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.head.epoch, self.head.seq
+
+
+QOS = range(3)
+RETAIN_HANDLING = range(3)
+PROTOCOL_VERSIONS = range(3, 6)
+PACKET_IDS = range(1, 0x10000)
+_DOMAINS: dict[type, tuple[tuple[str, range], ...]] = {
+    o.MessageStored: (("qos", QOS),),
+    o.MessageQueued: (("qos", QOS),),
+    o.MessageInflight: (("packet_id", PACKET_IDS),),
+    o.SessionOpened: (("protocol_version", PROTOCOL_VERSIONS),),
+    o.Subscribed: (("qos", QOS), ("retain_handling", RETAIN_HANDLING)),
+    o.InboundQos2Received: (("packet_id", PACKET_IDS),),
+    o.InboundQos2Released: (("packet_id", PACKET_IDS),),
+}
+
+
+def check_op(op: o.Op) -> None:
+    """ValueError if a field is outside its domain (see the rules)."""
+    for name, domain in _DOMAINS.get(type(op), ()):
+        if getattr(op, name) not in domain:
+            raise ValueError(f"{type(op).__name__}.{name} {getattr(op, name)!r} is outside "
+                             f"{domain.start}..{domain.stop - 1}")
+
+
+def stored_size(body: bytes) -> int:
+    """What one stored body counts against the byte limit: its encoded `MessageStored`."""
+    return len(body)
+
+
+@dataclasses.dataclass(slots=True)
+class _Session:
+    record: Session
+    subscriptions: dict[str, o.Subscribed] = dataclasses.field(default_factory=dict)
+    queue: dict[int, QueueEntry] = dataclasses.field(default_factory=dict)  # msg_id -> entry, in order
+    inbound_qos2: set[int] = dataclasses.field(default_factory=set)
+    will: o.WillSet | None = None
+
+
+class StateModel:
+    """The rules above over plain dicts: the reference the SQLite store is tested against."""
+
+    def __init__(self, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
+        self.max_message_ids = max_message_ids
+        self.sessions: dict[str, _Session] = {}
+        self.messages: dict[int, o.MessageStored] = {}
+        self.sizes: dict[int, int] = {}
+        self.refs: dict[int, int] = {}
+        self.retained: dict[str, int] = {}
+        self.message_ids: dict[str, int] = {}  # insertion order is seq order
+        self.stored_bytes = 0
+        self.ignored = 0
+        self.head = GENESIS
+
+    def apply(self, seq: int, op: o.Op) -> bool:
+        """Apply one op (the seq it has in the log); False if it was a no-op by the rules."""
+        applied = getattr(self, "_" + type(op).__name__)(seq, op)
+        self.ignored += not applied
+        return applied
+
+    def state(self, head: ChainPoint | None = None) -> SpoolState:
+        sessions = {}
+        for cid, s in self.sessions.items():
+            sessions[cid] = dataclasses.replace(
+                s.record, subscriptions=tuple(s.subscriptions[f] for f in sorted(s.subscriptions)),
+                queue=tuple(s.queue.values()), inbound_qos2=tuple(sorted(s.inbound_qos2)), will=s.will)
+        return SpoolState(head or self.head, sessions, dict(self.messages), dict(self.retained),
+                          tuple(self.message_ids.items()), self.stored_bytes)
+
+    def _take(self, msg_id: int) -> bool:
+        if msg_id not in self.messages:
+            return False
+        self.refs[msg_id] += 1
+        return True
+
+    def _release(self, msg_id: int) -> None:
+        self.refs[msg_id] -= 1
+        if self.refs[msg_id] == 0:
+            del self.messages[msg_id], self.refs[msg_id]
+            self.stored_bytes -= self.sizes.pop(msg_id)
+
+    def _MessageStored(self, seq: int, op: o.MessageStored) -> bool:
+        if op.msg_id in self.messages:
+            return False
+        self.messages[op.msg_id] = op
+        self.refs[op.msg_id] = 0
+        self.sizes[op.msg_id] = stored_size(encode_op(op))
+        self.stored_bytes += self.sizes[op.msg_id]
+        return True
+
+    def _MessageQueued(self, seq: int, op: o.MessageQueued) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None or op.msg_id in s.queue or not self._take(op.msg_id):
+            return False
+        s.queue[op.msg_id] = QueueEntry(op.msg_id, op.qos, op.retain, op.subscription_ids, seq)
+        return True
+
+    def _entry(self, client_id: str, msg_id: int) -> tuple[_Session | None, QueueEntry | None]:
+        s = self.sessions.get(client_id)
+        return s, (s.queue.get(msg_id) if s else None)
+
+    def _MessageInflight(self, seq: int, op: o.MessageInflight) -> bool:
+        s, e = self._entry(op.client_id, op.msg_id)
+        if e is None or e.pubrec_received:
+            return False
+        s.queue[op.msg_id] = dataclasses.replace(e, packet_id=op.packet_id)
+        return True
+
+    def _MessagePubrecReceived(self, seq: int, op: o.MessagePubrecReceived) -> bool:
+        s, e = self._entry(op.client_id, op.msg_id)
+        if e is None or e.pubrec_received:
+            return False
+        s.queue[op.msg_id] = dataclasses.replace(e, pubrec_received=True)
+        self._release(op.msg_id)
+        return True
+
+    def _remove_entry(self, client_id: str, msg_id: int) -> bool:
+        s, e = self._entry(client_id, msg_id)
+        if e is None:
+            return False
+        del s.queue[msg_id]
+        if not e.pubrec_received:
+            self._release(msg_id)
+        return True
+
+    def _MessageAcked(self, seq: int, op: o.MessageAcked) -> bool:
+        return self._remove_entry(op.client_id, op.msg_id)
+
+    def _MessageDropped(self, seq: int, op: o.MessageDropped) -> bool:
+        return self._remove_entry(op.client_id, op.msg_id)
+
+    def _SessionOpened(self, seq: int, op: o.SessionOpened) -> bool:
+        record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True)
+        if op.client_id in self.sessions:
+            self.sessions[op.client_id].record = record
+        else:
+            self.sessions[op.client_id] = _Session(record)
+        return True
+
+    def _SessionDisconnected(self, seq: int, op: o.SessionDisconnected) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None:
+            return False
+        s.record = dataclasses.replace(s.record, disconnected_at_ms=op.disconnected_at_ms, expiry_s=op.expiry_s,
+                                       connected=False)
+        return True
+
+    def _SessionDeleted(self, seq: int, op: o.SessionDeleted) -> bool:
+        s = self.sessions.pop(op.client_id, None)
+        if s is None:
+            return False
+        for e in s.queue.values():
+            if not e.pubrec_received:
+                self._release(e.msg_id)
+        if s.will is not None:
+            self._release(s.will.msg_id)
+        return True
+
+    def _Subscribed(self, seq: int, op: o.Subscribed) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None:
+            return False
+        s.subscriptions[op.topic_filter] = op
+        return True
+
+    def _Unsubscribed(self, seq: int, op: o.Unsubscribed) -> bool:
+        s = self.sessions.get(op.client_id)
+        return s is not None and s.subscriptions.pop(op.topic_filter, None) is not None
+
+    def _RetainedSet(self, seq: int, op: o.RetainedSet) -> bool:
+        if not self._take(op.msg_id):
+            return False
+        old = self.retained.get(op.topic)
+        self.retained[op.topic] = op.msg_id
+        if old is not None:
+            self._release(old)
+        return True
+
+    def _RetainedCleared(self, seq: int, op: o.RetainedCleared) -> bool:
+        old = self.retained.pop(op.topic, None)
+        if old is None:
+            return False
+        self._release(old)
+        return True
+
+    def _InboundQos2Received(self, seq: int, op: o.InboundQos2Received) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None or op.packet_id in s.inbound_qos2:
+            return False
+        s.inbound_qos2.add(op.packet_id)
+        return True
+
+    def _InboundQos2Released(self, seq: int, op: o.InboundQos2Released) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None or op.packet_id not in s.inbound_qos2:
+            return False
+        s.inbound_qos2.discard(op.packet_id)
+        return True
+
+    def _WillSet(self, seq: int, op: o.WillSet) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None or not self._take(op.msg_id):
+            return False
+        old, s.will = s.will, op
+        if old is not None:
+            self._release(old.msg_id)
+        return True
+
+    def _WillCleared(self, seq: int, op: o.WillCleared) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None or s.will is None:
+            return False
+        old, s.will = s.will, None
+        self._release(old.msg_id)
+        return True
+
+    def _MessageIdSeen(self, seq: int, op: o.MessageIdSeen) -> bool:
+        existed = self.message_ids.pop(op.message_id, None) is not None
+        self.message_ids[op.message_id] = op.seen_at_ms
+        if not existed and len(self.message_ids) > self.max_message_ids:
+            del self.message_ids[next(iter(self.message_ids))]
+        return True

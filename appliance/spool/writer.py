@@ -1,0 +1,363 @@
+"""The spool's one writer: a thread that group-commits submitted ops (DESIGN §4).
+
+Rules:
+- `submit` is called on the caller's thread (the event loop) and never blocks
+  on I/O: it encodes the ops, gives them the next seqs and chained checksums
+  at once (so the mate link can ship them while the local commit runs) and
+  queues them. Its future resolves with those entries only after the
+  transaction holding them is committed (synchronous=FULL in WAL mode: durable).
+  Futures resolve in seq order; a `concurrent.futures` future's callbacks run
+  in the writer thread (keep them short), an asyncio one's on its loop.
+- The thread drains every queued submission, up to `max_batch_ops` ops or
+  `max_batch_bytes`, into ONE transaction: the op log rows, the state changes
+  and the new head commit together or not at all. A submission is never split.
+- Bounded: at most `max_pending_ops` ops queued or committing; past that
+  `submit` raises `SpoolBusy` (the broker watches `pending_ops` and stops
+  reading publishers well before). Stored bodies are bounded by
+  `max_spool_bytes`: a submission whose new bodies would pass it (counting
+  bodies still in flight, not counting frees until they commit) is refused
+  with `SpoolFull` before it gets a seq.
+- A full disk fails the whole batch with `SpoolFull`; the transaction rolls
+  back and so does every submission queued behind it (their seqs chained on
+  the failed ops): the head returns to the last committed op and the writer
+  carries on. None of those ops may be acknowledged; a mate that was shipped
+  them holds a divergent unacknowledged tail, which resync discards.
+- Any other failure (an I/O error, our own bug) fails everything pending and
+  stops the writer: later submissions raise that error.
+- The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
+  `truncate_chunk_ops` after a commit, in their own transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import sqlite3
+import threading
+import time
+
+from . import ops as o
+from .chain import ChainPoint, LogEntry, chain, verify_chain
+from .codec import decode_op, encode_op
+from .errors import SpoolBusy, SpoolFull
+from .sql import SqlApplier
+from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size
+from .store import Spool, connect
+from ..errors import LocalProtocolError
+
+log = logging.getLogger(__name__)
+_MessageStored = o.MessageStored
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriterLimits:
+    max_batch_ops: int = 10_000
+    max_batch_bytes: int = 8 << 20
+    max_pending_ops: int = 100_000
+    max_spool_bytes: int = 4 << 30  # stored message bodies (their encoded MessageStored ops)
+    keep_ops: int = 100_000  # op log kept for the mate link's incremental resync
+    truncate_chunk_ops: int = 10_000
+    max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS
+
+    def __post_init__(self) -> None:
+        assert 0 < self.max_batch_ops <= self.max_pending_ops
+        assert self.max_batch_bytes > 0 and self.max_spool_bytes > 0
+        assert self.keep_ops > 0 and self.truncate_chunk_ops > 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriterMetrics:
+    commits: int
+    ops: int
+    submissions: int
+    failed_batches: int
+    ignored_ops: int  # no-ops by the rules of state.py: a broker bug worth a look
+    mean_batch_ops: float
+    last_commit_ms: float  # BEGIN to COMMIT returned, fsync included
+    max_commit_ms: float
+    pending_ops: int
+    stored_bytes: int
+    durable: ChainPoint
+
+
+@dataclasses.dataclass(slots=True)
+class Submission:
+    """What `submit` returns: the entries (ship them to the mate now) and a future resolved when durable."""
+
+    entries: tuple[LogEntry, ...]
+    future: concurrent.futures.Future | asyncio.Future
+    ops: tuple[o.Op, ...] = ()
+    added_bytes: int = 0
+    nbytes: int = 0
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+class SpoolWriter:
+    """Owns the spool's write connection in a dedicated thread; see the rules above."""
+
+    def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits()) -> None:
+        assert spool.writer is None, f"spool {spool.path} already has a writer"
+        self.spool = spool
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[Submission] = collections.deque()
+        self._closing = False
+        self._broken: BaseException | None = None
+        self._pending_ops = 0
+        self._pending_added = 0
+        self._commits = self._ops = self._submissions = self._failed = 0
+        self._last_ms = self._max_ms = 0.0
+        self._ignored = 0
+        conn = connect(spool.path)  # made here so that a bad file fails the constructor, used only by the thread
+        self._applier = SqlApplier(conn, limits.max_message_ids)
+        self._stored_bytes = self._applier.stored_bytes
+        self.durable = self.head = spool.head
+        self._base_seq = spool.base.seq
+        self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
+        self._thread.start()
+        spool.writer = self
+
+    # Caller side (any thread).
+
+    @property
+    def pending_ops(self) -> int:
+        """Ops submitted but not yet durable: the backlog the broker shrinks its windows by."""
+        return self._pending_ops
+
+    def submit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> Submission:
+        """Queue `ops`, written in `epoch`; the future resolves with their entries once durable.
+
+        Refusals (nothing queued, no seq given): `SpoolBusy`, `SpoolFull`, `OpCodecError`/ValueError for an op
+        that cannot be encoded or is outside its domain, `LocalProtocolError` for an epoch older than the head's.
+        """
+        return self._submit(ops, epoch, None, concurrent.futures.Future())
+
+    def submit_async(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> Submission:
+        """As `submit`, from a coroutine: the future belongs to the running loop and resolves on it."""
+        loop = asyncio.get_running_loop()
+        return self._submit(ops, epoch, loop, loop.create_future())
+
+    async def commit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> tuple[LogEntry, ...]:
+        """Submit and wait until durable."""
+        return await self.submit_async(ops, epoch).future
+
+    def submit_entries(self, entries: list[LogEntry], loop: asyncio.AbstractEventLoop | None = None) -> Submission:
+        """The standby's path: entries received from the active, applied as they are.
+
+        `ChainError` if they do not follow the head, `OpCodecError` if a body is malformed, ValueError if an op is
+        outside its domain (state.check_op): all the peer's fault; nothing is queued then.
+        """
+        ops = tuple(decode_op(e.body) for e in entries)
+        for op in ops:
+            check_op(op)
+        future = loop.create_future() if loop else concurrent.futures.Future()
+        bodies = [e.body for e in entries]
+        with self._lock:
+            added = self._admit(ops, bodies, None)
+            self.head = verify_chain(entries, self.head)
+            sub = Submission(tuple(entries), future, ops, added, loop=loop)
+            self._enqueue(sub)
+        if not entries:
+            _settle([(sub, (), None)])
+        return sub
+
+    def metrics(self) -> WriterMetrics:
+        with self._lock:
+            return WriterMetrics(self._commits, self._ops, self._submissions, self._failed, self._ignored,
+                                 self._ops / self._commits if self._commits else 0.0, self._last_ms, self._max_ms,
+                                 self._pending_ops, self._stored_bytes, self.durable)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then stop the thread and close the connection."""
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the spool writer did not stop"
+        if self.spool.writer is self:
+            self.spool.writer = None
+
+    def __enter__(self) -> SpoolWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _submit(self, ops, epoch: int, loop, future) -> Submission:
+        ops = tuple(ops)
+        bodies = [encode_op(op) for op in ops]
+        for op in ops:
+            check_op(op)
+        with self._lock:
+            added = self._admit(ops, bodies, epoch)
+            entries = tuple(chain(self.head, epoch, bodies))
+            sub = Submission(entries, future, ops, added, loop=loop)
+            if entries:
+                self.head = entries[-1].point
+                self._enqueue(sub)
+        if not entries:
+            _settle([(sub, (), None)])  # outside the lock: a callback may submit again
+        return sub
+
+    def _admit(self, ops: tuple[o.Op, ...], bodies: list[bytes], epoch: int | None) -> int:
+        """The bytes the ops' new bodies add, or an error if the writer cannot take them; under the lock.
+
+        Nothing has a seq yet, so a refusal leaves no trace.
+        """
+        if self._broken is not None:
+            raise self._broken
+        if self._closing:
+            raise LocalProtocolError(f"spool {self.spool.path}: the writer is closed")
+        if epoch is not None and epoch < self.head.epoch:
+            raise LocalProtocolError(f"spool {self.spool.path}: ops of epoch {epoch} after epoch {self.head.epoch}")
+        if len(ops) > self.limits.max_batch_ops:
+            raise ValueError(f"a submission of {len(ops)} ops is larger than a batch ({self.limits.max_batch_ops})")
+        if self._pending_ops + len(ops) > self.limits.max_pending_ops:
+            raise SpoolBusy(f"spool {self.spool.path}: {self._pending_ops} ops wait for commit (limit "
+                            f"{self.limits.max_pending_ops}); stop reading publishers until commits catch up")
+        added = sum(stored_size(b) for op, b in zip(ops, bodies) if type(op) is _MessageStored)
+        if added and self._stored_bytes + self._pending_added + added > self.limits.max_spool_bytes:
+            raise SpoolFull(f"spool {self.spool.path}: storing {added} more bytes would pass the limit of "
+                            f"{self.limits.max_spool_bytes} bytes ({self._stored_bytes} stored, "
+                            f"{self._pending_added} in flight); refused, nothing applied")
+        return added
+
+    def _enqueue(self, sub: Submission) -> None:
+        if not sub.entries:
+            return
+        sub.nbytes = sum(len(e.body) for e in sub.entries)
+        self._pending_ops += len(sub.entries)
+        self._pending_added += sub.added_bytes
+        self._submissions += 1
+        self._queue.append(sub)
+        self._wake.notify()
+
+    # The writer thread.
+
+    def _run(self) -> None:
+        try:
+            while (batch := self._next_batch()) is not None:
+                self._commit(batch)
+                if self._broken is None:
+                    self._maybe_truncate()
+        finally:
+            self._applier.conn.close()
+
+    def _next_batch(self) -> list[Submission] | None:
+        limits = self.limits
+        with self._lock:
+            while not self._queue and not self._closing and self._broken is None:
+                self._wake.wait()
+            if not self._queue or self._broken is not None:
+                return None
+            batch, n, nbytes = [], 0, 0
+            while self._queue:
+                nxt = self._queue[0]
+                if batch and (n + len(nxt.entries) > limits.max_batch_ops
+                              or nbytes + nxt.nbytes > limits.max_batch_bytes):
+                    break
+                batch.append(self._queue.popleft())
+                n += len(nxt.entries)
+                nbytes += nxt.nbytes
+            return batch
+
+    def _commit(self, batch: list[Submission]) -> None:
+        applier, conn = self._applier, self._applier.conn
+        ignored_before = applier.ignored
+        started = time.monotonic()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            entries: list[LogEntry] = []
+            for sub in batch:
+                for entry, op in zip(sub.entries, sub.ops):
+                    applier.apply(entry.seq, op, entry.body)
+                entries.extend(sub.entries)
+            applier.finish(entries)
+            conn.execute("COMMIT")
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to the batch's submitters
+            self._rollback(batch, exc)
+            return
+        elapsed_ms = (time.monotonic() - started) * 1000
+        n = len(entries)
+        with self._lock:
+            self.durable = entries[-1].point
+            self._pending_ops -= n
+            self._pending_added -= sum(sub.added_bytes for sub in batch)
+            self._stored_bytes = applier.stored_bytes
+            self._commits += 1
+            self._ops += n
+            self._ignored += applier.ignored - ignored_before
+            self._last_ms = elapsed_ms
+            self._max_ms = max(self._max_ms, elapsed_ms)
+        _settle([(sub, sub.entries, None) for sub in batch])
+
+    def _rollback(self, batch: list[Submission], exc: Exception) -> None:
+        conn = self._applier.conn
+        full = isinstance(exc, sqlite3.OperationalError) and (
+            getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc))
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._applier.reload()
+        except Exception as again:  # noqa: BLE001
+            log.error("spool %s: rollback failed: %s", self.spool.path, again)
+            full = False
+        if full:
+            error: BaseException = SpoolFull(f"spool {self.spool.path}: the disk is full ({exc}); the batch of "
+                                             f"{sum(len(s.entries) for s in batch)} ops was rolled back")
+            chained: BaseException = SpoolFull(f"spool {self.spool.path}: the disk is full; an earlier batch these "
+                                               "ops chained on was rolled back")
+        else:
+            log.error("spool %s: commit failed, the writer stops: %r", self.spool.path, exc)
+            error = chained = exc
+        with self._lock:
+            behind = list(self._queue)
+            self._queue.clear()
+            self.head = self.durable
+            self._pending_ops = 0
+            self._pending_added = 0
+            self._failed += 1
+            if not full:
+                self._broken = error
+        _settle([(sub, None, error) for sub in batch] + [(sub, None, chained) for sub in behind])
+
+    def _maybe_truncate(self) -> None:
+        keep_after = self.durable.seq - self.limits.keep_ops
+        if keep_after - self._base_seq < self.limits.truncate_chunk_ops:
+            return
+        conn = self._applier.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._applier.truncate_log(keep_after)
+            conn.execute("COMMIT")
+            self._base_seq = keep_after
+        except sqlite3.Error as exc:  # e.g. a full disk: the log just stays longer; try again later
+            log.warning("spool %s: could not drop old ops: %s", self.spool.path, exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+
+def _settle(outcomes: list[tuple[Submission, object, BaseException | None]]) -> None:
+    """Resolve futures: concurrent ones here, asyncio ones on their loop with one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for sub, result, error in outcomes:
+        if sub.loop is None:
+            if sub.future.set_running_or_notify_cancel():
+                sub.future.set_exception(error) if error is not None else sub.future.set_result(result)
+        else:
+            by_loop.setdefault(sub.loop, []).append((sub.future, result, error))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_on_loop, items)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+def _settle_on_loop(items: list) -> None:
+    for future, result, error in items:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)

@@ -1,0 +1,214 @@
+"""The SQLite spool on real files: state after every op type, the model, replay, log truncation."""
+
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.spool import ops as o
+from appliance.spool.chain import GENESIS, verify_chain
+from appliance.spool.codec import encode_op
+from appliance.spool.errors import SpoolLocked
+from appliance.spool.state import QueueEntry, StateModel
+from appliance.spool.store import Spool
+from appliance.spool.writer import SpoolWriter, WriterLimits
+
+
+def write(directory, submissions, epoch=1, limits=WriterLimits()):
+    """Apply the submissions (lists of ops) through a writer; returns the writer's final metrics."""
+    with Spool.open(directory) as spool, SpoolWriter(spool, limits) as writer:
+        subs = [writer.submit(ops, epoch) for ops in submissions]
+        for sub in subs:
+            sub.future.result(timeout=30)
+        return writer.metrics()
+
+
+def load(directory):
+    with Spool.open(directory) as spool:
+        return spool.load_state()  # which also cross-checks reference counts, domains and stored bytes
+
+
+def model_of(submissions, max_message_ids=100_000):
+    model = StateModel(max_message_ids)
+    seq = 0
+    for ops in submissions:
+        for op in ops:
+            seq += 1
+            model.apply(seq, op)
+    return model
+
+
+def body(msg_id, topic="t", payload=b"p", publisher="pub"):
+    return o.MessageStored(msg_id, topic, payload, 1, False, b"\x01\x02", 0, publisher, 1000 + msg_id)
+
+
+EVERY_OP = [
+    [o.SessionOpened("a", 5, 3600, 10), o.SessionOpened("b", 4, 0, 11)],
+    [o.Subscribed("a", "t/#", 2, True, True, 1, 7), o.Subscribed("a", "x", 1), o.Subscribed("b", "t/+", 1)],
+    [o.Unsubscribed("a", "x")],
+    [body(1), o.MessageQueued("a", 1, 2, False, (7,)), o.MessageQueued("b", 1, 1, True)],
+    [o.MessageInflight("a", 1, 17), o.MessagePubrecReceived("a", 1)],
+    [o.MessageAcked("b", 1)],
+    [body(2), o.MessageQueued("b", 2, 1, False), o.MessageDropped("b", 2, "expired")],
+    [body(3), o.RetainedSet("t/3", 3), body(4), o.RetainedSet("t/4", 4), o.RetainedCleared("t/4")],
+    [o.InboundQos2Received("a", 5), o.InboundQos2Received("a", 6), o.InboundQos2Released("a", 5)],
+    [body(5), o.WillSet("b", 5, 30), body(6), o.WillSet("a", 6, 0), o.WillCleared("a")],
+    [o.MessageIdSeen("m1", 100), o.MessageIdSeen("m2", 101), o.MessageIdSeen("m1", 102)],
+    [o.SessionDisconnected("a", 200, 60)],
+    [o.SessionOpened("c", 5, 0, 300), o.SessionDeleted("c")],
+]
+assert {type(op) for ops in EVERY_OP for op in ops} == set(o.OP_TYPES.values())
+
+
+def test_every_op_type_is_reflected_by_load_state(tmp_path):
+    metrics = write(tmp_path, EVERY_OP)
+    state = load(tmp_path)
+    assert metrics.ignored_ops == 0
+    assert state.position == (1, sum(map(len, EVERY_OP)))
+    a, b = state.sessions["a"], state.sessions["b"]
+    assert set(state.sessions) == {"a", "b"}
+    assert (a.connected, a.disconnected_at_ms, a.expiry_s) == (False, 200, 60)
+    assert (b.connected, b.protocol_version, b.connected_at_ms) == (True, 4, 11)
+    assert a.subscriptions == (o.Subscribed("a", "t/#", 2, True, True, 1, 7),)
+    assert a.queue == (QueueEntry(1, 2, False, (7,), order=8, packet_id=17, pubrec_received=True),)
+    assert b.queue == ()
+    assert a.inbound_qos2 == (6,) and a.will is None
+    assert b.will == o.WillSet("b", 5, 30)
+    # Body 1: its only holder left is a's entry after PUBREC, which needs no body; 2 was dropped; 4 un-retained;
+    # 6 was a will, cleared.
+    assert set(state.messages) == {3, 5}
+    assert state.messages[3] == body(3)
+    assert state.retained == {"t/3": 3}
+    assert state.message_ids == (("m2", 101), ("m1", 102))
+    assert state == model_of(EVERY_OP).state(state.head)
+
+
+def test_a_replay_of_the_op_log_from_empty_rebuilds_the_same_state(tmp_path):
+    write(tmp_path / "a", EVERY_OP)
+    with Spool.open(tmp_path / "a") as spool:
+        original = spool.load_state()
+        entries = spool.read_entries(0, 1000)
+    assert verify_chain(entries) == original.head
+    with Spool.open(tmp_path / "b") as spool, SpoolWriter(spool) as writer:
+        writer.submit_entries(entries[:7]).future.result()
+        writer.submit_entries(entries[7:]).future.result()
+    assert load(tmp_path / "b") == original
+
+
+def test_ops_whose_preconditions_fail_are_no_ops_in_both_the_store_and_the_model(tmp_path):
+    submissions = [
+        [o.MessageQueued("nobody", 1, 1, False), o.Subscribed("nobody", "t", 1), o.WillSet("nobody", 1, 0)],
+        [o.SessionOpened("a", 5, 0, 1), o.MessageQueued("a", 99, 1, False), o.RetainedSet("t", 99)],
+        [body(1), body(1, payload=b"other"), o.MessageQueued("a", 1, 1, False), o.MessageQueued("a", 1, 2, False)],
+        [o.MessageAcked("a", 2), o.InboundQos2Released("a", 1), o.WillCleared("a"), o.RetainedCleared("t")],
+        [o.MessagePubrecReceived("a", 1), o.MessagePubrecReceived("a", 1), o.MessageInflight("a", 1, 5)],
+        [o.SessionDisconnected("nobody", 1, 1), o.SessionDeleted("nobody"), o.Unsubscribed("a", "t")],
+    ]
+    metrics = write(tmp_path, submissions)
+    model = model_of(submissions)
+    assert metrics.ignored_ops == model.ignored == 16
+    state = load(tmp_path)
+    assert state == model.state(state.head)
+    assert state.messages == {}  # body 1's one entry got PUBREC: nothing holds the body any more
+    assert state.sessions["a"].queue[0].pubrec_received
+
+
+# A random op sequence over a small universe (so that ops interact), in random batches, against the model.
+
+CLIENTS = st.sampled_from(["a", "b", "c"])
+MSG_IDS = st.integers(1, 6)
+TOPICS = st.sampled_from(["t1", "t2"])
+SMALL = st.integers(0, 2)
+PACKET_IDS = st.integers(1, 3)
+RANDOM_OP = st.one_of(
+    st.builds(body, MSG_IDS, TOPICS, st.binary(max_size=20)),
+    st.builds(o.MessageQueued, CLIENTS, MSG_IDS, SMALL, st.booleans(), st.lists(SMALL, max_size=2).map(tuple)),
+    st.builds(o.MessageInflight, CLIENTS, MSG_IDS, PACKET_IDS),
+    st.builds(o.MessagePubrecReceived, CLIENTS, MSG_IDS),
+    st.builds(o.MessageAcked, CLIENTS, MSG_IDS),
+    st.builds(o.MessageDropped, CLIENTS, MSG_IDS, st.just("expired")),
+    st.builds(o.SessionOpened, CLIENTS, st.sampled_from([3, 4, 5]), SMALL, SMALL),
+    st.builds(o.SessionDisconnected, CLIENTS, SMALL, SMALL),
+    st.builds(o.SessionDeleted, CLIENTS),
+    st.builds(o.Subscribed, CLIENTS, TOPICS, SMALL, st.booleans(), st.booleans(), SMALL, SMALL),
+    st.builds(o.Unsubscribed, CLIENTS, TOPICS),
+    st.builds(o.RetainedSet, TOPICS, MSG_IDS),
+    st.builds(o.RetainedCleared, TOPICS),
+    st.builds(o.InboundQos2Received, CLIENTS, PACKET_IDS),
+    st.builds(o.InboundQos2Released, CLIENTS, PACKET_IDS),
+    st.builds(o.WillSet, CLIENTS, MSG_IDS, SMALL),
+    st.builds(o.WillCleared, CLIENTS),
+    st.builds(o.MessageIdSeen, st.sampled_from(["m1", "m2", "m3", "m4"]), SMALL),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=25))
+def test_random_op_sequences_match_the_model_and_replay_identically(submissions):
+    limits = WriterLimits(max_message_ids=3)  # small, so that the history's bound is exercised
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = write(Path(tmp, "a"), submissions, limits=limits)
+        model = model_of(submissions, max_message_ids=3)
+        state = load(Path(tmp, "a"))
+        assert state == model.state(state.head)
+        assert metrics.ignored_ops == model.ignored
+        with Spool.open(Path(tmp, "a")) as spool:
+            entries = spool.read_entries(0, 10_000)
+        with Spool.open(Path(tmp, "b")) as spool, SpoolWriter(spool, limits) as writer:
+            writer.submit_entries(entries).future.result()
+        assert load(Path(tmp, "b")) == state
+
+
+def test_a_session_with_everything_deleted_releases_its_bodies(tmp_path):
+    submissions = [[o.SessionOpened("a", 5, 0, 1), body(1), body(2), o.MessageQueued("a", 1, 1, False),
+                    o.MessageQueued("a", 2, 2, False), o.MessagePubrecReceived("a", 2), body(3), o.WillSet("a", 3, 5),
+                    o.RetainedSet("r", 1)],
+                   [o.SessionDeleted("a")]]
+    write(tmp_path, submissions)
+    state = load(tmp_path)
+    assert state.sessions == {} and set(state.messages) == {1} and state.retained == {"r": 1}
+    assert state.stored_bytes == len(encode_op(body(1)))
+
+
+def test_the_log_keeps_the_last_keep_ops_and_a_truncated_spool_still_verifies(tmp_path):
+    limits = WriterLimits(keep_ops=50, truncate_chunk_ops=10)
+    write(tmp_path, [[o.MessageIdSeen(f"m{i}", i)] for i in range(200)], limits=limits)
+    with Spool.open(tmp_path) as spool:
+        assert spool.head.seq == 200
+        assert 140 <= spool.base.seq <= 150, "at least keep_ops kept, at most a chunk more"
+        with pytest.raises(LookupError, match="no longer in the log"):
+            spool.read_entries(spool.base.seq - 1, 10)
+        entries = spool.read_entries(spool.base.seq, 1000)
+        assert entries[0].seq == spool.base.seq + 1 and entries[-1].seq == 200
+        assert verify_chain(entries, spool.base) == spool.head
+        assert len(spool.load_state().message_ids) == 200
+    write(tmp_path, [[o.MessageIdSeen("more", 1)]], limits=limits)  # reopens from a truncated log
+    assert load(tmp_path).head.seq == 201
+
+
+def test_a_new_epoch_continues_the_same_sequence(tmp_path):
+    write(tmp_path, [[o.SessionOpened("a", 5, 0, 1)]], epoch=3)
+    write(tmp_path, [[o.SessionOpened("b", 5, 0, 1)]], epoch=4)
+    with Spool.open(tmp_path) as spool:
+        assert [(e.epoch, e.seq) for e in spool.read_entries(0, 10)] == [(3, 1), (4, 2)]
+        assert spool.load_state().position == (4, 2)
+
+
+def test_one_process_at_a_time(tmp_path):
+    with Spool.open(tmp_path):
+        with pytest.raises(SpoolLocked, match="another process has it open"):
+            Spool.open(tmp_path)
+    Spool.open(tmp_path).close()
+
+
+def test_a_fresh_spool_is_empty_and_appears_atomically(tmp_path):
+    with Spool.open(tmp_path) as spool:
+        state = spool.load_state()
+        assert state.head == GENESIS and state.sessions == {} and state.messages == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool.db", "spool.lock"]
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()
