@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import socket
 import time
@@ -66,6 +67,18 @@ class Node:
         self.started_at = now_ms()
         self.send_errors = 0
         self.listener = None
+        self.broker = None
+        if role.routes_messages:
+            from .broker.core import BrokerCore
+            from .broker.service import BrokerService
+
+            def new_core() -> BrokerCore:
+                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8))
+
+            # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
+            self.broker = BrokerService(self.spec.data_dir / "spool",
+                                        epoch=lambda: self.core.active_epoch or self.core.state.epoch,
+                                        core_factory=new_core)
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._peer_addresses = [(config.node(r).address, config.ports.heartbeat) for r in role.peers()]
@@ -97,7 +110,9 @@ class Node:
         if self.role.routes_messages:
             from .mqtt.listener import MqttListener
 
-            self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, on_event=self._mqtt_event)
+            self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, on_event=self._mqtt_event,
+                                         broker=self.broker)
+            await self.broker.start()
             await self.listener.start()
         try:
             await self.management.start()
@@ -124,6 +139,9 @@ class Node:
                 await self.listener.stop()
         with contextlib.suppress(Exception):
             await self.management.stop()
+        if self.broker is not None:
+            with contextlib.suppress(Exception):
+                await self.broker.stop()
         if self._transport:
             self._transport.close()
         self.events.write("node_stopped", role=self.role.value)

@@ -74,7 +74,8 @@ class MqttListener:
                  max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
                  on_event: EventSink | None = None,
                  connect_timeout_s: float = 10.0,
-                 write_timeout_s: float = 5.0) -> None:
+                 write_timeout_s: float = 5.0,
+                 broker=None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -85,6 +86,7 @@ class MqttListener:
         self.write_timeout_s = write_timeout_s
         self._gate = gate
         self._on_event = on_event
+        self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
 
@@ -171,6 +173,7 @@ class MqttListener:
             conn.abort("internal error")
         finally:
             self._conns.discard(conn)
+            conn.broker_lost()
             conn.emit_closed()
 
 
@@ -194,6 +197,7 @@ class _Connection:
         self.peer_max_packet_size: int | None = None
         self._abort_timer: asyncio.TimerHandle | None = None
         self._closed_emitted = False
+        self.conn_id: int | None = None  # the broker's name for this connection once accepted
         _disable_nagle(writer)
 
     @property
@@ -206,6 +210,8 @@ class _Connection:
             data = await self._read(deadline)
             if data is None:
                 return
+            if self.conn_id is not None and not await self._drained():
+                return  # a client that reads nothing stops being read: the broker's backpressure
             self._packets.feed(data)
             while not self.closing:
                 try:
@@ -241,7 +247,19 @@ class _Connection:
         return data
 
     async def _handle(self, packet: Packet) -> None:
-        if isinstance(packet, Connect):
+        if self.conn_id is not None and not isinstance(packet, Connect):
+            if isinstance(packet, Disconnect):
+                self.broker_lost(packet)
+                self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
+            elif not self._l.gate_allows():
+                await self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN),
+                                             "this node may no longer serve")
+            else:
+                self._l.broker.packet(self.conn_id, packet)
+            return
+        if isinstance(packet, Connect) and self.accepted:
+            await self._answer_and_close(Disconnect(ReasonCode.PROTOCOL_ERROR), "a second CONNECT")
+        elif isinstance(packet, Connect):
             await self._on_connect(packet)
         elif isinstance(packet, Disconnect):
             self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
@@ -277,8 +295,18 @@ class _Connection:
             await self._refuse(c, ReasonCode.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not supported")
             return
-        self.client_id = c.client_id or "pairmq-" + secrets.token_hex(8)
         self.keep_alive_s = c.keep_alive_s
+        if self._l.broker is not None:
+            self.accepted = True
+            self.conn_id = self._l.broker.connect(self, c, c.username)
+            core_conn = self._l.broker.core.connections.get(self.conn_id)
+            self.client_id = core_conn.client_id if core_conn else c.client_id
+            self._l.emit("client_accepted", {
+                "client_id": self.client_id, "protocol_version": c.protocol_version,
+                "peer": self.peer, "keep_alive_s": c.keep_alive_s,
+                "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
+            return
+        self.client_id = c.client_id or "pairmq-" + secrets.token_hex(8)
         props: dict[PropertyId, object] = {}
         if v5:
             props[PropertyId.MAXIMUM_PACKET_SIZE] = self._l.max_packet_size
@@ -346,6 +374,41 @@ class _Connection:
             await asyncio.wait_for(self._writer.drain(), self._l.write_timeout_s)
         except TimeoutError:
             self.abort(f"write did not drain within {self._l.write_timeout_s} s")
+            return False
+        except OSError as exc:
+            self._close(f"connection error on write: {exc}")
+            return False
+        return True
+
+    # --- the broker's side (BrokerService calls these) -----------------------------
+
+    def send_nowait(self, packet: Packet) -> None:
+        if self.closing:
+            return
+        data = encode_packet(packet, self.protocol_version or MQTT_3_1_1,
+                             max_packet_size=self.peer_max_packet_size)
+        if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
+            self._writer.write(data)
+
+    def close_with(self, reason: int, why: str) -> None:
+        if self.closing:
+            return
+        if self.protocol_version == MQTT_5 and reason:
+            props = {PropertyId.REASON_STRING: why[:REASON_STRING_MAX_CHARS]} if why else {}
+            self.send_nowait(Disconnect(ReasonCode(reason), props))
+        self.conn_id = None  # the broker already knows
+        self._close(f"closed by the broker (0x{reason:02X}): {why}")
+
+    def broker_lost(self, disconnect: Disconnect | None = None) -> None:
+        conn_id, self.conn_id = self.conn_id, None
+        if conn_id is not None:
+            self._l.broker.lost(conn_id, disconnect)
+
+    async def _drained(self) -> bool:
+        try:
+            await asyncio.wait_for(self._writer.drain(), self._l.write_timeout_s * 6)
+        except TimeoutError:
+            self.abort("the client did not read what we sent for 30 s")
             return False
         except OSError as exc:
             self._close(f"connection error on write: {exc}")

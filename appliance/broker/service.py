@@ -1,0 +1,132 @@
+"""The broker's asyncio adapter: runs the core's effects against sockets and the spool.
+
+Rules:
+- Effects run in order. `Persist` hands its ops to the spool writer; its
+  `then` effects run in the done-callback of that group commit. Commits finish
+  in submission order, so acknowledgements keep the order of the PUBLISHes.
+- A commit that fails (a full disk) must not leave the in-memory state ahead
+  of the durable one: every client is dropped with 0x97 and the core is
+  rebuilt from the spool. Nothing unacknowledged was promised, so nothing
+  acknowledged is lost; clients retry.
+- Writes never wait for the socket to drain here; the connection's read loop
+  waits for its own drains, which is what slows a fast publisher down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..mqtt.wire import ReasonCode as RC
+from ..spool.errors import SpoolBusy, SpoolFull
+from ..spool.store import Spool
+from ..spool.writer import SpoolWriter
+from .core import BrokerCore, Close, Persist, Send, restore
+
+log = logging.getLogger("pairmq.broker")
+TICK_S = 1.0
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BrokerService:
+    def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
+                 core_factory: Callable[[], BrokerCore] | None = None) -> None:
+        self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
+        self.writer = SpoolWriter(self.spool)
+        self._epoch = epoch
+        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
+        self.core = self._fresh_core()
+        self.conns: dict[int, object] = {}
+        self._next_conn = 0
+        self._tick_task: asyncio.Task | None = None
+        self.commit_failures = 0
+
+    def _fresh_core(self) -> BrokerCore:
+        core = self._core_factory()
+        restore(core, self.spool.load_state(), wall_ms())
+        return core
+
+    async def start(self) -> None:
+        self._tick_task = asyncio.get_running_loop().create_task(self._ticks())
+
+    async def stop(self) -> None:
+        if self._tick_task:
+            self._tick_task.cancel()
+        self.spool.close()
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.execute(self.core.tick(wall_ms()))
+
+    # --- called by the listener's connections ---------------------------------------------
+
+    def connect(self, conn, packet, username: str | None = None) -> int:
+        self._next_conn += 1
+        conn_id = self._next_conn
+        self.conns[conn_id] = conn
+        self.execute(self.core.connect(conn_id, packet, wall_ms(), username=username))
+        return conn_id
+
+    def packet(self, conn_id: int, packet) -> None:
+        if conn_id in self.core.connections:
+            self.execute(self.core.packet(conn_id, packet, wall_ms()))
+
+    def lost(self, conn_id: int, disconnect=None) -> None:
+        self.conns.pop(conn_id, None)
+        if conn_id in self.core.connections:
+            self.execute(self.core.connection_lost(conn_id, wall_ms(), disconnect=disconnect))
+
+    # --- effects ---------------------------------------------------------------------------
+
+    def execute(self, effects) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                conn = self.conns.get(effect.conn)
+                if conn is not None:
+                    conn.send_nowait(effect.packet)
+            elif isinstance(effect, Close):
+                conn = self.conns.pop(effect.conn, None)
+                if conn is not None:
+                    conn.close_with(effect.reason_code, effect.reason)
+                if effect.conn in self.core.connections:
+                    self.execute(self.core.connection_lost(effect.conn, wall_ms()))
+            elif isinstance(effect, Persist):
+                self._persist(effect)
+            else:
+                raise AssertionError(f"unknown effect {effect!r}")
+
+    def _persist(self, effect: Persist) -> None:
+        if not effect.ops:
+            self.execute(effect.then)
+            return
+        try:
+            submission = self.writer.submit_async(list(effect.ops), self._epoch())
+        except (SpoolFull, SpoolBusy) as exc:
+            self._commit_failed(exc)
+            return
+        core = self.core
+        submission.future.add_done_callback(lambda fut: self._committed(fut, effect.then, core))
+
+    def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
+        if core is not self.core:
+            return  # the core was rebuilt after a failed commit: these effects belong to the old one
+        exc = fut.exception()
+        if exc is not None:
+            self._commit_failed(exc)
+            return
+        self.execute(then)
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        self.commit_failures += 1
+        log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
+        for conn_id, conn in list(self.conns.items()):
+            conn.close_with(RC.QUOTA_EXCEEDED, f"the message spool cannot take more: {exc}")
+        self.conns.clear()
+        self.core = self._fresh_core()
