@@ -251,7 +251,9 @@ class BrokerCore:
                 session.queue.remove(entry)
                 op_list = [ops.MessageAcked(session.client_id, entry.msg_id)]
                 op_list += self.router.release(session, entry)
-                return [Persist(tuple(op_list)), *self._pump(session, conn, now_ms)]
+                # The next sends wait behind this commit, hence behind every earlier one: a message whose
+                # own commit is pending is not sent early (rule 2), nor ahead of sends already waiting.
+                return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]
         return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
 
     def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
@@ -261,7 +263,7 @@ class BrokerCore:
                 if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
                     session.queue.remove(entry)
                     op_list = [ops.MessageAcked(session.client_id, entry.msg_id), *self.router.release(session, entry)]
-                    return [Persist(tuple(op_list)), *self._pump(session, conn, now_ms)]
+                    return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]  # as in _ack_outbound
                 entry.state = EntryState.PUBREC
                 # Rule 3: PUBREL only after the PUBREC is durable.
                 return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),

@@ -70,7 +70,8 @@ class Router:
 
         if msg.retain:
             op_list += self._set_retained(topic, msg, store)
-        for client_id, (qos, sub_ids, retain_flag) in targets.items():
+        for client_id, (sub_qos, sub_ids, retain_flag) in targets.items():
+            qos = min(sub_qos, msg.qos)  # never above what the publisher sent
             target = core.sessions.get(client_id)
             if target is None:
                 continue
@@ -157,27 +158,35 @@ class Router:
         inflight = session.inflight_count()
         window = max(1, conn.receive_maximum)
         dropped: list = []
-        for entry in list(session.queue):
-            if inflight >= window:
+        # Visits the in-flight head and what it sends, never the whole queue: a backlog must not make every
+        # publish and ack cost O(queue). The deque is not changed while iterated: an expired entry ends the
+        # pass, is removed, and the pass starts again.
+        while inflight < window:
+            expired = None
+            for entry in session.queue:
+                if inflight >= window:
+                    break
+                if entry.state is not EntryState.QUEUED:
+                    continue
+                msg = self.messages[entry.msg_id]
+                if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                    expired = entry
+                    break
+                entry.state = EntryState.INFLIGHT
+                entry.packet_id = session.allocate_packet_id()
+                inflight += 1
+                sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms)
+                record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
+                if entry.qos == 2:
+                    durable_first.append((record, sends))  # rule 3
+                else:
+                    dropped.append(record)
+                    effects += sends
+            if expired is None:
                 break
-            if entry.state is not EntryState.QUEUED:
-                continue
-            msg = self.messages[entry.msg_id]
-            if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
-                session.queue.remove(entry)
-                dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
-                self._release_entry(session, entry)
-                continue
-            entry.state = EntryState.INFLIGHT
-            entry.packet_id = session.allocate_packet_id()
-            inflight += 1
-            sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms)
-            record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
-            if entry.qos == 2:
-                durable_first.append((record, sends))  # rule 3
-            else:
-                dropped.append(record)
-                effects += sends
+            session.queue.remove(expired)
+            dropped.append(ops.MessageDropped(session.client_id, expired.msg_id, "expired"))
+            self._release_entry(session, expired)
         if durable_first:
             effects.append(Persist_(tuple(r for r, _ in durable_first),
                                     tuple(s for _, sends in durable_first for s in sends)))
@@ -300,6 +309,7 @@ class Router:
                 codes.append(RC.SUCCESS)
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+        codes = codes if conn.protocol_version == 5 else []  # a 3.1.1 UNSUBACK carries no reason codes
         return [Persist_(tuple(op_list), (codec_send(conn, codec.Unsuback(packet.packet_id, codes)),))]
 
     # --- wills and session end ------------------------------------------------------------------

@@ -93,7 +93,11 @@ class Session:
         return count
 
     def allocate_packet_id(self) -> int:
-        used = {e.packet_id for e in self.queue if e.state is not EntryState.QUEUED}
+        used = set()
+        for e in self.queue:  # the in-flight entries are the queue's head (see inflight_count): stop at the first queued
+            if e.state is EntryState.QUEUED:
+                break
+            used.add(e.packet_id)
         for _ in range(65535):
             pid = self.next_packet_id
             self.next_packet_id = pid % 65535 + 1

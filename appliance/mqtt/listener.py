@@ -5,7 +5,8 @@ Rules:
 - CONNECT with `gate.may_serve()` true: CONNACK success. v5: an empty client
   id gets one (Assigned Client Identifier); our Maximum Packet Size is
   advertised. 3.1.1: an empty client id without clean session is refused
-  (return code 2). v5 CONNECT with enhanced authentication: 0x8C.
+  (return code 2). v5 CONNECT with enhanced authentication: 0x8C. A will
+  topic starting with `$` (reserved, as for PUBLISH): v5 0x90, 3.1.1 close.
 - CONNECT with the gate false: v5 CONNACK 0x9C "Use another server" with
   Server Reference when the gate knows the active, else 0x88 "Server
   unavailable"; 3.1.1 return code 3. Then close.
@@ -50,8 +51,12 @@ from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
 log = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 64 * 1024
+# asyncio's default (100) overflows in a reconnect storm: the kernel then drops the handshake's last ACK and the
+# client's CONNECT waits for SYN-ACK retransmits (1 s, 3 s, 7 s...). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 REASON_STRING_MAX_CHARS = 200
 NOT_SUPPORTED_YET = "not supported by this node yet"
+WILL_TOPIC_RESERVED = "will topics starting with $ are reserved"
 
 
 class Gate(Protocol):
@@ -104,7 +109,7 @@ class MqttListener:
     async def start(self) -> None:
         assert self._server is None, "listener already started"
         self._server = await asyncio.start_server(
-            self._on_connection, self.host, self.requested_port, reuse_address=True)
+            self._on_connection, self.host, self.requested_port, reuse_address=True, backlog=LISTEN_BACKLOG)
 
     async def stop(self) -> None:
         """Stop accepting, drop every client (v5: 0x8B) and wait, bounded."""
@@ -294,6 +299,13 @@ class _Connection:
         if v5 and PropertyId.AUTHENTICATION_METHOD in c.properties:
             await self._refuse(c, ReasonCode.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not supported")
+            return
+        if c.will is not None and c.will.topic.startswith("$"):
+            # A will is published for the client: the broker's rule for PUBLISH holds for it too.
+            if v5:
+                await self._refuse(c, ReasonCode.TOPIC_NAME_INVALID, WILL_TOPIC_RESERVED)
+            else:
+                self._close(f"refused: {WILL_TOPIC_RESERVED}")  # 3.1.1 has no return code for it
             return
         self.keep_alive_s = c.keep_alive_s
         if self._l.broker is not None:
