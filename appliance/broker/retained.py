@@ -41,6 +41,20 @@ class _Node:
         self.value: Any = _ABSENT
 
 
+def descend_creating(root, levels, new_node):
+    """The trie node for `levels` under `root`, creating what is missing (children dicts on first use)."""
+    node = root
+    for level in levels:
+        children = node.children
+        if children is None:
+            children = node.children = {}
+        child = children.get(level)
+        if child is None:
+            child = children[level] = new_node()
+        node = child
+    return node
+
+
 class RetainedIndex:
     """Retained values by topic name, searchable by topic filter."""
 
@@ -63,15 +77,7 @@ class RetainedIndex:
 
     def set(self, topic: str, value: Any) -> bool:
         """Store `value` as the retained message of `topic`; True if it replaced one."""
-        node = self._root
-        for level in topic.split("/"):
-            children = node.children
-            if children is None:
-                children = node.children = {}
-            child = children.get(level)
-            if child is None:
-                child = children[level] = _Node()
-            node = child
+        node = descend_creating(self._root, topic.split("/"), _Node)
         replaced = node.value is not _ABSENT
         if not replaced:
             self._count += 1

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from appliance.broker.retained import RetainedIndex
+from appliance.broker.retained import RetainedIndex, descend_creating
 from appliance.mqtt.wire import STRING_MAX_BYTES, MqttError, ReasonCode
 
 __all__ = [
@@ -245,15 +245,7 @@ class SubscriptionIndex:
         Raises TopicError (0x8F) for an invalid filter, changing nothing.
         """
         group, inner = parse_shared(topic_filter)
-        node = self._root
-        for level in inner.split("/"):
-            children = node.children
-            if children is None:
-                children = node.children = {}
-            child = children.get(level)
-            if child is None:
-                child = children[level] = _Node()
-            node = child
+        node = descend_creating(self._root, inner.split("/"), _Node)
         match = Match(client_id, options, topic_filter, group)
         if group is None:
             if node.subs is None:
