@@ -88,13 +88,13 @@ def test_kill_9_mid_stream_loses_no_acknowledged_op(tmp_path):
 @pytest.fixture
 def tiny_fs(tmp_path):
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        pytest.fail("the full-disk test mounts a 1 MiB tmpfs, which needs root: run the suite as root")
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+        pytest.fail(f"cannot mount a tmpfs for the full-disk test: {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:
