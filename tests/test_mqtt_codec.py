@@ -1,7 +1,5 @@
 """The sans-I/O MQTT codec, driven directly: no sockets, no event loop."""
 
-import ast
-import pathlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +22,7 @@ from appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, Cursor, MalformedPacket, MqttError, PacketType,
     ProtocolError, ReasonCode, encode_utf8, encode_vbi, parse_vbi,
 )
+from tests.mqtt_strategies import read_all
 
 P = PropertyId
 R = ReasonCode
@@ -38,15 +37,6 @@ def split(data: bytes) -> tuple[FixedHeader, bytes]:
 def roundtrip(packet, version):
     header, body = split(packet.encode(version))
     return decode_packet(header, body, version)
-
-
-def read_all(data: bytes, **kw) -> list:
-    reader = PacketReader(**kw)
-    reader.feed(data)
-    out = []
-    while (packet := reader.next_packet()) is not None:
-        out.append(packet)
-    return out
 
 
 def raises(exc_type, reason, fn, *args):
@@ -66,22 +56,6 @@ def connect_packet(body: bytes) -> bytes:
 
 
 # --- the rules the cores live by ----------------------------------------------
-
-def test_codec_modules_import_no_io():
-    forbidden = {"asyncio", "socket", "time", "random", "sqlite3", "aiohttp"}
-    root = pathlib.Path(__file__).resolve().parents[1] / "appliance" / "mqtt"
-    for name in ("wire.py", "properties.py", "codec.py", "publish.py", "packets.py",
-                 "__init__.py"):
-        tree = ast.parse((root / name).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                mods = {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                mods = {(node.module or "").split(".")[0]}
-            else:
-                continue
-            assert not mods & forbidden, f"{name} imports {mods & forbidden}"
-
 
 def test_errors_are_remote_protocol_errors_with_reason_codes():
     err = MalformedPacket(0x81, "x")

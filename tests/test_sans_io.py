@@ -1,0 +1,28 @@
+"""STYLE.md practice 1: the protocol and decision cores import no I/O, clock or randomness."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "appliance"
+FORBIDDEN = {"asyncio", "socket", "time", "random", "sqlite3", "aiohttp", "threading", "subprocess"}
+CORES = [
+    "quorum/wire.py", "quorum/auth.py", "quorum/core.py", "quorum/insync.py",
+    "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
+    "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
+    "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py",
+]
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_core_imports_no_io(name):
+    tree = ast.parse((ROOT / name).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            mods = {(node.module or "").split(".")[0]} if node.level == 0 else set()
+        else:
+            continue
+        assert not mods & FORBIDDEN, f"{name} imports {mods & FORBIDDEN}"
