@@ -159,12 +159,17 @@ def test_user_property_repeats_and_subscription_identifier_only_in_publish():
     (bytes([P.REQUEST_PROBLEM_INFORMATION, 2]), PacketType.CONNECT),
     (bytes([P.REQUEST_RESPONSE_INFORMATION, 7]), PacketType.CONNECT),
     (bytes([P.PAYLOAD_FORMAT_INDICATOR, 2]), WILL),
-    (bytes([P.TOPIC_ALIAS, 0, 0]), PacketType.PUBLISH),
     (bytes([P.SUBSCRIPTION_IDENTIFIER, 0]), PacketType.SUBSCRIBE),
     (bytes([P.MAXIMUM_QOS, 2]), PacketType.CONNACK),
 ])
 def test_out_of_range_property_values_are_protocol_errors(raw, scope):
     raises(ProtocolError, R.PROTOCOL_ERROR, decode_properties, Cursor(props_block(raw)), scope)
+
+
+def test_topic_alias_zero_is_topic_alias_invalid():
+    """MQTT 5 §3.3.2.3.4: a Topic Alias of 0 is answered with DISCONNECT 0x94, not a plain 0x82."""
+    raises(ProtocolError, R.TOPIC_ALIAS_INVALID, decode_properties,
+           Cursor(props_block(bytes([P.TOPIC_ALIAS, 0, 0]))), PacketType.PUBLISH)
 
 
 @pytest.mark.parametrize("block", [

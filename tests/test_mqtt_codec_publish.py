@@ -112,7 +112,7 @@ PUBLISH_ERRORS = [
     ("packet id 0", 0b0010, pub_body(pid=b"\x00\x00"), MalformedPacket, R.MALFORMED_PACKET),
     ("property length missing", 0, b"\x00\x01t", MalformedPacket, R.MALFORMED_PACKET),
     ("property block past the end", 0, b"\x00\x01t\x05\x01", MalformedPacket, R.MALFORMED_PACKET),
-    ("topic alias 0", 0, pub_body(props=b"\x23\x00\x00"), ProtocolError, R.PROTOCOL_ERROR),
+    ("topic alias 0", 0, pub_body(props=b"\x23\x00\x00"), ProtocolError, R.TOPIC_ALIAS_INVALID),
     ("topic alias twice", 0, pub_body(props=b"\x23\x00\x01\x23\x00\x02"),
      ProtocolError, R.PROTOCOL_ERROR),
     ("CONNECT-only property", 0, pub_body(props=b"\x11\x00\x00\x00\x01"),

@@ -284,6 +284,9 @@ class BrokerCore:
                         (Send(conn.conn_id, codec.Pubcomp(packet.packet_id)),))]
 
     def _on_subscribe(self, conn: Connection, packet, now_ms: int) -> list:
+        if any(sub.no_local and sub.topic_filter.startswith("$share/") for sub in packet.subscriptions):
+            # v5 §3.8.3.1: a Protocol Error, which closes the connection (SUBACK has no code for it).
+            return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "no local set on a shared subscription")]
         return self.router.subscribe(self, conn, self.sessions[conn.client_id], packet, now_ms)
 
     def _on_unsubscribe(self, conn: Connection, packet, now_ms: int) -> list:

@@ -266,9 +266,6 @@ class Router:
                 codes.append(RC.NOT_AUTHORIZED if conn.protocol_version == 5 else 0x80)
                 continue
             qos = min(requested.qos, 2)
-            if group is not None and requested.no_local:
-                codes.append(RC.PROTOCOL_ERROR if conn.protocol_version == 5 else 0x80)  # v5 §3.8.3.1
-                continue
             opts = SubscriptionOptions(qos, requested.no_local, requested.retain_as_published,
                                        requested.retain_handling, sub_id)
             existed = topic_filter in session.subscriptions

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.mqtt.wire import (
-    VBI_MAX, Cursor, PacketType, encode_binary, encode_u8, encode_u16,
+    VBI_MAX, Cursor, PacketType, ReasonCode, encode_binary, encode_u8, encode_u16,
     encode_u32, encode_utf8, encode_vbi, malformed, protocol_error,
 )
 
@@ -187,11 +187,17 @@ def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
     return props
 
 
+# Out-of-range values are Protocol Errors (0x82), except where the spec names a sharper reason code:
+# a Topic Alias of 0 is answered with DISCONNECT 0x94 Topic Alias invalid (MQTT 5 §3.3.2.3.4).
+_OUT_OF_RANGE_REASON = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
+
+
 def _check_range(pid: PropertyId, spec: PropertySpec, value: int) -> None:
+    reason = _OUT_OF_RANGE_REASON.get(pid, ReasonCode.PROTOCOL_ERROR)
     if spec.min_value is not None and value < spec.min_value:
-        raise protocol_error(f"property {pid.name} must be at least {spec.min_value}, got {value}")
+        raise protocol_error(f"property {pid.name} must be at least {spec.min_value}, got {value}", reason)
     if spec.max_value is not None and value > spec.max_value:
-        raise protocol_error(f"property {pid.name} must be at most {spec.max_value}, got {value}")
+        raise protocol_error(f"property {pid.name} must be at most {spec.max_value}, got {value}", reason)
 
 
 def _encode_pair(value: tuple[str, str]) -> bytes:
