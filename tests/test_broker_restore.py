@@ -6,10 +6,11 @@ and compares the two. Also checks that the spool ignored none of the ops: an
 ignored op means the core and the spool disagree about the rules.
 """
 
-from appliance.broker.core import BrokerCore, restore
+from appliance.broker.core import BrokerCore, Persist, Send, restore
 from appliance.broker.session import EntryState
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
+from appliance.spool import ops
 from appliance.spool.state import StateModel
 from tests.test_broker_core import Harness
 
@@ -80,3 +81,42 @@ def test_a_restored_persistent_session_gets_its_messages_with_dup_for_those_in_f
     after.connect(8, "pay", clean=False, props=PERSISTENT)
     [again, fresh] = after.publishes(8)
     assert (again.payload, again.dup, fresh.payload) == (b"EUR 10", True, b"EUR 5")
+
+
+def restored_from(h: Harness) -> Harness:
+    model = StateModel()
+    for seq, op in enumerate(h.ops, start=1):
+        model.apply(seq, op)
+    after = Harness()
+    restore(after.core, model.state(), h.now)
+    return after
+
+
+def test_a_pubcomp_after_a_restart_does_not_free_a_message_another_session_still_needs():
+    """Found by tests/broker_sim.py: a copy in PUBREC state holds no reference in the spool, so it
+    must hold none in the core either, or its PUBCOMP frees the message under another session."""
+    h = Harness()
+    for conn, name in ((1, "a"), (2, "b")):
+        h.connect(conn, name, clean=False, props=PERSISTENT)
+        h.subscribe(conn, "t", qos=2)
+    h.lose(2)
+    h.connect(3, "pub")
+    h.send(3, codec.Publish("t", b"once", qos=2, packet_id=1))
+    [copy] = h.publishes(1)
+    h.send(1, codec.Pubrec(copy.packet_id))
+    after = restored_from(h)
+    after.connect(4, "a", clean=False, props=PERSISTENT)
+    assert isinstance(after.take(4)[0], codec.Pubrel)
+    after.send(4, codec.Pubcomp(copy.packet_id))
+    after.connect(5, "b", clean=False, props=PERSISTENT)
+    assert [p.payload for p in after.publishes(5)] == [b"once"]
+
+
+def test_a_persist_inside_then_is_hoisted_so_its_ops_are_written_now():
+    """Found by tests/broker_sim.py: a reconnect resent a QoS 2 copy (DUP) whose MessageInflight was
+    still waiting behind another commit; a crash then gave it a new packet id: a duplicate."""
+    first, second, third = codec.PingResp(), codec.PingResp(), codec.PingResp()
+    inner = Persist((ops.SessionDeleted("b"),), (Send(2, second),))
+    outer = Persist((ops.SessionDeleted("a"),), (Send(1, first), inner, Send(3, third)))
+    assert outer.ops == (ops.SessionDeleted("a"), ops.SessionDeleted("b"))
+    assert outer.then == (Send(1, first), Send(2, second), Send(3, third))

@@ -47,8 +47,27 @@ class Close:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Persist:
+    """Write `ops`; run `then` once they are durable.
+
+    A `Persist` inside `then` is hoisted: its ops join this one's, its own `then` takes its place.
+    Its ops describe changes the core already made in memory (a message marked in flight with a
+    packet id); submitted only after this commit, a later input (a reconnect's DUP resend) could
+    be sent and acknowledged ahead of them, and a crash would forget what the client was sent.
+    """
     ops: tuple
     then: tuple = ()
+
+    def __post_init__(self) -> None:
+        if any(isinstance(e, Persist) for e in self.then):
+            ops_, then = list(self.ops), []
+            for e in self.then:
+                if isinstance(e, Persist):
+                    ops_ += e.ops
+                    then += e.then
+                else:
+                    then.append(e)
+            object.__setattr__(self, "ops", tuple(ops_))
+            object.__setattr__(self, "then", tuple(then))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -264,6 +283,9 @@ class BrokerCore:
                     session.queue.remove(entry)
                     op_list = [ops.MessageAcked(session.client_id, entry.msg_id), *self.router.release(session, entry)]
                     return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]  # as in _ack_outbound
+                # The message itself is no longer needed, only the packet id: released now, as the spool's
+                # MessagePubrecReceived releases it (a restored core must count the same references).
+                self.router.release(session, entry)
                 entry.state = EntryState.PUBREC
                 # Rule 3: PUBREL only after the PUBREC is durable.
                 return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),

@@ -218,6 +218,8 @@ class Router:
         return []
 
     def _release_entry(self, session: Session, entry: QueueEntry) -> None:
+        if entry.state is EntryState.PUBREC:
+            return  # released when its PUBREC arrived
         msg = self.messages.get(entry.msg_id)
         if msg is not None:
             session.queued_bytes -= msg.size
