@@ -18,14 +18,14 @@ import struct
 import pytest
 
 from tests.test_broker_interop import (  # noqa: F401  (group, topic, raws are fixtures)
-    DISCONNECT, PUBCOMP, PUBLISH, SUBACK, V5, V311, cid, encode_props, group, raws, topic, utf8, vbi,
+    DISCONNECT, PUBCOMP, PUBLISH, PUBREC, SUBACK, V5, V311, cid, encode_props, group, raws, topic, utf8, vbi,
 )
 
 pytestmark = pytest.mark.processes
 
 MALFORMED, PROTOCOL_ERROR, TOPIC_NAME_INVALID = 0x81, 0x82, 0x90
 TOPIC_ALIAS_INVALID, PACKET_TOO_LARGE, PAYLOAD_FORMAT_INVALID = 0x94, 0x95, 0x99
-PACKET_IDENTIFIER_NOT_FOUND = 0x92
+PACKET_IDENTIFIER_NOT_FOUND, RECEIVE_MAXIMUM_EXCEEDED = 0x92, 0x93
 
 NO_PROPS = encode_props([])
 
@@ -210,3 +210,15 @@ def test_garbage_mid_session_never_stops_other_clients(raws, topic):
     good = raws(V5)
     assert good.connect(cid(topic, "good")).reason_and_props()[0] == 0
     good.barrier()
+
+
+def test_v5_more_unfinished_qos2_than_the_receive_maximum_is_0x93(raws, topic):
+    raw = raws(V5)
+    connack = raw.connect(cid(topic, "deep"))
+    assert connack.reason_and_props()[1][0x21] == 100  # the Receive Maximum we advertise
+    for pid in range(1, 102):  # no PUBREL for any of them
+        raw.publish(f"{topic}/t", b"x", qos=2, packet_id=pid)
+    got = raw.closed()
+    # PUBRECs wait for their commit; those not yet written when the 101st arrives are never sent.
+    assert [p.type for p in got] == [PUBREC] * (len(got) - 1) + [DISCONNECT] and len(got) <= 101
+    assert got[-1].reason_and_props()[0] == RECEIVE_MAXIMUM_EXCEEDED

@@ -328,3 +328,20 @@ def test_bad_filters_get_per_filter_reason_codes(h):
     h.connect(1, "c")
     suback = h.subscribe(1, "a/#/b", "ok/+", "$share/g/x", qos=1)
     assert suback.reason_codes == [RC.TOPIC_FILTER_INVALID, 1, 1]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_receive_maximum_bounds_unfinished_inbound_qos2_for_v5_only(h, version):
+    """v5 advertises Receive Maximum 100: the 101st unfinished QoS 2 PUBLISH is 0x93. 3.1.1 promised
+    nothing, so its deep windows (200 here) are taken and each is PUBREC'd."""
+    from appliance.broker.core import SERVER_RECEIVE_MAXIMUM
+
+    h.connect(1, "deep", v=version)
+    count = SERVER_RECEIVE_MAXIMUM + (1 if version == 5 else 100)
+    for pid in range(1, count + 1):
+        h.send(1, codec.Publish("t", b"x", qos=2, packet_id=pid))
+    if version == 5:
+        assert h.closed[1].reason_code == RC.RECEIVE_MAXIMUM_EXCEEDED
+        assert len(h.take(1)) == SERVER_RECEIVE_MAXIMUM  # the first 100 were PUBREC'd
+    else:
+        assert 1 not in h.closed and h.take(1) == [codec.Pubrec(pid) for pid in range(1, count + 1)]

@@ -246,6 +246,11 @@ class BrokerCore:
             return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
         if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
             return [Send(conn.conn_id, codec.Pubrec(packet.packet_id))]  # a retransmission: never routed twice
+        if packet.qos == 2 and conn.protocol_version == 5 and len(session.inbound_qos2) >= SERVER_RECEIVE_MAXIMUM:
+            # v5 §3.3.4: more unfinished QoS 2 PUBLISHes than the Receive Maximum we advertised.
+            # (3.1.1 has no such promise: its window is bounded only by the 65,535 packet ids.)
+            return [Close(conn.conn_id, RC.RECEIVE_MAXIMUM_EXCEEDED,
+                          f"more than {SERVER_RECEIVE_MAXIMUM} QoS 2 PUBLISHes without PUBREL")]
         return self.router.route(self, conn, session, topic, packet, now_ms)
 
     def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
