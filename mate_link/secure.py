@@ -1,0 +1,275 @@
+"""The mate link's handshake and frame protection, sans-I/O (bytes in, bytes out; nonces passed in).
+
+Rules:
+- Both ends prove they hold the group secret without sending it: challenge–response with
+  HMAC-SHA256 under a key derived from the secret (HKDF, bound to the group name and this
+  protocol's version), over a transcript of everything sent so far, labelled by direction so a
+  proof cannot be reflected back.
+    standby → active   HELLO     magic, version, group, role, nonce_s (32 random bytes)
+    active  → standby  CHALLENGE role, nonce_a, proof_a = HMAC(k, "active"  || H(HELLO || CHALLENGE-so-far))
+    standby → active   PROOF     proof_s = HMAC(k, "standby" || H(HELLO || CHALLENGE))
+  The active proves first, so a standby never sends a proof to a stranger. Fresh nonces on both
+  sides make every proof single-use: a recorded handshake replays into nothing.
+- Each side accepts only its mate's role (primary ↔ backup) in its own group; a foreign group,
+  another role, a wrong proof or a malformed message ends the handshake with `HandshakeFailed`
+  naming the reason (the caller counts it and closes the socket).
+- After the handshake every frame is `u32 length || AEAD(ChaCha20-Poly1305)` with per-connection,
+  per-direction keys (HKDF of the secret-derived key with both nonces) and an implicit 64-bit
+  counter as the nonce: a tampered, dropped, replayed or reordered frame fails to open
+  (`TamperedFrame`); TCP delivers in order, so any failure is an attack or a bug, and the link
+  closes. The length is authenticated as associated data.
+- Bounded: a frame is at most `MAX_FRAME_BYTES`; a larger length is refused before buffering.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from appliance.errors import RemoteProtocolError
+from appliance.roles import Role
+
+MAGIC = b"PMQL"
+VERSION = 1
+NONCE_BYTES = 32
+PROOF_BYTES = 32
+MAX_GROUP_BYTES = 255
+MAX_HANDSHAKE_BYTES = 512
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+_TAG_BYTES = 16
+_LEN = struct.Struct(">I")
+_MATE_ROLES = {Role.PRIMARY.value: Role.PRIMARY, Role.BACKUP.value: Role.BACKUP}
+_ROLE_CODES = {Role.PRIMARY: 1, Role.BACKUP: 2}
+_ROLE_BY_CODE = {code: role for role, code in _ROLE_CODES.items()}
+
+
+class HandshakeFailed(RemoteProtocolError):
+    """The peer could not prove it is our mate (the reason is one of `HANDSHAKE_REASONS`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"mate link handshake failed ({reason}): {detail}")
+        self.reason = reason
+
+
+class TamperedFrame(RemoteProtocolError):
+    """A frame after the handshake did not authenticate, or broke the framing rules."""
+
+
+HANDSHAKE_REASONS = ("malformed", "foreign_group", "wrong_role", "bad_proof")
+
+
+class Stage(enum.Enum):
+    WAITING = "waiting"
+    ESTABLISHED = "established"
+    FAILED = "failed"
+
+
+def _auth_key(secret: bytes, group: str) -> bytes:
+    info = b"pairmq/mate-link/v%d/auth/%s" % (VERSION, group.encode())
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret", info=info).derive(secret)
+
+
+def _direction_key(auth_key: bytes, nonce_standby: bytes, nonce_active: bytes, direction: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=nonce_standby + nonce_active,
+                info=b"pairmq/mate-link/v%d/frames/%s" % (VERSION, direction)).derive(auth_key)
+
+
+def _proof(auth_key: bytes, label: bytes, transcript: bytes) -> bytes:
+    return hmac.new(auth_key, label + hashlib.sha256(transcript).digest(), hashlib.sha256).digest()
+
+
+def _framed(body: bytes) -> bytes:
+    return _LEN.pack(len(body)) + body
+
+
+class _Handshake:
+    """What both ends share: buffering of length-prefixed handshake messages and the outcome."""
+
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
+        if me not in _ROLE_CODES:
+            raise ValueError(f"only primary and backup have a mate link, not {me.value}")
+        if len(nonce) != NONCE_BYTES:
+            raise ValueError(f"the nonce must be {NONCE_BYTES} random bytes")
+        if len(group.encode()) > MAX_GROUP_BYTES:
+            raise ValueError("group name too long")
+        self.group = group
+        self.me = me
+        self.nonce = nonce
+        self.stage = Stage.WAITING
+        self.channel: SecureChannel | None = None
+        self._key = _auth_key(secret, group)
+        self._in = bytearray()
+        self._out = bytearray()
+
+    def data_to_send(self) -> bytes:
+        out, self._out = bytes(self._out), bytearray()
+        return out
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the peer; raises HandshakeFailed (and stays FAILED) on any refusal."""
+        if self.stage is not Stage.WAITING:
+            if self.stage is Stage.ESTABLISHED and self.channel is not None:
+                self.channel.receive_data(data)
+                return
+            raise HandshakeFailed("malformed", "data after a failed handshake")
+        self._in += data
+        while self.stage is Stage.WAITING:
+            if len(self._in) < _LEN.size:
+                return
+            (length,) = _LEN.unpack_from(self._in)
+            if length > MAX_HANDSHAKE_BYTES:
+                self._fail("malformed", f"a {length}-byte handshake message (at most {MAX_HANDSHAKE_BYTES})")
+            if len(self._in) < _LEN.size + length:
+                return
+            body = bytes(self._in[_LEN.size:_LEN.size + length])
+            del self._in[:_LEN.size + length]
+            self._on_message(body)
+        if self.stage is Stage.ESTABLISHED and self._in:
+            rest, self._in = bytes(self._in), bytearray()
+            self.channel.receive_data(rest)  # frames that arrived right behind the last handshake message
+
+    def _on_message(self, body: bytes) -> None:
+        raise NotImplementedError
+
+    def _fail(self, reason: str, detail: str):
+        self.stage = Stage.FAILED
+        raise HandshakeFailed(reason, detail)
+
+    def _peer_role(self, code: int) -> Role:
+        role = _ROLE_BY_CODE.get(code)
+        if role is None:
+            self._fail("malformed", f"unknown role code {code}")
+        if role is self.me:
+            self._fail("wrong_role", f"the peer claims our own role ({role.value})")
+        return role
+
+    def _establish(self, nonce_standby: bytes, nonce_active: bytes, *, standby: bool) -> None:
+        to_active = _direction_key(self._key, nonce_standby, nonce_active, b"to-active")
+        to_standby = _direction_key(self._key, nonce_standby, nonce_active, b"to-standby")
+        self.channel = SecureChannel(send_key=to_active if standby else to_standby,
+                                     receive_key=to_standby if standby else to_active)
+        self.stage = Stage.ESTABLISHED
+
+
+class StandbyHandshake(_Handshake):
+    """The connecting side (the standby dials the active)."""
+
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
+        super().__init__(secret, group, me, nonce)
+        g = group.encode()
+        self._hello = MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me]]) + nonce
+        self._out += _framed(self._hello)
+
+    def _on_message(self, body: bytes) -> None:
+        # CHALLENGE: role(1) nonce_a(32) proof_a(32)
+        if len(body) != 1 + NONCE_BYTES + PROOF_BYTES:
+            self._fail("malformed", f"a {len(body)}-byte CHALLENGE")
+        self._peer_role(body[0])
+        nonce_active, proof_a = body[1:1 + NONCE_BYTES], body[1 + NONCE_BYTES:]
+        transcript = self._hello + body[:1 + NONCE_BYTES]
+        if not hmac.compare_digest(proof_a, _proof(self._key, b"active", transcript)):
+            self._fail("bad_proof", "the active's proof does not verify: it does not hold our group secret")
+        self._out += _framed(_proof(self._key, b"standby", self._hello + body))
+        self._establish(self.nonce, nonce_active, standby=True)
+
+
+class ActiveHandshake(_Handshake):
+    """The accepting side. Established once the standby's PROOF verifies."""
+
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
+        super().__init__(secret, group, me, nonce)
+        self._hello: bytes | None = None
+        self._challenge = b""
+        self.peer: Role | None = None
+
+    def _on_message(self, body: bytes) -> None:
+        if self._hello is None:
+            self._on_hello(body)
+            return
+        if len(body) != PROOF_BYTES:
+            self._fail("malformed", f"a {len(body)}-byte PROOF")
+        if not hmac.compare_digest(body, _proof(self._key, b"standby", self._hello + self._challenge)):
+            self._fail("bad_proof", "the standby's proof does not verify: it does not hold our group secret")
+        self._establish(self._hello[-NONCE_BYTES:], self.nonce, standby=False)
+
+    def _on_hello(self, body: bytes) -> None:
+        if len(body) < len(MAGIC) + 2 or not body.startswith(MAGIC):
+            self._fail("malformed", "not a PairMQ mate link HELLO")
+        version, glen = body[4], body[5]
+        if version != VERSION:
+            self._fail("malformed", f"mate link version {version}, we speak {VERSION}")
+        if len(body) != 6 + glen + 1 + NONCE_BYTES:
+            self._fail("malformed", f"a {len(body)}-byte HELLO")
+        try:
+            group = body[6:6 + glen].decode()
+        except UnicodeDecodeError:
+            self._fail("malformed", "group name is not UTF-8")
+        if group != self.group:
+            self._fail("foreign_group", f"group {group!r}, ours is {self.group!r}")
+        self.peer = self._peer_role(body[6 + glen])
+        self._hello = body
+        head = bytes([_ROLE_CODES[self.me]]) + self.nonce
+        self._challenge = head + _proof(self._key, b"active", body + head)
+        self._out += _framed(self._challenge)
+
+
+class SecureChannel:
+    """Frames after the handshake: `seal` what we send, `receive_data` + `next_frame` what we get."""
+
+    def __init__(self, *, send_key: bytes, receive_key: bytes) -> None:
+        self._send = ChaCha20Poly1305(send_key)
+        self._receive = ChaCha20Poly1305(receive_key)
+        self._send_counter = 0
+        self._receive_counter = 0
+        self._in = bytearray()
+        self.frames_sent = 0
+        self.frames_received = 0
+
+    @staticmethod
+    def _nonce(counter: int) -> bytes:
+        return b"\x00\x00\x00\x00" + counter.to_bytes(8, "big")
+
+    def seal(self, plaintext: bytes) -> bytes:
+        length = len(plaintext) + _TAG_BYTES
+        if length > MAX_FRAME_BYTES:
+            raise ValueError(f"a {length}-byte frame is over the {MAX_FRAME_BYTES}-byte limit")
+        header = _LEN.pack(length)
+        sealed = self._send.encrypt(self._nonce(self._send_counter), plaintext, header)
+        self._send_counter += 1
+        self.frames_sent += 1
+        return header + sealed
+
+    def receive_data(self, data: bytes) -> None:
+        self._in += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._in)
+
+    def next_frame(self) -> bytes | None:
+        """The next authenticated plaintext, None if incomplete; TamperedFrame if it does not open."""
+        if len(self._in) < _LEN.size:
+            return None
+        (length,) = _LEN.unpack_from(self._in)
+        if length > MAX_FRAME_BYTES or length < _TAG_BYTES:
+            raise TamperedFrame(f"a frame of {length} bytes (between {_TAG_BYTES} and {MAX_FRAME_BYTES})")
+        if len(self._in) < _LEN.size + length:
+            return None
+        header = bytes(self._in[:_LEN.size])
+        sealed = bytes(self._in[_LEN.size:_LEN.size + length])
+        try:
+            plaintext = self._receive.decrypt(self._nonce(self._receive_counter), sealed, header)
+        except InvalidTag:
+            raise TamperedFrame(f"frame {self._receive_counter} does not authenticate "
+                                "(tampered, replayed, reordered or dropped)") from None
+        del self._in[:_LEN.size + length]
+        self._receive_counter += 1
+        self.frames_received += 1
+        return plaintext
