@@ -1,0 +1,208 @@
+"""What travels inside the mate link's sealed frames (mate_link/secure.py), sans-I/O.
+
+Rules:
+- Every message starts with its type (u8) and the sender's epoch (u64): the standby refuses
+  anything from an epoch lower than one it has seen active (DESIGN §3 rule 3).
+- Integers are big-endian and fixed-size; op bodies are the op log's bytes (spool/codec.py),
+  shipped untouched with their (epoch, seq, checksum) so the standby verifies the chain itself.
+- Decoding is strict: an unknown type, a short or over-long message, a count that does not match,
+  or an op body over `MAX_OP_BYTES` raises `MalformedMessage`; nothing is half-decoded.
+
+Messages:
+  JOIN       standby → active  its spool head (epoch, seq, checksum) and boot incarnation
+  PLAN       active → standby  how it catches up: IN_STEP, INCREMENTAL after `after_seq`, or SNAPSHOT;
+                               `target` is the active's head when it decided
+  OPS        active → standby  a batch of op log entries, in order
+  ACK        standby → active  every op up to `seq` is durable on the standby
+  SNAPSHOT   active → standby  a batch of op bodies that rebuild the state from empty
+                               (`last` marks the final batch, which carries the point to adopt)
+  PING/PONG  either way        liveness, echoing the sender's time so the sender measures round trips
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+
+from appliance.errors import RemoteProtocolError
+from appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+
+MAX_OP_BYTES = 2 * 1024 * 1024
+MAX_BATCH_OPS = 65_535
+
+_HEAD = struct.Struct(">BQ")
+_POINT = struct.Struct(f">QQ{CHECKSUM_BYTES}s")
+_ENTRY_HEAD = struct.Struct(f">QQ{CHECKSUM_BYTES}sI")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+
+class MalformedMessage(RemoteProtocolError):
+    """A mate link message that does not follow messages.py's layout."""
+
+
+class Kind(enum.IntEnum):
+    JOIN = 1
+    PLAN = 2
+    OPS = 3
+    ACK = 4
+    SNAPSHOT = 5
+    PING = 6
+    PONG = 7
+
+
+class Catchup(enum.IntEnum):
+    IN_STEP = 0
+    INCREMENTAL = 1
+    SNAPSHOT = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Join:
+    epoch: int
+    head: ChainPoint
+    incarnation: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    epoch: int
+    catchup: Catchup
+    after_seq: int
+    target: ChainPoint
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ops:
+    epoch: int
+    entries: tuple[LogEntry, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ack:
+    epoch: int
+    seq: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    epoch: int
+    bodies: tuple[bytes, ...]
+    last: ChainPoint | None = None  # set on the final batch: the point the standby's log continues from
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ping:
+    epoch: int
+    sent_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pong:
+    epoch: int
+    echoed_ms: int
+
+
+Message = Join | Plan | Ops | Ack | Snapshot | Ping | Pong
+
+
+def _point(p: ChainPoint) -> bytes:
+    return _POINT.pack(p.epoch, p.seq, p.checksum)
+
+
+def encode(m: Message) -> bytes:
+    if isinstance(m, Join):
+        return _HEAD.pack(Kind.JOIN, m.epoch) + _point(m.head) + _U64.pack(m.incarnation)
+    if isinstance(m, Plan):
+        return _HEAD.pack(Kind.PLAN, m.epoch) + bytes([m.catchup]) + _U64.pack(m.after_seq) + _point(m.target)
+    if isinstance(m, Ops):
+        return _HEAD.pack(Kind.OPS, m.epoch) + _bodies(
+            m.entries, lambda e: _ENTRY_HEAD.pack(e.epoch, e.seq, e.checksum, len(e.body)) + e.body)
+    if isinstance(m, Ack):
+        return _HEAD.pack(Kind.ACK, m.epoch) + _U64.pack(m.seq)
+    if isinstance(m, Snapshot):
+        last = b"\x00" if m.last is None else b"\x01" + _point(m.last)
+        return _HEAD.pack(Kind.SNAPSHOT, m.epoch) + last + _bodies(m.bodies, lambda b: _U32.pack(len(b)) + b)
+    if isinstance(m, Ping):
+        return _HEAD.pack(Kind.PING, m.epoch) + _U64.pack(m.sent_ms)
+    if isinstance(m, Pong):
+        return _HEAD.pack(Kind.PONG, m.epoch) + _U64.pack(m.echoed_ms)
+    raise TypeError(f"not a mate link message: {m!r}")
+
+
+def _bodies(items, encode_one) -> bytes:
+    if len(items) > MAX_BATCH_OPS:
+        raise ValueError(f"{len(items)} ops in one message (at most {MAX_BATCH_OPS})")
+    return _U32.pack(len(items)) + b"".join(encode_one(i) for i in items)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise MalformedMessage(f"message ends {self.pos + n - len(self.data)} bytes early")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, s: struct.Struct) -> tuple:
+        return s.unpack(self.take(s.size))
+
+    def point(self) -> ChainPoint:
+        return ChainPoint(*self.unpack(_POINT))
+
+    def count(self) -> int:
+        (n,) = self.unpack(_U32)
+        if n > MAX_BATCH_OPS:
+            raise MalformedMessage(f"{n} ops in one message (at most {MAX_BATCH_OPS})")
+        return n
+
+    def body(self, length: int) -> bytes:
+        if length > MAX_OP_BYTES:
+            raise MalformedMessage(f"a {length}-byte op (at most {MAX_OP_BYTES})")
+        return self.take(length)
+
+    def done(self) -> None:
+        if self.pos != len(self.data):
+            raise MalformedMessage(f"{len(self.data) - self.pos} bytes after the message")
+
+
+def decode(data: bytes) -> Message:
+    r = _Reader(data)
+    kind_code, epoch = r.unpack(_HEAD)
+    try:
+        kind = Kind(kind_code)
+    except ValueError:
+        raise MalformedMessage(f"unknown message type {kind_code}") from None
+    if kind is Kind.JOIN:
+        m: Message = Join(epoch, r.point(), r.unpack(_U64)[0])
+    elif kind is Kind.PLAN:
+        code = r.take(1)[0]
+        try:
+            catchup = Catchup(code)
+        except ValueError:
+            raise MalformedMessage(f"unknown catch-up kind {code}") from None
+        m = Plan(epoch, catchup, r.unpack(_U64)[0], r.point())
+    elif kind is Kind.OPS:
+        entries = []
+        for _ in range(r.count()):
+            e_epoch, seq, checksum, length = r.unpack(_ENTRY_HEAD)
+            entries.append(LogEntry(e_epoch, seq, checksum, r.body(length)))
+        m = Ops(epoch, tuple(entries))
+    elif kind is Kind.ACK:
+        m = Ack(epoch, r.unpack(_U64)[0])
+    elif kind is Kind.SNAPSHOT:
+        flag = r.take(1)[0]
+        if flag not in (0, 1):
+            raise MalformedMessage(f"snapshot flag {flag}")
+        last = r.point() if flag else None
+        m = Snapshot(epoch, tuple(r.body(r.unpack(_U32)[0]) for _ in range(r.count())), last)
+    elif kind is Kind.PING:
+        m = Ping(epoch, r.unpack(_U64)[0])
+    else:
+        m = Pong(epoch, r.unpack(_U64)[0])
+    r.done()
+    return m
