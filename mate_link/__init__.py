@@ -1,1 +1,1 @@
-"""The mate link (TCP 8301): spool replication, resync and handover. Not built yet (issue 4). So far: secure.py (handshake, sealed frames), messages.py (what the frames carry), resync.py (how a joining standby catches up)."""
+"""The mate link (TCP 8301): spool replication, resync and handover. Not built yet (issue 4). So far: secure.py (handshake, sealed frames), messages.py (what the frames carry), resync.py (how a joining standby catches up), active.py and standby.py (the two ends, sans-I/O). No sockets yet."""

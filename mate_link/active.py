@@ -1,0 +1,253 @@
+"""The active's end of the mate link: ship the op log to the standby, learn what it holds. Sans-I/O.
+
+Rules:
+- Nothing is shipped before the standby's JOIN: its head decides the catch-up (resync.py).
+- Catch-up reads the log through the adapter (`ReadEntries` / `entries_read`, `MakeSnapshot` /
+  `snapshot_ready`), never more than `max_inflight_ops` ahead of the standby's acks, so a standby
+  far behind costs bounded memory. A snapshot is a batch of op bodies that rebuild the state as of
+  a point, then the ops after that point follow as an incremental catch-up.
+- LIVE once everything up to our head was shipped: from then on every entry the writer gives a seq
+  (`local_submitted`, before its local commit even finishes) is shipped at once, in order.
+  Log reads see committed ops only, so the last stretch of a catch-up comes from the entries the
+  writer handed us recently (a bounded buffer), which bridges the read to the live stream.
+- `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
+- caught up = LIVE, heard within `link_timeout_ms`, and at most `max_lag_ops` ops unacknowledged.
+  That is the quorum core's `MateSync.caught_up` input: losing it drops the standby from sync for
+  the epoch, and acknowledgements then wait until the standby's in-sync lease has surely ended.
+- Backpressure: `over_max_lag` while more than `max_lag_ops` ops or `max_lag_bytes` bytes are
+  unacknowledged: the broker stops reading publishers until it drains.
+- Every message carries our epoch; a JOIN or ACK from a higher epoch means someone newer is active:
+  `LinkFault` (the quorum core hears of it through heartbeats; the link just closes).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+
+from appliance.errors import RemoteProtocolError
+from appliance.spool.chain import ChainPoint, LogEntry
+
+from .messages import Ack, Catchup, Join, Message, Ops, Ping, Plan, Pong, Snapshot
+from .resync import ResyncPlan
+
+
+class LinkFault(RemoteProtocolError):
+    """The peer broke the mate link protocol; the link closes (and is counted)."""
+
+
+class Phase(enum.Enum):
+    AWAIT_JOIN = "awaiting join"
+    SNAPSHOT = "sending snapshot"
+    CATCHING_UP = "catching up"
+    LIVE = "live"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkLimits:
+    max_batch_ops: int = 1_000
+    max_batch_bytes: int = 1 << 20
+    max_inflight_ops: int = 50_000  # catch-up runs at most this far ahead of the acks
+    max_lag_ops: int = 10_000
+    max_lag_bytes: int = 64 << 20
+    max_recent_ops: int = 100_000  # the writer's max_pending_ops: every op not yet committed is here
+    ping_interval_ms: int = 100
+    link_timeout_ms: int = 1_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadEntries:
+    after_seq: int
+    max_ops: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MakeSnapshot:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanNeeded:
+    """Decide the catch-up for this JOIN (resync.plan_resync over our log), then call `planned`."""
+    standby_head: ChainPoint
+
+
+class ActiveLink:
+    def __init__(self, epoch: int, head: ChainPoint, now_ms: int, limits: LinkLimits = LinkLimits()) -> None:
+        self.epoch = epoch
+        self.head = head  # the last op the writer gave a seq
+        self.limits = limits
+        self.phase = Phase.AWAIT_JOIN
+        self.shipped_seq = 0
+        self.acked_seq = 0
+        self.standby_incarnation = 0
+        self.plan: ResyncPlan | None = None
+        self.heard_at = now_ms
+        self.round_trip_ms: int | None = None
+        self._next_ping = now_ms
+        self._reading = False
+        self._recent: collections.deque[LogEntry] = collections.deque(maxlen=limits.max_recent_ops)
+        self._unacked_bytes: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes)
+        self.unacked_bytes = 0
+        self._out: list[Message] = []
+        self._requests: list[object] = []
+        self.catchup_done_ops = 0
+        self.catchup_total_ops = 0
+
+    # --- what the adapter drains ---------------------------------------------------------
+
+    def messages_to_send(self) -> list[Message]:
+        out, self._out = self._out, []
+        return out
+
+    def requests(self) -> list[object]:
+        out, self._requests = self._requests, []
+        return out
+
+    # --- inputs -------------------------------------------------------------------------------
+
+    def receive(self, m: Message, now_ms: int) -> None:
+        if m.epoch > self.epoch:
+            raise LinkFault(f"the standby speaks for epoch {m.epoch}, newer than ours ({self.epoch})")
+        self.heard_at = now_ms
+        if isinstance(m, Join):
+            if self.phase is not Phase.AWAIT_JOIN:
+                raise LinkFault("a second JOIN on one link")
+            self.standby_incarnation = m.incarnation
+            self._requests.append(PlanNeeded(m.head))
+        elif isinstance(m, Ack):
+            self._on_ack(m.seq)
+        elif isinstance(m, Ping):
+            self._out.append(Pong(self.epoch, m.sent_ms))
+        elif isinstance(m, Pong):
+            self.round_trip_ms = max(0, now_ms - m.echoed_ms)
+        else:
+            raise LinkFault(f"a standby does not send {type(m).__name__}")
+
+    def planned(self, plan: ResyncPlan) -> None:
+        """The adapter's answer to PlanNeeded."""
+        assert self.phase is Phase.AWAIT_JOIN and self.plan is None
+        self.plan = plan
+        self._out.append(Plan(self.epoch, plan.catchup, plan.after_seq, self.head))
+        self.catchup_total_ops = plan.ops_to_go
+        if plan.catchup is Catchup.SNAPSHOT:
+            self.phase = Phase.SNAPSHOT
+            self._requests.append(MakeSnapshot())
+            return
+        self.shipped_seq = self.acked_seq = plan.after_seq
+        self.phase = Phase.CATCHING_UP
+        self._continue_catchup()
+
+    def snapshot_ready(self, bodies: list[bytes], point: ChainPoint) -> None:
+        """The state as of `point`, as op bodies; the ops after `point` follow as a catch-up."""
+        assert self.phase is Phase.SNAPSHOT
+        batch: list[bytes] = []
+        size = 0
+        for body in bodies:
+            if batch and (len(batch) >= self.limits.max_batch_ops or size + len(body) > self.limits.max_batch_bytes):
+                self._out.append(Snapshot(self.epoch, tuple(batch)))
+                batch, size = [], 0
+            batch.append(body)
+            size += len(body)
+        self._out.append(Snapshot(self.epoch, tuple(batch), point))
+        self.shipped_seq = self.acked_seq = point.seq
+        self.catchup_total_ops = self.head.seq - point.seq
+        self.phase = Phase.CATCHING_UP
+        self._continue_catchup()
+
+    def entries_read(self, entries: list[LogEntry]) -> None:
+        """The adapter's answer to ReadEntries: the next ops of the log (maybe none)."""
+        self._reading = False
+        if self.phase is not Phase.CATCHING_UP:
+            return
+        fresh = [e for e in entries if e.seq > self.shipped_seq]
+        if fresh and fresh[0].seq != self.shipped_seq + 1:
+            raise AssertionError(f"the log read skipped from op {self.shipped_seq} to {fresh[0].seq}")
+        self._ship(fresh)
+        self.catchup_done_ops += len(fresh)
+        if fresh:
+            self._continue_catchup()  # nothing new: wait for the next commit, ack or tick
+
+    def local_submitted(self, entries: list[LogEntry] | tuple[LogEntry, ...]) -> None:
+        """The writer gave these ops their seqs (in order); ship them now if we are LIVE."""
+        if not entries:
+            return
+        self.head = entries[-1].point
+        self._recent.extend(entries)
+        if self.phase is Phase.LIVE:
+            assert entries[0].seq == self.shipped_seq + 1, (entries[0].seq, self.shipped_seq)
+            self._ship(list(entries))
+        elif self.phase is Phase.CATCHING_UP:
+            self._continue_catchup()
+
+    def local_rolled_back(self, head: ChainPoint) -> None:
+        """A failed commit took the writer's head back: the standby may hold ops that no longer exist.
+        Nothing of them was acknowledged; the link must restart so the standby resyncs."""
+        self.head = head
+        if self.shipped_seq > head.seq:
+            raise LinkFault(f"ops {head.seq + 1}..{self.shipped_seq} were shipped then rolled back; resync")
+
+    def tick(self, now_ms: int) -> None:
+        if self.phase is Phase.CATCHING_UP:
+            self._continue_catchup()  # a read that found nothing new is retried here
+        if now_ms >= self._next_ping:
+            self._out.append(Ping(self.epoch, now_ms))
+            self._next_ping = now_ms + self.limits.ping_interval_ms
+        if now_ms - self.heard_at > self.limits.link_timeout_ms:
+            raise LinkFault(f"nothing from the standby for {now_ms - self.heard_at} ms")
+
+    def get_timer(self) -> int:
+        return min(self._next_ping, self.heard_at + self.limits.link_timeout_ms + 1)
+
+    # --- views --------------------------------------------------------------------------------
+
+    def caught_up(self, now_ms: int) -> bool:
+        return (self.phase is Phase.LIVE and now_ms - self.heard_at <= self.limits.link_timeout_ms
+                and self.head.seq - self.acked_seq <= self.limits.max_lag_ops)
+
+    @property
+    def over_max_lag(self) -> bool:
+        return (self.shipped_seq - self.acked_seq > self.limits.max_lag_ops
+                or self.unacked_bytes > self.limits.max_lag_bytes)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _on_ack(self, seq: int) -> None:
+        if seq > self.shipped_seq:
+            raise LinkFault(f"an ACK for op {seq}, but we shipped only up to {self.shipped_seq}")
+        if seq <= self.acked_seq:
+            return
+        self.acked_seq = seq
+        while self._unacked_bytes and self._unacked_bytes[0][0] <= seq:
+            self.unacked_bytes -= self._unacked_bytes.popleft()[1]
+        if self.phase is Phase.CATCHING_UP:
+            self._continue_catchup()
+
+    def _ship(self, entries: list[LogEntry]) -> None:
+        batch: list[LogEntry] = []
+        size = 0
+        for e in entries:
+            if batch and (len(batch) >= self.limits.max_batch_ops or size + len(e.body) > self.limits.max_batch_bytes):
+                self._out.append(Ops(self.epoch, tuple(batch)))
+                batch, size = [], 0
+            batch.append(e)
+            size += len(e.body)
+        if batch:
+            self._out.append(Ops(self.epoch, tuple(batch)))
+            self.shipped_seq = batch[-1].seq
+            self._unacked_bytes.append((self.shipped_seq, sum(len(e.body) for e in entries)))
+            self.unacked_bytes += self._unacked_bytes[-1][1]
+
+    def _continue_catchup(self) -> None:
+        if self._recent and self._recent[0].seq <= self.shipped_seq + 1 <= self._recent[-1].seq:
+            bridge = [e for e in self._recent if e.seq > self.shipped_seq]
+            self._ship(bridge)
+            self.catchup_done_ops += len(bridge)
+        if self.shipped_seq >= self.head.seq:
+            self.phase = Phase.LIVE
+            return
+        room = self.limits.max_inflight_ops - (self.shipped_seq - self.acked_seq)
+        if room > 0 and not self._reading:
+            self._reading = True
+            self._requests.append(ReadEntries(self.shipped_seq, min(room, self.limits.max_batch_ops * 10)))

@@ -1,0 +1,139 @@
+"""The standby's end of the mate link: join, follow the plan, verify and apply ops, acknowledge. Sans-I/O.
+
+Rules:
+- The first message is our JOIN (head, incarnation); the first we accept is the active's PLAN.
+- Epoch fence: a message from an epoch lower than the highest we have seen is refused
+  (`LinkFault`): a deposed active must not write into us.
+- The plan's catch-up must start at our head (INCREMENTAL after our seq, IN_STEP at our head);
+  anything else is the active's bug or an attack, and the link closes.
+- A SNAPSHOT replaces our state whole: its batches are handed to the adapter (`SnapshotBatch`),
+  which builds a new spool beside the old one and swaps it in only at the batch marked last
+  (`SnapshotDone(point)`); until then our old state stands. OPS before the snapshot ended are refused.
+- OPS must continue our chain (epoch, seq + 1, chained checksum: spool/chain.verify_chain); they go
+  to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
+- We ACK the highest durable op, once per durable batch, never an op we have not written.
+- PING is answered with PONG; silence for `link_timeout_ms` ends the link (the adapter redials).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from appliance.spool.chain import ChainPoint, LogEntry, verify_chain
+from appliance.spool.errors import ChainError
+
+from .active import LinkFault
+from .messages import Ack, Catchup, Join, Message, Ops, Ping, Plan, Pong, Snapshot
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Apply:
+    entries: tuple[LogEntry, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotBatch:
+    bodies: tuple[bytes, ...]
+    first: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotDone:
+    point: ChainPoint
+
+
+class StandbyLink:
+    def __init__(self, head: ChainPoint, incarnation: int, highest_epoch: int, now_ms: int, *,
+                 link_timeout_ms: int = 1_000) -> None:
+        self.head = head  # the last op handed to the adapter to apply (verified to chain)
+        self.durable = head  # the last op the adapter reports written
+        self.highest_epoch = highest_epoch
+        self.link_timeout_ms = link_timeout_ms
+        self.plan: Plan | None = None
+        self.heard_at = now_ms
+        self._in_snapshot = False
+        self._snapshot_batches = 0
+        self._acked = head.seq
+        self._out: list[Message] = [Join(highest_epoch, head, incarnation)]
+        self._requests: list[object] = []
+
+    def messages_to_send(self) -> list[Message]:
+        out, self._out = self._out, []
+        return out
+
+    def requests(self) -> list[object]:
+        out, self._requests = self._requests, []
+        return out
+
+    @property
+    def caught_up_to(self) -> int:
+        """The active's head when it planned (progress: durable.seq of this)."""
+        return self.plan.target.seq if self.plan else 0
+
+    def receive(self, m: Message, now_ms: int) -> None:
+        if m.epoch < self.highest_epoch:
+            raise LinkFault(f"a message from epoch {m.epoch}; epoch {self.highest_epoch} is newer")
+        self.highest_epoch = m.epoch
+        self.heard_at = now_ms
+        if isinstance(m, Ping):
+            self._out.append(Pong(self.highest_epoch, m.sent_ms))
+            return
+        if isinstance(m, Pong):
+            return
+        if self.plan is None:
+            if not isinstance(m, Plan):
+                raise LinkFault(f"{type(m).__name__} before the active's PLAN")
+            self._on_plan(m)
+        elif isinstance(m, Snapshot):
+            self._on_snapshot(m)
+        elif isinstance(m, Ops):
+            self._on_ops(m)
+        else:
+            raise LinkFault(f"an active does not send {type(m).__name__} after its PLAN")
+
+    def _on_plan(self, m: Plan) -> None:
+        if m.catchup is Catchup.IN_STEP and m.target != self.head:
+            raise LinkFault(f"IN_STEP at op {m.target.seq}, but we are at op {self.head.seq}")
+        if m.catchup is Catchup.INCREMENTAL and m.after_seq != self.head.seq:
+            raise LinkFault(f"INCREMENTAL after op {m.after_seq}, but we are at op {self.head.seq}")
+        self.plan = m
+        self._in_snapshot = m.catchup is Catchup.SNAPSHOT
+
+    def _on_snapshot(self, m: Snapshot) -> None:
+        if not self._in_snapshot:
+            raise LinkFault("a SNAPSHOT outside a snapshot catch-up")
+        self._requests.append(SnapshotBatch(m.bodies, first=self._snapshot_batches == 0))
+        self._snapshot_batches += 1
+        if m.last is not None:
+            self._in_snapshot = False
+            self.head = self.durable = m.last  # the adapter swaps the new spool in before anything else
+            self._acked = m.last.seq
+            self._requests.append(SnapshotDone(m.last))
+            self._out.append(Ack(self.highest_epoch, m.last.seq))
+
+    def _on_ops(self, m: Ops) -> None:
+        if self._in_snapshot:
+            raise LinkFault("OPS before the snapshot ended")
+        for e in m.entries:
+            if e.epoch > m.epoch:
+                raise LinkFault(f"op {e.seq} claims epoch {e.epoch}, newer than its sender's {m.epoch}")
+        try:
+            self.head = verify_chain(m.entries, self.head)
+        except ChainError as exc:
+            raise LinkFault(f"the ops do not continue our log: {exc}") from None
+        if m.entries:
+            self._requests.append(Apply(tuple(m.entries)))
+
+    def applied(self, point: ChainPoint) -> None:
+        """The adapter wrote everything up to `point` durably."""
+        assert point.seq <= self.head.seq, "applied an op that was never handed over"
+        if point.seq > self.durable.seq:
+            self.durable = point
+        if self.durable.seq > self._acked:
+            self._acked = self.durable.seq
+            self._out.append(Ack(self.highest_epoch, self._acked))
+
+    def tick(self, now_ms: int) -> None:
+        if now_ms - self.heard_at > self.link_timeout_ms:
+            raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
+
