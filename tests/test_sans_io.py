@@ -11,7 +11,7 @@ CORES = [f"appliance/{name}" for name in (
     "quorum/wire.py", "quorum/auth.py", "quorum/core.py", "quorum/insync.py",
     "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
     "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
-    "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py",
+    "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py", "spool/snapshot.py",
 )] + ["mate_link/secure.py", "mate_link/messages.py", "mate_link/resync.py", "mate_link/active.py", "mate_link/standby.py"]
 
 

@@ -1,0 +1,52 @@
+"""A spool's state as ops: what the mate link sends a standby that cannot catch up op by op.
+
+Rules:
+- `snapshot_ops(state)` lists ops that, applied in order to an empty spool, rebuild `state`
+  exactly, except that queue entries get new `order` values in the same relative order
+  (`snapshot_seqs` numbers them so every one lies at or below the snapshot's head; ops after the
+  head then queue behind them).
+- Bodies first (every `MessageStored`), then sessions with what they own, then retained topics,
+  then the message-id history oldest first. Queue entries go in their global order, so each
+  queue keeps its order.
+- A copy whose PUBREC arrived holds no body (state.py). If no one else holds its message either,
+  a placeholder body (empty topic and payload) takes its place for the three ops that rebuild the
+  entry, and is released again by the last of them: the rebuilt state holds no placeholder.
+- Pure: no I/O, deterministic for a given state.
+"""
+
+from __future__ import annotations
+
+from . import ops as o
+from .chain import ChainPoint
+from .state import SpoolState
+
+
+def snapshot_ops(state: SpoolState) -> list[o.Op]:
+    out: list[o.Op] = list(state.messages.values())
+    entries = []
+    for s in state.sessions.values():
+        out.append(o.SessionOpened(s.client_id, s.protocol_version, s.expiry_s, s.connected_at_ms))
+        if not s.connected:
+            out.append(o.SessionDisconnected(s.client_id, s.disconnected_at_ms, s.expiry_s))
+        out += s.subscriptions
+        out += (o.InboundQos2Received(s.client_id, pid) for pid in s.inbound_qos2)
+        if s.will is not None:
+            out.append(s.will)
+        entries += ((e.order, s.client_id, e) for e in s.queue)
+    for _, client_id, e in sorted(entries, key=lambda t: t[0]):
+        placeholder = e.pubrec_received and e.msg_id not in state.messages
+        if placeholder:
+            out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
+        out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
+        if e.packet_id:
+            out.append(o.MessageInflight(client_id, e.msg_id, e.packet_id))
+        if e.pubrec_received:
+            out.append(o.MessagePubrecReceived(client_id, e.msg_id))
+    out += (o.RetainedSet(topic, msg_id) for topic, msg_id in state.retained.items())
+    out += (o.MessageIdSeen(message_id, seen_at_ms) for message_id, seen_at_ms in state.message_ids)
+    return out
+
+
+def snapshot_seqs(head: ChainPoint, count: int) -> range:
+    """The seqs the standby applies a snapshot's `count` ops with: the last one is the head's."""
+    return range(head.seq - count + 1, head.seq + 1)
