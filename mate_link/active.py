@@ -73,8 +73,25 @@ class PlanNeeded:
     standby_head: ChainPoint
 
 
-class ActiveLink:
+class Endpoint:
+    """What both ends share: the messages to send and the requests for the adapter, drained by it."""
+
+    def __init__(self) -> None:
+        self._out: list[Message] = []
+        self._requests: list[object] = []
+
+    def messages_to_send(self) -> list[Message]:
+        out, self._out = self._out, []
+        return out
+
+    def requests(self) -> list[object]:
+        out, self._requests = self._requests, []
+        return out
+
+
+class ActiveLink(Endpoint):
     def __init__(self, epoch: int, head: ChainPoint, now_ms: int, limits: LinkLimits = LinkLimits()) -> None:
+        super().__init__()
         self.epoch = epoch
         self.head = head  # the last op the writer gave a seq
         self.limits = limits
@@ -90,20 +107,8 @@ class ActiveLink:
         self._recent: collections.deque[LogEntry] = collections.deque(maxlen=limits.max_recent_ops)
         self._unacked_bytes: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes)
         self.unacked_bytes = 0
-        self._out: list[Message] = []
-        self._requests: list[object] = []
         self.catchup_done_ops = 0
         self.catchup_total_ops = 0
-
-    # --- what the adapter drains ---------------------------------------------------------
-
-    def messages_to_send(self) -> list[Message]:
-        out, self._out = self._out, []
-        return out
-
-    def requests(self) -> list[object]:
-        out, self._requests = self._requests, []
-        return out
 
     # --- inputs -------------------------------------------------------------------------------
 

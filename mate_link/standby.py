@@ -22,7 +22,7 @@ import dataclasses
 from appliance.spool.chain import ChainPoint, LogEntry, verify_chain
 from appliance.spool.errors import ChainError
 
-from .active import LinkFault
+from .active import Endpoint, LinkFault
 from .messages import Ack, Catchup, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 
 
@@ -42,9 +42,10 @@ class SnapshotDone:
     point: ChainPoint
 
 
-class StandbyLink:
+class StandbyLink(Endpoint):
     def __init__(self, head: ChainPoint, incarnation: int, highest_epoch: int, now_ms: int, *,
                  link_timeout_ms: int = 1_000) -> None:
+        super().__init__()
         self.head = head  # the last op handed to the adapter to apply (verified to chain)
         self.durable = head  # the last op the adapter reports written
         self.highest_epoch = highest_epoch
@@ -54,16 +55,7 @@ class StandbyLink:
         self._in_snapshot = False
         self._snapshot_batches = 0
         self._acked = head.seq
-        self._out: list[Message] = [Join(highest_epoch, head, incarnation)]
-        self._requests: list[object] = []
-
-    def messages_to_send(self) -> list[Message]:
-        out, self._out = self._out, []
-        return out
-
-    def requests(self) -> list[object]:
-        out, self._requests = self._requests, []
-        return out
+        self._out.append(Join(highest_epoch, head, incarnation))
 
     @property
     def caught_up_to(self) -> int:
