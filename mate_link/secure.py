@@ -89,7 +89,7 @@ def _framed(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-class _Handshake:
+class Handshake:
     """What both ends share: buffering of length-prefixed handshake messages and the outcome."""
 
     def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
@@ -158,7 +158,7 @@ class _Handshake:
         self.stage = Stage.ESTABLISHED
 
 
-class StandbyHandshake(_Handshake):
+class StandbyHandshake(Handshake):
     """The connecting side (the standby dials the active)."""
 
     def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
@@ -180,7 +180,7 @@ class StandbyHandshake(_Handshake):
         self._establish(self.nonce, nonce_active, standby=True)
 
 
-class ActiveHandshake(_Handshake):
+class ActiveHandshake(Handshake):
     """The accepting side. Established once the standby's PROOF verifies."""
 
     def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:

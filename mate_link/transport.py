@@ -1,0 +1,139 @@
+"""The mate link's asyncio adapter for one TCP connection: handshake, then sealed messages.
+
+Rules:
+- The handshake (secure.py) must finish within `handshake_timeout_s`, else the socket is aborted.
+- After it, every frame is opened (secure.py) and decoded (messages.py) as it arrives and handed to
+  `on_message` in order; whatever `on_message` raises as a `RemoteProtocolError` (a `LinkFault`
+  from the replication ends) closes the link the same way a bad frame does.
+- Every refusal is counted by reason in `LinkCounters` and logged once; nothing a peer sends can
+  raise out of here. A bug of ours is logged with its traceback and closes the link.
+- Bounded: reading pauses while more than `max_write_buffer_bytes` wait to be written to the
+  peer (its acks and pongs cannot pile up), and the secure channel bounds what it buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+
+from appliance.errors import RemoteProtocolError
+
+from .messages import Message, decode, encode
+from .secure import HandshakeFailed, Stage, Handshake
+
+log = logging.getLogger("pairmq.mate_link")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_WRITE_BUFFER_BYTES = 8 << 20
+
+
+class LinkCounters(collections.Counter):
+    """Refusals by reason ("bad_proof", "tampered", "malformed", ...), for the management API."""
+
+
+class MateConnection(asyncio.Protocol):
+    def __init__(self, handshake: Handshake, *, counters: LinkCounters,
+                 on_established: Callable[["MateConnection"], None],
+                 on_message: Callable[["MateConnection", Message], None],
+                 on_closed: Callable[["MateConnection", str], None],
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 max_write_buffer_bytes: int = MAX_WRITE_BUFFER_BYTES) -> None:
+        self.handshake = handshake
+        self.counters = counters
+        self._on_established = on_established
+        self._on_message = on_message
+        self._on_closed = on_closed
+        self._handshake_timeout_s = handshake_timeout_s
+        self._max_write_buffer = max_write_buffer_bytes
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.closed = False
+        self.close_reason = ""
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio callbacks ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_timed_out)
+        self._flush_handshake()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            if self.handshake.stage is Stage.WAITING:
+                self.handshake.receive_data(data)
+                self._flush_handshake()
+                if self.handshake.stage is Stage.ESTABLISHED:
+                    self._timer.cancel()
+                    self._on_established(self)
+            else:
+                self.handshake.channel.receive_data(data)
+            if self.handshake.stage is Stage.ESTABLISHED:
+                channel = self.handshake.channel
+                while not self.closed and (frame := channel.next_frame()) is not None:
+                    self._on_message(self, decode(frame))
+        except HandshakeFailed as exc:
+            self._refuse(exc.reason, str(exc))
+        except RemoteProtocolError as exc:
+            reason = "tampered" if type(exc).__name__ == "TamperedFrame" else type(exc).__name__.lower()
+            self._refuse(reason, str(exc))
+        except Exception:
+            log.exception("mate link with %s: internal error", self.peer)
+            self.close("internal error")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.closed:
+            self.closed = True
+            self.close_reason = f"connection lost ({exc})" if exc else "the peer closed the connection"
+            self._on_closed(self, self.close_reason)
+
+    def pause_writing(self) -> None:
+        pass  # asyncio's own high-water mark; our bound is checked in send()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    # --- used by the replication ends ------------------------------------------------------------
+
+    def send(self, messages: list[Message]) -> None:
+        if self.closed or not messages:
+            return
+        assert self.handshake.stage is Stage.ESTABLISHED, "send() before on_established"
+        channel = self.handshake.channel
+        self.transport.writelines([channel.seal(encode(m)) for m in messages])
+        if self.transport.get_write_buffer_size() > self._max_write_buffer:
+            self.transport.pause_reading()  # the peer reads nothing: stop taking its input meanwhile
+
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = why
+        if self.transport is not None:
+            self.transport.abort()  # a link in doubt is cut, not drained: resync starts from a clean state
+        self._on_closed(self, why)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _flush_handshake(self) -> None:
+        out = self.handshake.data_to_send()
+        if out and self.transport is not None:
+            self.transport.write(out)
+
+    def _handshake_timed_out(self) -> None:
+        if self.handshake.stage is not Stage.ESTABLISHED:
+            self._refuse("handshake_timeout", f"no handshake within {self._handshake_timeout_s} s")
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self.counters[reason] += 1
+        log.warning("mate link with %s refused (%s): %s", self.peer, reason, detail)
+        self.close(f"{reason}: {detail}")
