@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.spool import ops as o
-from appliance.spool.chain import ChainPoint
-from appliance.spool.snapshot import snapshot_ops, snapshot_seqs
+from appliance.spool.snapshot import snapshot_ops, snapshot_seq
 from appliance.spool.state import StateModel
 from tests.test_spool_store import EVERY_OP, RANDOM_OP, body, model_of
 
@@ -22,10 +21,9 @@ def ranked(state):
 
 def rebuilt(state, max_message_ids=100_000):
     ops = snapshot_ops(state)
-    head = ChainPoint(7, 10_000, b"h" * 16)
     model = StateModel(max_message_ids)
-    for seq, op in zip(snapshot_seqs(head, len(ops)), ops, strict=True):
-        assert model.apply(seq, op), f"the snapshot's op {op} was ignored"
+    for i, op in enumerate(ops):
+        assert model.apply(snapshot_seq(i), op), f"the snapshot's op {op} was ignored"
     return model.state(state.head), ops
 
 
@@ -44,8 +42,8 @@ def test_a_pubrec_copy_whose_body_is_gone_is_rebuilt_without_a_body():
     assert ranked(again) == ranked(original) and again.messages == {} and again.stored_bytes == 0
 
 
-def test_snapshot_seqs_end_at_the_head():
-    assert list(snapshot_seqs(ChainPoint(1, 5, b"x" * 16), 3)) == [3, 4, 5]
+def test_snapshot_seqs_increase_and_stay_below_every_real_seq():
+    assert snapshot_seq(0) < snapshot_seq(1) < snapshot_seq(10**9) < 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -54,3 +52,65 @@ def test_any_history_survives_a_snapshot(submissions):
     original = model_of(submissions, max_message_ids=3).state()
     again, _ = rebuilt(original, max_message_ids=3)
     assert ranked(again) == ranked(original)
+
+
+def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_log(tmp_path):
+    """The standby's full resync on real files: build beside, swap in, then live ops chain on."""
+    from appliance.spool.chain import chain
+    from appliance.spool.codec import encode_op
+    from appliance.spool.install import SnapshotBuilder
+    from appliance.spool.store import Spool
+    from appliance.spool.writer import SpoolWriter
+    from tests.test_spool_store import load, write
+
+    write(tmp_path / "active", EVERY_OP, epoch=4)
+    original = load(tmp_path / "active")
+    write(tmp_path / "standby", [[o.SessionOpened("stale", 5, 60, 1)]], epoch=2)  # diverged: to be replaced
+
+    bodies = [encode_op(op) for op in snapshot_ops(original)]
+    builder = SnapshotBuilder(tmp_path / "standby.incoming")
+    builder.add(bodies[:7])
+    builder.add(bodies[7:])
+    builder.finish(original.head)
+    assert load(tmp_path / "standby").sessions.keys() == {"stale"}, "the live spool is untouched until the swap"
+    builder.swap_into(tmp_path / "standby")
+    assert not (tmp_path / "standby.incoming").exists()
+
+    rebuilt_state = load(tmp_path / "standby")
+    assert ranked(rebuilt_state) == ranked(original) and rebuilt_state.head == original.head
+    live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
+    with Spool.open(tmp_path / "standby") as spool, SpoolWriter(spool) as writer:
+        writer.submit_entries(live).future.result(timeout=10)
+    after = load(tmp_path / "standby")
+    assert after.head == live[-1].point and after.sessions["a"].queue[-1].msg_id == 99, "new ops queue behind"
+
+
+def test_a_malformed_snapshot_batch_is_refused_whole(tmp_path):
+    import pytest
+
+    from appliance.spool.codec import encode_op
+    from appliance.spool.errors import OpCodecError
+    from appliance.spool.install import SnapshotBuilder
+
+    builder = SnapshotBuilder(tmp_path / "incoming")
+    with pytest.raises(OpCodecError):
+        builder.add([encode_op(o.SessionOpened("a", 5, 0, 1)), b"\x01\xff garbage"])
+    assert builder.applied == 0
+    builder.abandon()
+    assert not (tmp_path / "incoming").exists()
+
+
+def test_the_mate_links_taps_see_every_entry_in_seq_order_and_the_log_answers_points(tmp_path):
+    from appliance.spool.chain import GENESIS
+    from appliance.spool.store import Spool
+    from appliance.spool.writer import SpoolWriter
+
+    seen = []
+    with Spool.open(tmp_path) as spool, SpoolWriter(spool) as writer:
+        writer.on_entries = seen.extend
+        subs = [writer.submit(ops, 3) for ops in EVERY_OP]
+        for sub in subs:
+            sub.future.result(timeout=10)
+        assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+        assert spool.log_point(4) == seen[3].point and spool.log_point(0) == GENESIS == spool.log_base()
+        assert spool.log_point(len(seen) + 1) is None

@@ -2,9 +2,9 @@
 
 Rules:
 - `snapshot_ops(state)` lists ops that, applied in order to an empty spool, rebuild `state`
-  exactly, except that queue entries get new `order` values in the same relative order
-  (`snapshot_seqs` numbers them so every one lies at or below the snapshot's head; ops after the
-  head then queue behind them).
+  exactly, except that queue entries get new `order` values in the same relative order: the i-th
+  op is applied as seq `snapshot_seq(i)`, below zero, so the ops after the snapshot's head (seq
+  head + 1 on) queue behind every rebuilt entry, whatever the snapshot's size.
 - Bodies first (every `MessageStored`), then sessions with what they own, then retained topics,
   then the message-id history oldest first. Queue entries go in their global order, so each
   queue keeps its order.
@@ -17,7 +17,6 @@ Rules:
 from __future__ import annotations
 
 from . import ops as o
-from .chain import ChainPoint
 from .state import SpoolState
 
 
@@ -47,6 +46,10 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
     return out
 
 
-def snapshot_seqs(head: ChainPoint, count: int) -> range:
-    """The seqs the standby applies a snapshot's `count` ops with: the last one is the head's."""
-    return range(head.seq - count + 1, head.seq + 1)
+SNAPSHOT_SPAN = 1 << 40  # more ops than any snapshot holds
+
+
+def snapshot_seq(i: int) -> int:
+    """The seq the i-th op (from 0) of a snapshot is applied with: increasing, always below 0."""
+    assert 0 <= i < SNAPSHOT_SPAN
+    return i - SNAPSHOT_SPAN

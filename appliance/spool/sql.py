@@ -107,12 +107,16 @@ class SqlApplier:
         self.ignored += not applied
         return applied
 
-    def finish(self, entries: list[LogEntry]) -> None:
-        """Write the fresh bodies, append the entries to the op log and move the head, in the same transaction."""
+    def write_fresh_bodies(self) -> None:
+        """Write the bodies stored in this transaction (with their final reference counts)."""
         if self._fresh:
             self.conn.executemany("INSERT INTO messages (msg_id, refs, size, crc, body) VALUES (?, ?, ?, ?, ?)",
                                   [(msg_id, *row) for msg_id, row in self._fresh.items()])
             self._fresh.clear()
+
+    def finish(self, entries: list[LogEntry]) -> None:
+        """Write the fresh bodies, append the entries to the op log and move the head, in the same transaction."""
+        self.write_fresh_bodies()
         self.conn.executemany("INSERT INTO oplog (epoch, seq, checksum, body) VALUES (?, ?, ?, ?)", entries)
         last = entries[-1]
         self.conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, stored_bytes = ?",

@@ -130,6 +130,23 @@ class Spool:
         except (OpCodecError, TypeError, ValueError) as exc:
             raise self.corrupt(f"unexpected contents ({exc})") from None
 
+    def log_point(self, seq: int) -> ChainPoint | None:
+        """The log's point at op `seq` (the base's for seq == base), or None if the log no longer holds it.
+
+        What the mate link's resync decision compares a joining standby's head with.
+        """
+        with self._read_lock, _read_transaction(self._conn):
+            _, base, _ = read_meta(self._conn)
+            if seq == base.seq:
+                return base
+            row = self._conn.execute("SELECT epoch, seq, checksum FROM oplog WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None else ChainPoint(*row)
+
+    def log_base(self) -> ChainPoint:
+        """The point the log starts after (it moves on as old ops are dropped)."""
+        with self._read_lock, _read_transaction(self._conn):
+            return read_meta(self._conn)[1]
+
     def read_entries(self, after_seq: int, max_ops: int) -> list[LogEntry]:
         """Up to `max_ops` committed ops with seq > after_seq, in order (for the mate link's resync).
 

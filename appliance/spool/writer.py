@@ -38,6 +38,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from . import ops as o
 from .chain import ChainPoint, LogEntry, chain, verify_chain
@@ -117,6 +118,12 @@ class SpoolWriter:
         self._stored_bytes = self._applier.stored_bytes
         self.durable = self.head = spool.head
         self._base_seq = spool.base.seq
+        # The mate link's taps. `on_entries(entries)` runs under the writer's lock on the submitting
+        # thread, right after the entries get their seqs, so they are seen in seq order and can be shipped
+        # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
+        # after a failed batch took the head back to `head`.
+        self.on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None
+        self.on_rollback: Callable[[ChainPoint], None] | None = None
         self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
         self._thread.start()
         spool.writer = self
@@ -199,6 +206,8 @@ class SpoolWriter:
             if entries:
                 self.head = entries[-1].point
                 self._enqueue(sub)
+                if self.on_entries is not None:
+                    self.on_entries(entries)
         if not entries:
             _settle([(sub, (), None)])  # outside the lock: a callback may submit again
         return sub
@@ -323,6 +332,8 @@ class SpoolWriter:
             self._failed += 1
             if not full:
                 self._broken = error
+        if self.on_rollback is not None:
+            self.on_rollback(self.durable)
         _settle([(sub, None, error) for sub in batch] + [(sub, None, chained) for sub in behind])
 
     def _maybe_truncate(self) -> None:
