@@ -9,6 +9,7 @@ Rules:
 - A SNAPSHOT replaces our state whole: its batches are handed to the adapter (`SnapshotBatch`),
   which builds a new spool beside the old one and swaps it in only at the batch marked last
   (`SnapshotDone(point)`); until then our old state stands. OPS before the snapshot ended are refused.
+  We ACK the snapshot's point only once the adapter reports it installed (`snapshot_installed`).
 - OPS must continue our chain (epoch, seq + 1, chained checksum: spool/chain.verify_chain); they go
   to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
@@ -98,10 +99,8 @@ class StandbyLink(Endpoint):
         self._snapshot_batches += 1
         if m.last is not None:
             self._in_snapshot = False
-            self.head = self.durable = m.last  # the adapter swaps the new spool in before anything else
-            self._acked = m.last.seq
+            self.head = m.last  # the ops that follow chain on the snapshot's point
             self._requests.append(SnapshotDone(m.last))
-            self._out.append(Ack(self.highest_epoch, m.last.seq))
 
     def _on_ops(self, m: Ops) -> None:
         if self._in_snapshot:
@@ -124,6 +123,13 @@ class StandbyLink(Endpoint):
         if self.durable.seq > self._acked:
             self._acked = self.durable.seq
             self._out.append(Ack(self.highest_epoch, self._acked))
+
+    def snapshot_installed(self, point: ChainPoint) -> None:
+        """The adapter swapped in the snapshot's spool: everything up to `point` is durable (our older,
+        possibly diverged, ops are gone)."""
+        self.durable = point
+        self._acked = point.seq
+        self._out.append(Ack(self.highest_epoch, point.seq))
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:

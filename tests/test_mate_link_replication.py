@@ -77,6 +77,7 @@ class Pair:
             self.snapshot += r.bodies
         elif isinstance(r, SnapshotDone):
             self.snapshot_point = r.point
+            self.standby.snapshot_installed(r.point)
 
     def apply_all(self) -> bool:
         if not self.to_apply:

@@ -1,0 +1,332 @@
+"""The mate link on a node: the active's server and the standby's dialler around the sans-I/O ends.
+
+Rules:
+- The active listens on TCP 8301 (its node address). A link is accepted only while the node may
+  serve (`may_serve()`, asked again once the handshake is done); a newer link from the standby
+  replaces an older one. Every op the spool writer gives a seq is handed to the link at once.
+- The standby dials the active it knows of (`active_address()`), retrying every `redial_s`, and
+  applies what it receives through its own writer: ops via `submit_entries`, a snapshot via
+  `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
+- Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
+  moves bytes and drives the two ends' state machines.
+- A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
+  again and resyncs from its head. Nothing here decides activity: the quorum core reads
+  `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from appliance.errors import RemoteProtocolError
+from appliance.roles import Role
+from appliance.spool.chain import ChainPoint, LogEntry
+from appliance.spool.codec import encode_op
+from appliance.spool.errors import ChainError
+from appliance.spool.install import SnapshotBuilder
+from appliance.spool.snapshot import snapshot_ops
+
+from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
+from .messages import Message
+from .resync import plan_resync
+from .secure import ActiveHandshake, StandbyHandshake
+from .standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
+from .transport import LinkCounters, MateConnection
+
+log = logging.getLogger("pairmq.mate_link")
+TICK_S = 0.05
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class SpoolPort(Protocol):
+    """What the mate link needs of the node's spool (the broker service owns it)."""
+
+    spool: object  # appliance.spool.store.Spool
+    writer: object  # appliance.spool.writer.SpoolWriter
+
+    def replace_spool(self, builder: SnapshotBuilder) -> None:
+        """Close the writer and spool, swap in the builder's spool, reopen both (a standby's full resync)."""
+
+
+class _Replication:
+    """What both ends' adapters share: the live link, its connection, counters and the tick."""
+
+    link: ActiveLink | StandbyLink | None
+    conn: MateConnection | None
+    counters: LinkCounters
+
+    async def _ticks(self) -> None:
+        """Pings go out and silence past the link timeout closes the link."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            if self.link is not None and not self.conn.closed:
+                try:
+                    self.link.tick(now_ms())
+                except RemoteProtocolError as exc:
+                    self.counters["timeout"] += 1
+                    self.conn.close(str(exc))
+                    continue
+                self._drain()
+
+    def _drain(self) -> None:
+        raise NotImplementedError
+
+
+class ActiveReplication(_Replication):
+    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort, epoch: Callable[[], int],
+                 may_serve: Callable[[], bool], limits: LinkLimits = LinkLimits(),
+                 on_acked: Callable[[int], None] = lambda seq: None) -> None:
+        self._secret, self._group, self._me = secret, group, me
+        self.port = port
+        self._epoch = epoch
+        self._may_serve = may_serve
+        self.limits = limits
+        self._on_acked = on_acked
+        self.counters = LinkCounters()
+        self.link: ActiveLink | None = None
+        self.conn: MateConnection | None = None
+        self._server: asyncio.Server | None = None
+        self._ticker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.links_made = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.port.writer.on_entries = self._on_entries
+        self.port.writer.on_rollback = lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head)
+        self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
+        self._ticker = self._loop.create_task(self._ticks())
+
+    @property
+    def bound_port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+        if self.conn:
+            self.conn.close("node stopping")
+        if self._server:
+            self._server.close()
+        self.port.writer.on_entries = None
+        self.port.writer.on_rollback = None
+
+    # --- views ---------------------------------------------------------------------------
+
+    def caught_up(self, now: int) -> bool:
+        return self.link is not None and not self.conn.closed and self.link.caught_up(now)
+
+    def caught_up_now(self) -> bool:
+        return self.caught_up(now_ms())
+
+    @property
+    def acked_seq(self) -> int:
+        return self.link.acked_seq if self.link is not None else 0
+
+    @property
+    def over_max_lag(self) -> bool:
+        return self.link is not None and not self.conn.closed and self.link.over_max_lag
+
+    # --- connections ----------------------------------------------------------------------
+
+    def _new_connection(self) -> MateConnection:
+        return MateConnection(ActiveHandshake(self._secret, self._group, self._me, os.urandom(32)),
+                              counters=self.counters, on_established=self._established,
+                              on_message=self._message, on_closed=self._closed)
+
+    def _established(self, conn: MateConnection) -> None:
+        if not self._may_serve():
+            conn.close("this node is not active")
+            return
+        if self.conn is not None:
+            self.conn.close("replaced by a newer link from the standby")
+        self.conn = conn
+        self.link = ActiveLink(self._epoch(), self.port.writer.head, now_ms(), self.limits)
+        self.links_made += 1
+        log.info("mate link up with %s (epoch %d)", conn.peer, self.link.epoch)
+
+    def _message(self, conn: MateConnection, m: Message) -> None:
+        if conn is not self.conn:
+            return
+        before = self.link.acked_seq
+        self.link.receive(m, now_ms())
+        if self.link.acked_seq > before:
+            self._on_acked(self.link.acked_seq)
+        self._drain()
+
+    def _closed(self, conn: MateConnection, why: str) -> None:
+        if conn is self.conn:
+            log.warning("mate link with %s down: %s", conn.peer, why)
+
+    def _on_entries(self, entries: tuple[LogEntry, ...]) -> None:
+        if self.link is not None and not self.conn.closed:
+            self.link.local_submitted(entries)
+            self._loop.call_soon(self._drain)  # under the writer's lock now: send from the loop's next turn
+
+    def _rolled_back(self, head: ChainPoint) -> None:
+        if self.link is not None and not self.conn.closed:
+            try:
+                self.link.local_rolled_back(head)
+            except LinkFault as exc:
+                self.conn.close(str(exc))
+
+    def _drain(self) -> None:
+        link, conn = self.link, self.conn
+        if link is None or conn.closed:
+            return
+        conn.send(link.messages_to_send())
+        for request in link.requests():
+            self._loop.create_task(self._serve(link, conn, request))
+
+    async def _serve(self, link: ActiveLink, conn: MateConnection, request) -> None:
+        spool = self.port.spool
+        try:
+            if isinstance(request, PlanNeeded):
+                base = await asyncio.to_thread(spool.log_base)
+                point = await asyncio.to_thread(spool.log_point, request.standby_head.seq)
+                plan = plan_resync(base, link.head, request.standby_head,
+                                   lambda seq: point.checksum if point is not None and seq == point.seq else None)
+                log.info("mate link: standby at op %d: %s", request.standby_head.seq, plan.reason)
+                if conn is self.conn and not conn.closed:
+                    link.planned(plan)
+            elif isinstance(request, ReadEntries):
+                entries = await asyncio.to_thread(spool.read_entries, request.after_seq, request.max_ops)
+                if conn is self.conn and not conn.closed:
+                    link.entries_read(entries)
+            elif isinstance(request, MakeSnapshot):
+                state = await asyncio.to_thread(spool.load_state)
+                bodies = await asyncio.to_thread(lambda: [encode_op(op) for op in snapshot_ops(state)])
+                if conn is self.conn and not conn.closed:
+                    link.snapshot_ready(bodies, state.head)
+        except LookupError as exc:  # the log was truncated under a catch-up: start over
+            conn.close(f"resync restarts: {exc}")
+            return
+        self._drain()
+
+
+class StandbyReplication(_Replication):
+    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort,
+                 active_address: Callable[[], tuple[str, int] | None], incarnation: int,
+                 highest_epoch: Callable[[], int], incoming_dir: Path, redial_s: float = 0.2,
+                 link_timeout_ms: int = 1_000) -> None:
+        self._secret, self._group, self._me = secret, group, me
+        self.port = port
+        self._active_address = active_address
+        self._incarnation = incarnation
+        self._highest_epoch = highest_epoch
+        self._incoming_dir = Path(incoming_dir)
+        self._redial_s = redial_s
+        self._link_timeout_ms = link_timeout_ms
+        self.counters = LinkCounters()
+        self.link: StandbyLink | None = None
+        self.conn: MateConnection | None = None
+        self._builder: SnapshotBuilder | None = None
+        self._task: asyncio.Task | None = None
+        self._closed: asyncio.Event | None = None
+        self._work: asyncio.Queue | None = None
+        self.links_made = 0
+        self.snapshots_installed = 0
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.conn:
+            self.conn.close("node stopping")
+
+    @property
+    def durable_seq(self) -> int:
+        return self.link.durable.seq if self.link is not None else 0
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            address = self._active_address()
+            if address is not None:
+                try:
+                    await self._one_link(loop, address)
+                except OSError as exc:
+                    log.debug("mate link: cannot reach %s: %s", address, exc)
+            await asyncio.sleep(self._redial_s)
+
+    async def _one_link(self, loop: asyncio.AbstractEventLoop, address: tuple[str, int]) -> None:
+        self._closed = asyncio.Event()
+        self._work = asyncio.Queue()
+        established = asyncio.Event()
+        conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
+                              counters=self.counters, on_established=lambda c: established.set(),
+                              on_message=self._message, on_closed=lambda c, why: self._closed.set())
+        await asyncio.wait_for(loop.create_connection(lambda: conn, *address), 2.0)
+        self.conn = conn
+        worker = loop.create_task(self._apply_in_order())
+        ticker = loop.create_task(self._ticks())
+        try:
+            await asyncio.wait_for(established.wait(), 5.0)
+            self.link = StandbyLink(self.port.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
+                                    link_timeout_ms=self._link_timeout_ms)
+            self.links_made += 1
+            self._drain()
+            await self._closed.wait()
+        except TimeoutError:
+            conn.close("no handshake")
+        finally:
+            worker.cancel()
+            ticker.cancel()
+            await asyncio.gather(worker, ticker, return_exceptions=True)
+            if self._builder is not None:
+                self._builder.abandon()
+                self._builder = None
+
+    def _message(self, conn: MateConnection, m: Message) -> None:
+        if conn is self.conn and self.link is not None:
+            self.link.receive(m, now_ms())
+            self._drain()
+
+    def _drain(self) -> None:
+        if self.link is None or self.conn.closed:
+            return
+        self.conn.send(self.link.messages_to_send())
+        for request in self.link.requests():
+            self._work.put_nowait(request)
+
+    async def _apply_in_order(self) -> None:
+        """Apply requests one at a time, in order: a snapshot batch must land before the ops after it."""
+        link, conn = self.link, self.conn
+        while True:
+            request = await self._work.get()
+            link, conn = self.link, self.conn
+            try:
+                if isinstance(request, Apply):
+                    sub = self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop())
+                    entries = await sub.future
+                    if entries and not conn.closed:
+                        link.applied(entries[-1].point)
+                elif isinstance(request, SnapshotBatch):
+                    if request.first:
+                        self._builder = await asyncio.to_thread(SnapshotBuilder, self._incoming_dir)
+                    await asyncio.to_thread(self._builder.add, request.bodies)
+                elif isinstance(request, SnapshotDone):
+                    await asyncio.to_thread(self._builder.finish, request.point)
+                    await asyncio.to_thread(self.port.replace_spool, self._builder)
+                    self._builder = None
+                    if not conn.closed:
+                        link.snapshot_installed(request.point)
+                    self.snapshots_installed += 1
+                    log.info("mate link: full resync installed at op %d", request.point.seq)
+            except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
+                self.counters["bad_ops"] += 1
+                conn.close(f"refused what the active sent: {exc}")
+                return
+            self._drain()

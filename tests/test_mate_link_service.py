@@ -1,0 +1,136 @@
+"""The mate link on real spools and loopback sockets (mate_link/service.py), in one process.
+
+An active and a standby, each with its own SQLite spool and writer; the test writes ops on the
+active and reads the standby's spool back. No broker, no quorum: `may_serve` and the active's
+address are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from pathlib import Path
+
+from appliance.roles import Role
+from appliance.spool import ops as o
+from appliance.spool.store import Spool
+from appliance.spool.writer import SpoolWriter
+from mate_link.service import ActiveReplication, StandbyReplication
+from tests.test_spool_store import EVERY_OP, body
+
+SECRET, GROUP = os.urandom(32), "plant-7"
+
+
+def in_a_loop(test):
+    @functools.wraps(test)
+    def run(tmp_path):
+        asyncio.run(asyncio.wait_for(test(tmp_path), 60))
+    return run
+
+
+class Port:
+    """A node's spool and writer, as the mate link sees them (the broker service plays this part)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.spool = Spool.open(directory)
+        self.writer = SpoolWriter(self.spool)
+        self.replaced = 0
+
+    def replace_spool(self, builder) -> None:
+        self.spool.close()
+        builder.swap_into(self.directory)
+        self.spool = Spool.open(self.directory)
+        self.writer = SpoolWriter(self.spool)
+        self.replaced += 1
+
+    def close(self) -> None:
+        self.spool.close()
+
+
+async def until(what: str, check, timeout_s: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def group(tmp_path: Path, *, standby_secret: bytes = SECRET):
+    active_port, standby_port = Port(tmp_path / "active"), Port(tmp_path / "standby")
+    acked: list[int] = []
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=active_port, epoch=lambda: 4,
+                               may_serve=lambda: True, on_acked=acked.append)
+    await active.start("127.0.0.1", 0)
+    standby = StandbyReplication(secret=standby_secret, group=GROUP, me=Role.BACKUP, port=standby_port,
+                                 active_address=lambda: ("127.0.0.1", active.bound_port), incarnation=1,
+                                 highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
+    return active, standby, active_port, standby_port, acked
+
+
+async def write(port: Port, batches, epoch: int = 4) -> None:
+    for ops in batches:
+        await port.writer.submit_async(ops, epoch).future
+
+
+async def stop(*things) -> None:
+    for t in things:
+        await t.stop() if hasattr(t, "stop") else t.close()
+
+
+def state_of(port: Port):
+    return port.spool.load_state()
+
+
+@in_a_loop
+async def test_a_standby_catches_up_then_follows_every_op_and_acks_it(tmp_path):
+    active, standby, ap, sp, acked = await group(tmp_path)
+    await write(ap, EVERY_OP)  # before the standby joins: an incremental catch-up
+    await standby.start()
+    await until("the catch-up", lambda: active.caught_up_now())
+    await write(ap, [[body(50), o.MessageQueued("a", 50, 1, False)]])  # live
+    head = ap.writer.durable
+    await until("the live op's ack", lambda: active.acked_seq == head.seq)
+    assert state_of(sp) == state_of(ap) and acked[-1] == head.seq
+    assert active.links_made == standby.links_made == 1
+    await stop(standby, active, ap, sp)
+
+
+@in_a_loop
+async def test_a_diverged_standby_is_rebuilt_from_a_snapshot(tmp_path):
+    active, standby, ap, sp, _ = await group(tmp_path)
+    await write(ap, EVERY_OP)
+    await write(sp, [[o.SessionOpened("stale", 5, 60, 1)]], epoch=3)  # a tail the active never had
+    await standby.start()
+    await until("the snapshot", lambda: sp.replaced == 1 and active.caught_up_now())
+    await write(ap, [[body(60), o.MessageQueued("a", 60, 2, False)]])
+    await until("the live op's ack", lambda: active.acked_seq == ap.writer.durable.seq)
+    mine, theirs = state_of(ap), state_of(sp)
+    assert "stale" not in theirs.sessions and theirs.head == mine.head
+    assert [e.msg_id for e in theirs.sessions["a"].queue] == [e.msg_id for e in mine.sessions["a"].queue]
+    await stop(standby, active, ap, sp)
+
+
+@in_a_loop
+async def test_a_cut_link_is_redialled_and_resumes_from_the_standbys_head(tmp_path):
+    active, standby, ap, sp, _ = await group(tmp_path)
+    await standby.start()
+    await write(ap, EVERY_OP[:5])
+    await until("the first link", lambda: active.caught_up_now() and active.acked_seq == ap.writer.durable.seq)
+    active.conn.close("test: cut")
+    await write(ap, EVERY_OP[5:])  # while the link is down
+    await until("the second link", lambda: standby.links_made == 2 and active.caught_up_now()
+                and active.acked_seq == ap.writer.durable.seq)
+    assert state_of(sp) == state_of(ap) and sp.replaced == 0, "incremental, not a snapshot"
+    await stop(standby, active, ap, sp)
+
+
+@in_a_loop
+async def test_a_standby_without_the_secret_gets_nothing(tmp_path):
+    active, standby, ap, sp, _ = await group(tmp_path, standby_secret=os.urandom(32))
+    await write(ap, EVERY_OP)
+    await standby.start()
+    await until("a refusal", lambda: standby.counters["bad_proof"] >= 1)
+    assert active.link is None and state_of(sp).sessions == {}
+    await stop(standby, active, ap, sp)
