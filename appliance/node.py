@@ -50,8 +50,8 @@ ALIVE_STAMP_S = 0.1  # the broker loop's liveness stamp; R6's bound (timers.brok
 # ~0.7 us per tracked object, ~300 ms with 10,000 clients connected. A connection storm grows the heap in
 # 25% steps, and with CPython's default thresholds (700, 10, 10) each step ran one, back to back: the
 # heartbeat timer ran up to 350 ms late and 2 of 10 storms still cost the lease. Allowing a full collection
-# only after 1,000 younger ones (instead of 10) keeps them out of a storm: 0 of 25 storms, timer at most
-# 195 ms late (docs/benchmarks.md, "Storm vs. lease"). Cyclic garbage old enough to reach generation 2
+# only after 1,000 younger ones (instead of 10) keeps them out of a storm: 0 of 27 storms, timer at most
+# 215 ms late (docs/benchmarks.md, "Storm vs. lease"). Cyclic garbage old enough to reach generation 2
 # waits longer to be freed; reference counting frees everything else as before.
 GC_THRESHOLDS = (700, 10, 1000)
 # sys.getswitchinterval() stays at its 5 ms: 1 ms halved the heartbeat timer's worst lateness in storms
