@@ -8,6 +8,11 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
     takeover_margin_ms >= heartbeat_interval_ms and >= lease_ms / 10
                                              (covers clock-rate drift and the
                                               delay between a check and an act)
+    lease_ms * 4 <= broker_stall_ms <= 60000 (a stalled broker event loop
+                                              releases activity: far above
+                                              an overload stall, which must
+                                              never fail over, far below an
+                                              operator's reaction time)
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
 """
@@ -35,6 +40,7 @@ class Timers:
     heartbeat_interval_ms: int = 50
     lease_ms: int = 500
     takeover_margin_ms: int = 100
+    broker_stall_ms: int = 5000
 
     @property
     def insync_ms(self) -> int:
@@ -53,7 +59,7 @@ class Timers:
         return self.lease_ms + self.takeover_margin_ms + self.heartbeat_interval_ms
 
     def validate(self) -> None:
-        for name in ("heartbeat_interval_ms", "lease_ms", "takeover_margin_ms"):
+        for name in ("heartbeat_interval_ms", "lease_ms", "takeover_margin_ms", "broker_stall_ms"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"timers.{name} must be a positive whole number of milliseconds, not {value!r}")
@@ -76,6 +82,14 @@ class Timers:
                 f"unsafe timers: takeover_margin_ms ({self.takeover_margin_ms}) must be at least lease_ms / 10 "
                 f"({self.lease_ms / 10:g}) to cover clock drift between hosts"
             )
+        if self.broker_stall_ms < 4 * self.lease_ms:
+            raise ConfigError(
+                f"unsafe timers: broker_stall_ms ({self.broker_stall_ms}) must be at least 4 x lease_ms "
+                f"({4 * self.lease_ms}), so that an overloaded broker never gives up activity"
+            )
+        if self.broker_stall_ms > 60_000:
+            raise ConfigError(f"timers.broker_stall_ms ({self.broker_stall_ms}) must be at most 60000, so that a "
+                              f"hung broker hands its clients to the standby within a minute")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

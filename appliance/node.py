@@ -1,27 +1,38 @@
-"""One PairMQ node process: the asyncio adapter around the quorum core.
+"""One PairMQ node process: the quorum core's thread, the broker's event loop, and the gate between them.
 
 Start-up is an explicit sequence: load the group file and secret, open the
-stable store (bumping the boot incarnation), bind the heartbeat socket, the
-MQTT listener and the management API, then run until SIGTERM/SIGINT. The core
-decides; this module only moves bytes, re-arms the core's one timer, persists
-nothing itself, and acts on decisions (dropping clients the instant activity
-ends). Everything the node does is logged as a decision sentence and written
-to its event log.
+stable store (bumping the boot incarnation), start the heartbeat thread (it
+binds the heartbeat socket), the MQTT listener and the management API, then
+run until SIGTERM/SIGINT; shutdown runs the same list backwards.
+
+Two threads:
+- the heartbeat thread (appliance/heartbeats.py) runs the quorum core's I/O
+  and timer, so a broker loop stalled by a connection storm cannot cost the
+  active its lease;
+- the main thread runs the asyncio loop: MQTT listener, broker, management
+  API, and a liveness stamp every ALIVE_STAMP_S that the core's rule R6 reads.
+Every call into the core holds `self.heartbeats.lock`. A step-down reaches the
+broker by `call_soon_threadsafe` (clients dropped); safety does not wait for
+it, because the MQTT gate asks the core's time-based lease on every packet.
+Everything the node does is logged as a decision sentence and written to its
+event log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import secrets
 import signal
-import socket
 import time
 
 from . import sd_notify
 from .config import GroupConfig, load_secret
+from .errors import PairMQError
 from .eventlog import EventLog
+from .heartbeats import HeartbeatThread
 from .management import ManagementServer
 from .quorum.auth import HeartbeatAuth
 from .quorum.core import QuorumCore, Timing
@@ -33,21 +44,22 @@ log = logging.getLogger("pairmq.node")
 
 MQTT_REASON_USE_ANOTHER_SERVER = 0x9C
 MQTT_REASON_SERVER_SHUTTING_DOWN = 0x8B
+ALIVE_STAMP_S = 0.1  # the broker loop's liveness stamp; R6's bound (timers.broker_stall_ms) is ~50 of these
+
+# The heartbeat thread needs the GIL, and a full (generation 2) garbage collection holds it throughout:
+# ~0.7 us per tracked object, ~300 ms with 10,000 clients connected. A connection storm grows the heap in
+# 25% steps, and with CPython's default thresholds (700, 10, 10) each step ran one, back to back: the
+# heartbeat timer ran up to 350 ms late and 2 of 10 storms still cost the lease. Allowing a full collection
+# only after 1,000 younger ones (instead of 10) keeps them out of a storm: 0 of 27 storms, timer at most
+# 215 ms late (docs/benchmarks.md, "Storm vs. lease"). Cyclic garbage old enough to reach generation 2
+# waits longer to be freed; reference counting frees everything else as before.
+GC_THRESHOLDS = (700, 10, 1000)
+# sys.getswitchinterval() stays at its 5 ms: 1 ms halved the heartbeat timer's worst lateness in storms
+# (82 vs 195 ms, both far inside the 500 ms lease) but cost about a third of QoS 1 throughput.
 
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-class _HeartbeatProtocol(asyncio.DatagramProtocol):
-    def __init__(self, node: "Node") -> None:
-        self.node = node
-
-    def datagram_received(self, data: bytes, addr) -> None:
-        self.node.on_datagram(data)
-
-    def error_received(self, exc: Exception) -> None:
-        self.node.send_errors += 1
 
 
 class Node:
@@ -65,7 +77,6 @@ class Node:
         self.core = QuorumCore(role, HeartbeatAuth(secret, config.name, role), Timing.from_timers(config.timers),
                                self.store, now_ms())
         self.started_at = now_ms()
-        self.send_errors = 0
         self.listener = None
         self.broker = None
         if role.routes_messages:
@@ -76,63 +87,72 @@ class Node:
                 return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
-            self.broker = BrokerService(self.spec.data_dir / "spool",
-                                        epoch=lambda: self.core.active_epoch or self.core.state.epoch,
+            self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
                                         core_factory=new_core)
-        self._transport: asyncio.DatagramTransport | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._peer_addresses = [(config.node(r).address, config.ports.heartbeat) for r in role.peers()]
-        self._ready = False
+        self.heartbeats = HeartbeatThread(
+            self.core, (self.spec.address, config.ports.heartbeat),
+            [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
+            on_decision=self._act_on, on_ready=lambda: self._post(self._quorum_ready), on_lag=self._on_lag,
+            on_crash=self._on_heartbeat_crash)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
+        self._failure: str | None = None
+        self._ready = {"quorum": False, "sockets": False}  # READY=1 once both hold
         self.management = ManagementServer(self)
 
-    # --- the activity gate (what the MQTT listener asks) -----------------------
+    # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
 
     def may_serve(self) -> bool:
-        return self.core.may_serve(now_ms())
+        with self.heartbeats.lock:
+            return self.core.may_serve(now_ms())
 
     def active_server_reference(self) -> str | None:
-        active = self.core.active_role(now_ms())
+        with self.heartbeats.lock:
+            active = self.core.active_role(now_ms())
         if active is None or active is self.role:
             return None
         return self.config.mqtt_reference(active)
 
+    def current_epoch(self) -> int:
+        with self.heartbeats.lock:
+            return self.core.active_epoch or self.core.state.epoch
+
     # --- running -------------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.spec.address else socket.AF_INET, socket.SOCK_DGRAM)
-        # No SO_REUSEADDR: on UDP it would let a second node on this address steal our heartbeats.
-        sock.bind((self.spec.address, self.config.ports.heartbeat))
-        self._transport, _ = await loop.create_datagram_endpoint(lambda: _HeartbeatProtocol(self), sock=sock)
-        if self.role.routes_messages:
-            from .mqtt.listener import MqttListener
-
-            self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, on_event=self._mqtt_event,
-                                         broker=self.broker)
-            await self.broker.start()
-            await self.listener.start()
+        stamp = asyncio.create_task(self._stamp_alive())
         try:
+            self.heartbeats.start()
+            if self.role.routes_messages:
+                from .mqtt.listener import MqttListener
+
+                self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self,
+                                             on_event=self._mqtt_event, broker=self.broker)
+                await self.broker.start()
+                await self.listener.start()
             await self.management.start()
         except BaseException:
+            stamp.cancel()
             await self._shutdown()
             raise
-        self._flush()
-        log.info("%s: listening on %s (heartbeats :%d, management :%d)", self.role.value, self.spec.address,
-                 self.config.ports.heartbeat, self.config.ports.management)
+        log.info("%s: listening on %s (heartbeats :%d on their own thread, management :%d)", self.role.value,
+                 self.spec.address, self.config.ports.heartbeat, self.config.ports.management)
+        self._mark_ready("sockets")
         watchdog = asyncio.create_task(self._watchdog())
         try:
             await self._stopping.wait()
         finally:
             watchdog.cancel()
+            stamp.cancel()
             await self._shutdown()
+        if self._failure:
+            raise PairMQError(self._failure)
 
     async def _shutdown(self) -> None:
         sd_notify.notify("STOPPING=1")
-        if self._timer:
-            self._timer.cancel()
         with contextlib.suppress(Exception):
             if self.listener:
                 self.listener.drop_clients(MQTT_REASON_SERVER_SHUTTING_DOWN)
@@ -142,21 +162,28 @@ class Node:
         if self.broker is not None:
             with contextlib.suppress(Exception):
                 await self.broker.stop()
-        if self._transport:
-            self._transport.close()
+        self.heartbeats.stop()
         self.events.write("node_stopped", role=self.role.value)
         self.events.close()
 
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _stamp_alive(self) -> None:
+        """R6's input: proof that this loop still runs. Heartbeats no longer do, they have their own thread."""
+        while True:
+            self.heartbeats.broker_alive_at = now_ms()
+            await asyncio.sleep(ALIVE_STAMP_S)
+
     async def _watchdog(self) -> None:
         """Once a second, from the event loop itself: ping systemd's watchdog (a hung loop gets
         restarted) and log rejected heartbeats as one summed event (a flood costs one line a second)."""
-        logged = dict(self.core.auth.rejected)
+        with self.heartbeats.lock:
+            logged = dict(self.core.auth.rejected)
         while True:
             sd_notify.notify("WATCHDOG=1")
-            rejected = dict(self.core.auth.rejected)
+            with self.heartbeats.lock:
+                rejected = dict(self.core.auth.rejected)
             delta = {reason: rejected[reason] - logged.get(reason, 0) for reason in rejected}
             if any(delta.values()):
                 self.events.write("heartbeats_rejected", **{k: v for k, v in delta.items() if v})
@@ -165,54 +192,59 @@ class Node:
                 logged = rejected
             await asyncio.sleep(1.0)
 
-    # --- core I/O --------------------------------------------------------------------
-
-    def on_datagram(self, data: bytes) -> None:
-        self.core.receive_datagram(data, now_ms())
-        self._flush()
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.core.handle_timer(now_ms())
-        self._flush()
+    # --- what the heartbeat thread hands over ----------------------------------------
 
     def force_activity(self, acknowledge_data_loss: bool) -> None:
-        self.core.request_force(now_ms(), acknowledge_data_loss=acknowledge_data_loss)
-        self._flush()
+        with self.heartbeats.lock:
+            self.core.request_force(now_ms(), acknowledge_data_loss=acknowledge_data_loss)
+        self.heartbeats.wake()  # its thread sends the bid and writes the decision
 
-    def _flush(self) -> None:
-        """Send what the core produced, act on its decisions, re-arm its timer."""
-        if self._transport is not None:
-            for data in self.core.datagrams_to_send():
-                for addr in self._peer_addresses:
-                    try:
-                        self._transport.sendto(data, addr)
-                    except OSError:
-                        self.send_errors += 1
-        for decision in self.core.decisions():
-            self._act_on(decision)
-        if self._timer:
-            self._timer.cancel()
-        delay = max(0.0, (self.core.get_timer() - now_ms()) / 1000)
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-        if not self._ready and (now_ms() >= self.core.boot_at + self.core.timing.quiet_ms
-                                or any(self.core.sees(r, now_ms()) for r in self.core.peers)):
-            self._ready = True
-            sd_notify.notify("READY=1")
+    def _post(self, callback) -> None:
+        """Run `callback` on the broker loop (from the heartbeat thread)."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed: shutting down
+                self._loop.call_soon_threadsafe(callback)
 
     def _act_on(self, decision) -> None:
+        """On the heartbeat thread: the gate already follows the core; only the clients wait for the loop."""
         level = logging.INFO if decision.kind in ("refuse", "sync", "boot", "bid", "bid_end") else logging.WARNING
         log.log(level, "%s", decision.reason)
         self.events.write("redundancy_decision", kind=decision.kind, epoch=decision.epoch, reason=decision.reason,
                           core_ms=decision.at_ms)
         if decision.kind == "step_down" and self.listener is not None:
-            self.listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
+            self._post(self._drop_clients_after_step_down)
         if decision.kind in ("activate", "step_down"):
             sd_notify.notify(f"STATUS={decision.reason}")
 
+    def _quorum_ready(self) -> None:
+        self._mark_ready("quorum")
+
+    def _mark_ready(self, part: str) -> None:
+        """systemd's READY=1 once the sockets are open and the quorum has settled (seen a peer or waited out boot)."""
+        if not all(self._ready.values()):
+            self._ready[part] = True
+            if all(self._ready.values()):
+                sd_notify.notify("READY=1")
+
+    def _drop_clients_after_step_down(self) -> None:
+        if self.listener is not None:
+            self.listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
+
+    def _on_lag(self, max_ms: int, timer_late_ms: int) -> None:
+        """On the heartbeat thread, when the broker loop's stamps resume after a gap."""
+        level = logging.WARNING if max_ms > self.config.timers.lease_ms else logging.INFO
+        log.log(level, "%s: the broker event loop stalled up to %d ms; heartbeat timer at most %d ms late",
+                self.role.value, max_ms, timer_late_ms)
+        self.events.write("broker_loop_lag", max_ms=max_ms, max_timer_late_ms=timer_late_ms)
+
+    def _on_heartbeat_crash(self, exc: BaseException) -> None:
+        self._failure = f"the {self.role.value} node's heartbeat thread failed: {exc!r} (traceback in the log)"
+        self.events.write("heartbeat_thread_failed", error=repr(exc))
+        self._post(self._stopping.set)
+
     def _mqtt_event(self, kind: str, fields: dict) -> None:
         if kind in ("client_accepted", "client_refused"):
-            self.events.write(kind, epoch=self.core.active_epoch or self.core.state.epoch, **fields)
+            self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- views --------------------------------------------------------------------
 
@@ -226,7 +258,10 @@ class Node:
         return "Standby"
 
     def redundancy_view(self) -> dict:
-        now = now_ms()
+        with self.heartbeats.lock:
+            return self._redundancy_view(now_ms())
+
+    def _redundancy_view(self, now: int) -> dict:
         core = self.core
         active = core.active_role(now)
         peers = []
@@ -259,6 +294,10 @@ class Node:
             "decisions": decisions,
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
+            "heartbeat_thread": {"broker_loop_age_ms": now - self.heartbeats.broker_alive_at,
+                                 "broker_stall_ms": core.timing.broker_stall_ms,
+                                 "max_timer_late_ms": self.heartbeats.max_timer_late_ms,
+                                 "send_errors": self.heartbeats.send_errors},
             "mqtt": None if self.listener is None else {
                 "address": self.config.mqtt_reference(self.role), "clients": self.listener.client_count},
         }
@@ -279,6 +318,7 @@ def management_token(secret: bytes) -> str:
 
 def run_node(config: GroupConfig, role: Role) -> None:
     """Run one node in the foreground until SIGTERM (what systemd runs)."""
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         import uvloop  # noqa: F401
         runner = uvloop.run

@@ -68,6 +68,7 @@ class SimNode:
         self.rate = 1 + rng.uniform(-drift_ppm, drift_ppm) / 1e6
         self.core: QuorumCore | None = None
         self.paused = False
+        self.broker_stalled = False  # the heartbeat thread runs, the broker's event loop does not
         self.inbox: deque[bytes] = deque()
         self.timer_gen = 0
         self.last_rx_global: int | None = None
@@ -125,6 +126,7 @@ class Simulation:
         node = self.nodes[role]
         node.core = None
         node.paused = False
+        node.broker_stalled = False  # a restarted process has a fresh event loop
         node.inbox.clear()
         node.timer_gen += 1
         self._log(f"CRASH {role.value}")
@@ -151,8 +153,18 @@ class Simulation:
             self._deliver(node, node.inbox.popleft())
         self._arm(node)
 
+    def stall_broker(self, role: Role) -> None:
+        """A hung broker event loop: heartbeats go on (their own thread), liveness stamps stop."""
+        self.nodes[role].broker_stalled = True
+        self._log(f"STALL {role.value}'s broker")
+
+    def unstall_broker(self, role: Role) -> None:
+        self.nodes[role].broker_stalled = False
+        self._log(f"UNSTALL {role.value}'s broker")
+
     def force(self, role: Role) -> None:
         node = self.nodes[role]
+        self._stamp(node)
         node.core.request_force(node.local(self.t), acknowledge_data_loss=True)
         self._after(node)
 
@@ -167,6 +179,7 @@ class Simulation:
                 node = self.nodes[role]
                 if node.core is None or node.paused or gen != node.timer_gen:
                     continue
+                self._stamp(node)
                 node.core.handle_timer(node.local(self.t))
                 self._after(node)
             elif kind == "deliver":
@@ -246,7 +259,13 @@ class Simulation:
         node.last_rx_global = None
         self._after(node)
 
+    def _stamp(self, node: SimNode) -> None:
+        """What the node adapter does before every core call: pass on the broker loop's latest stamp."""
+        if not node.broker_stalled:
+            node.core.broker_alive(node.local(self.t))
+
     def _deliver(self, node: SimNode, data: bytes) -> None:
+        self._stamp(node)
         hb = node.core.receive_datagram(data, node.local(self.t))
         if hb is not None:
             node.last_rx_global = self.t
@@ -302,7 +321,8 @@ class Simulation:
 
 # --- random schedules -------------------------------------------------------------
 
-FAULTS = ("cut", "cut_one_way", "isolate", "heal", "crash", "restart", "pause", "resume", "network", "replay")
+FAULTS = ("cut", "cut_one_way", "isolate", "heal", "crash", "restart", "pause", "resume", "network", "replay",
+          "stall_broker", "unstall_broker")
 
 
 def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True) -> Simulation:
@@ -333,6 +353,10 @@ def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True)
         elif fault == "network":
             sim.set_network(loss=rng.choice((0.0, 0.05, 0.3)), delay_ms=rng.choice(((0, 2), (1, 30), (0, 200))),
                             duplicate=rng.choice((0.0, 0.1)))
+        elif fault == "stall_broker":
+            sim.stall_broker(a)
+        elif fault == "unstall_broker":
+            sim.unstall_broker(a)
         elif fault == "replay":
             sim.replay_rate = rng.choice((0.0, 0.05, 0.3))
         sim.run_for(rng.choice((50, 200, 400, 700, 1200, 2500)))
@@ -343,5 +367,6 @@ def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True)
     for role in Role:
         sim.resume(role)
         sim.restart(role)
+        sim.unstall_broker(role)
     sim.run_for(4_000)
     return sim

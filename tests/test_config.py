@@ -29,6 +29,9 @@ def test_defaults_round_trip_and_fail_over_well_under_two_seconds(tmp_path):
     ({"lease_ms": 5000, "takeover_margin_ms": 100}, "takeover_margin_ms (100) must be at least lease_ms / 10 (500)"),
     ({"heartbeat_interval_ms": 5}, "heartbeat_interval_ms (5) must be at least 10"),
     ({"lease_ms": -1}, "timers.lease_ms must be a positive whole number"),
+    ({"broker_stall_ms": 1500}, "broker_stall_ms (1500) must be at least 4 x lease_ms (2000)"),
+    ({"broker_stall_ms": 60_001}, "timers.broker_stall_ms (60001) must be at most 60000"),
+    ({"broker_stall_ms": True}, "timers.broker_stall_ms must be a positive whole number"),
 ])
 def test_unsafe_timers_name_the_relation(tmp_path, timers, relation):
     raw = tomllib.loads(group_text(tmp_path))

@@ -234,3 +234,54 @@ def test_clock_drift_and_jitter_keep_single_active():
         sim.set_network(loss=0.2, delay_ms=(0, 120), duplicate=0.1)
         sim.run_until(20_000)  # invariants are checked at every step
         assert len(sim.serving()) <= 1
+
+
+def test_broker_loop_stalled_past_the_bound_active_releases_activity_to_backup():
+    """R6: heartbeats run on their own thread, so a hung broker loop alone must not keep activity."""
+    sim = started()
+    bids_before = len(sim.reasons(P, "bid"))
+    stalled_at = sim.t
+    sim.stall_broker(P)
+    sim.run_for(TIMERS.broker_stall_ms - 100)
+    assert sim.serving() == [P], "a stall shorter than the bound changes nothing"
+    t = sim.first_serving_after(sim.t, stalled_at + TIMERS.broker_stall_ms + 3_000, role=B)
+    assert t is not None and sim.serving() == [B]
+    assert t - stalled_at <= TIMERS.broker_stall_ms + TIMERS.heartbeat_interval_ms + BUDGET_MS
+    [step_down] = sim.reasons(P, "step_down")
+    assert step_down.startswith("primary: broker event loop stalled 5.0")
+    assert step_down.endswith("s → releasing activity, epoch 1")
+    [activation] = sim.reasons(B, "activate")
+    assert activation.startswith("backup: primary gave up activity")
+    # The primary's heartbeat thread still votes: either voter may be the one that concurs.
+    assert activation.endswith("concurs, in sync → taking activity, epoch 2")
+    sim.run_for(3_000)
+    assert sim.serving() == [B] and len(sim.reasons(P, "bid")) == bids_before, "a stalled broker never bids"
+    sim.unstall_broker(P)
+    sim.run_for(3_000)
+    assert sim.serving() == [B]
+    assert sim.core(P).activity.name == "STANDBY"
+
+
+def test_overload_stall_shorter_than_the_bound_never_fails_over():
+    """A storm stalls the broker loop for seconds; the heartbeat thread keeps the lease all along."""
+    sim = started()
+    for _ in range(5):
+        sim.stall_broker(P)
+        sim.run_for(TIMERS.broker_stall_ms // 2)
+        sim.unstall_broker(P)
+        sim.run_for(200)
+    assert sim.serving() == [P]
+    assert not sim.reasons(P, "step_down") and not sim.reasons(B, "bid") and not sim.reasons(B, "activate")
+
+
+def test_stalled_standby_does_not_bid_when_the_active_dies():
+    sim = started()
+    bids_before = len(sim.reasons(B, "bid"))
+    sim.stall_broker(B)
+    sim.run_for(TIMERS.broker_stall_ms + 100)
+    sim.crash(P)
+    sim.run_for(TIMERS.lease_ms + TIMERS.takeover_margin_ms + 2 * TIMERS.heartbeat_interval_ms)
+    assert sim.serving() == [] and len(sim.reasons(B, "bid")) == bids_before, "it could not serve the clients it took"
+    sim.unstall_broker(B)  # back while still in sync: the usual takeover follows at once
+    t = sim.first_serving_after(sim.t, sim.t + TIMERS.heartbeat_interval_ms * 3, role=B)
+    assert t is not None and sim.serving() == [B]

@@ -46,6 +46,13 @@ R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
 
 R5 every transition yields a `Decision` with a sentence saying why.
 
+R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
+   own thread, so a hung broker event loop would otherwise keep activity while
+   serving nobody. The adapter reports when the broker loop last proved it was
+   alive (`broker_alive`); once that is `broker_stall_ms` old, an active node
+   steps down and a standby does not bid, so the mate takes over through R2.
+   The bound sits far above any overload stall (those must never fail over).
+
 Why at most one node serves (S1): two actives need two elections; each needs
 two of three votes, and a voter that granted epoch E refuses every other
 candidate until the E candidate's claims to it have been silent for
@@ -82,10 +89,12 @@ class Timing:
     lease_ms: int
     takeover_margin_ms: int
     insync_ms: int
+    broker_stall_ms: int = 5000
 
     @classmethod
     def from_timers(cls, timers) -> "Timing":
-        return cls(timers.heartbeat_interval_ms, timers.lease_ms, timers.takeover_margin_ms, timers.insync_ms)
+        return cls(timers.heartbeat_interval_ms, timers.lease_ms, timers.takeover_margin_ms, timers.insync_ms,
+                   timers.broker_stall_ms)
 
     @property
     def quiet_ms(self) -> int:
@@ -156,6 +165,7 @@ class QuorumCore:
         self.config_version = 0
 
         self.boot_at = now_ms
+        self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
         self._hold_until = now_ms + timing.quiet_ms
         self.peers = {r: _Peer(r) for r in role.peers()}
         for peer in self.peers.values():
@@ -191,6 +201,17 @@ class QuorumCore:
         self._evaluate(now_ms)
         if now_ms >= self._next_heartbeat_at:
             self._send_heartbeat(now_ms)
+
+    def broker_alive(self, alive_at_ms: int) -> None:
+        """R6 input: the broker's event loop was running at `alive_at_ms` (same clock as now_ms)."""
+        self._broker_alive_at = max(self._broker_alive_at, alive_at_ms)
+
+    def broker_stalled_ms(self, now_ms: int) -> int:
+        """How long the broker loop has been silent past the stall bound (0: not stalled)."""
+        if not self.role.routes_messages:
+            return 0
+        age = now_ms - self._broker_alive_at
+        return age if age >= self.timing.broker_stall_ms else 0
 
     def set_spool_position(self, epoch: int, seq: int) -> None:
         if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
@@ -279,6 +300,9 @@ class QuorumCore:
             ago = now_ms - (self.lease_expiry - self.timing.lease_ms)
             self._step_down(now_ms, f"lease expired: no peer echoed a heartbeat sent in the last "
                                     f"{_secs(ago)} → stopping service")
+        stalled = self.broker_stalled_ms(now_ms)
+        if self.activity is Activity.ACTIVE and stalled:
+            self._step_down(now_ms, f"broker event loop stalled {_secs(stalled)} → releasing activity")
 
     def _on_heartbeat(self, hb: Heartbeat, now_ms: int) -> None:
         peer = self.peers[hb.sender]
@@ -356,6 +380,9 @@ class QuorumCore:
         mate = self.role.mate()
         if now_ms < self._hold_until:
             return "holding after boot"
+        stalled = self.broker_stalled_ms(now_ms)
+        if stalled:
+            return f"broker event loop stalled {_secs(stalled)}"
         quiet = self._quiet_since(mate)
         if quiet is not None and now_ms <= quiet:
             return f"{mate.value} claimed activity within {_secs(self.timing.quiet_ms)}"

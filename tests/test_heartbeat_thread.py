@@ -1,0 +1,93 @@
+"""The heartbeat thread with real UDP sockets: heartbeats keep time while the main thread is stuck.
+
+The thread under test runs a real QuorumCore on an ephemeral port of
+127.0.0.1; two plain UDP sockets play the peers and read the kernel's receive
+timestamps, so the gaps measured are the gaps on the wire, not when this
+(GIL-sharing) test got around to reading them.
+"""
+
+import socket
+import struct
+import time
+
+import pytest
+
+from appliance.config import Timers
+from appliance.heartbeats import HeartbeatThread
+from appliance.quorum.auth import HeartbeatAuth
+from appliance.quorum.core import QuorumCore, Timing
+from appliance.roles import Role
+from appliance.stable_file import FileStore
+
+SECRET = bytes(range(32))
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value; Python 3.11 does not name it
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS
+TIMERS = Timers()
+BUSY_S = 1.5
+
+
+def peer_socket() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    s.setblocking(False)
+    return s
+
+
+def arrivals(s: socket.socket) -> list[tuple[float, bytes]]:
+    out = []
+    while True:
+        try:
+            data, ancillary, _flags, _addr = s.recvmsg(4096, 64)
+        except BlockingIOError:
+            return out
+        stamps = [struct.unpack("qq", d[:16]) for level, kind, d in ancillary
+                  if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS]
+        if not stamps:
+            pytest.fail("the kernel gave no SCM_TIMESTAMPNS receive timestamp")
+        out.append((stamps[0][0] + stamps[0][1] / 1e9, data))
+
+
+def heartbeat_thread(tmp_path, peers, decisions, port: int = 0) -> HeartbeatThread:
+    now = time.monotonic_ns() // 1_000_000
+    core = QuorumCore(Role.PRIMARY, HeartbeatAuth(SECRET, "t", Role.PRIMARY), Timing.from_timers(TIMERS),
+                      FileStore(tmp_path / "quorum.json"), now)
+    return HeartbeatThread(core, ("127.0.0.1", port), peers, on_decision=decisions.append, on_ready=lambda: None,
+                           on_lag=lambda *a: None, on_crash=lambda exc: decisions.append(exc))
+
+
+def test_heartbeats_keep_their_interval_while_the_main_thread_hogs_the_gil(tmp_path):
+    backup, monitor = peer_socket(), peer_socket()
+    decisions = []
+    thread = heartbeat_thread(tmp_path, [backup.getsockname(), monitor.getsockname()], decisions)
+    thread.start()
+    try:
+        end = time.monotonic() + BUSY_S
+        x = 0
+        while time.monotonic() < end:  # a broker loop stuck in pure Python: it never yields the GIL by itself
+            x += sum(i * i for i in range(1000))
+    finally:
+        thread.stop()
+    for role, peer in ((Role.BACKUP, backup), (Role.MONITOR, monitor)):
+        reader = HeartbeatAuth(SECRET, "t", role)  # each peer checks MACs and replays on its own
+        got = arrivals(peer)
+        seqs = [reader.open(data).seq for _, data in got]
+        assert seqs == sorted(seqs) and len(seqs) >= BUSY_S * 1000 / TIMERS.heartbeat_interval_ms * 0.8, seqs
+        gaps_ms = [(b - a) * 1000 for (a, _), (b, _) in zip(got, got[1:])]
+        print(f"{role.value}: {len(got)} heartbeats, largest gap {max(gaps_ms):.1f} ms")
+        assert max(gaps_ms) < TIMERS.lease_ms / 2, \
+            f"a heartbeat gap of {max(gaps_ms):.0f} ms while the main thread was busy"
+        peer.close()
+    assert [d.kind for d in decisions] == ["boot"], decisions
+
+
+def test_heartbeat_port_in_use_is_refused_at_start_up(tmp_path):
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    try:
+        thread = heartbeat_thread(tmp_path, [], [], port=taken.getsockname()[1])
+        with pytest.raises(OSError):
+            thread.start()
+        thread.stop()  # nothing started: stopping is a no-op, not an error
+    finally:
+        taken.close()
