@@ -260,7 +260,7 @@ class Node:
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
             "mqtt": None if self.listener is None else {
-                "address": self.config.mqtt_reference(self.role), "clients": self.listener.client_count},
+                "address": self.config.mqtt_reference(self.role), **self.listener.stats()},
         }
 
 
