@@ -39,6 +39,8 @@ Rules:
   Output that makes no progress for `write_timeout_s`, output past
   `max_output_bytes`, or a close that does not finish within
   `write_timeout_s`: abort.
+- A connection handles at most PACKETS_PER_TURN packets per loop turn; the
+  rest stay buffered (its socket unread) until the next turn.
 - Writes are coalesced: everything produced for a connection in one loop turn
   goes out in one transport write, in order; a close flushes first.
 - Nothing the peer sends can raise out of here; a bug in this package or in
