@@ -12,6 +12,8 @@ import sqlite3
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.broker.service import BrokerService
 from appliance.mqtt.codec import Connack, Connect, Disconnect, PingReq, PingResp
@@ -304,3 +306,15 @@ def test_packets_pipelined_behind_a_queued_connect_are_handled_after_the_connack
     assert raw.read_packet(MQTT_5) is None
     node.events.expect("client_closed", client_id="pipe", reason=lambda r: r.startswith("bad packet"))
     raw.close()
+
+
+@given(topic=st.text(st.characters(blacklist_characters="+#\x00", blacklist_categories=("Cs",)), min_size=1,
+                     max_size=40),
+       payload=st.binary(max_size=300), qos=st.integers(0, 2), retain=st.booleans(), dup=st.booleans(),
+       packet_id=st.integers(1, 65535), version=st.sampled_from([MQTT_3_1_1, MQTT_5]))
+def test_the_plain_publish_fast_path_makes_the_codecs_bytes(topic, payload, qos, retain, dup, packet_id, version):
+    listener = MqttListener(HOST, 0, FlipGate())
+    packet = Publish(topic, payload, qos=qos, retain=retain, dup=dup and qos > 0,
+                     packet_id=packet_id if qos else None)
+    assert listener.encode_plain_publish(packet, version) is None  # first use: the full encoder validates
+    assert listener.encode_plain_publish(packet, version) == packet.encode(version)

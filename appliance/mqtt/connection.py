@@ -388,6 +388,12 @@ class MqttConnection(asyncio.Protocol):
     # --- the broker's side (BrokerService calls these) -----------------------------
 
     def send_nowait(self, packet: Packet) -> None:
+        if type(packet) is Publish and not packet.properties and not self.closing:
+            data = self._l.encode_plain_publish(packet, self.protocol_version)
+            if data is not None:
+                if self.peer_max_packet_size is None or len(data) <= self.peer_max_packet_size:
+                    self._write(data)
+                return  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
         self._send(packet)
 
     def close_with(self, reason: int, why: str) -> None:
