@@ -28,9 +28,23 @@ R = ReasonCode
 TIMEOUT_S = 10.0
 
 
+class UvLoopThread(LoopThread):
+    """The nodes run under uvloop when it is installed: the listener must behave the same on it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import uvloop
+
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+
 class Node:
-    def __init__(self, tmp_path, *, with_broker: bool = False, **kw) -> None:
-        self.gate, self.events, self.loop = FlipGate(), Events(), LoopThread()
+    def __init__(self, tmp_path, *, with_broker: bool = False, loop_kind: str = "asyncio", **kw) -> None:
+        self.gate, self.events = FlipGate(), Events()
+        self.loop = UvLoopThread() if loop_kind == "uvloop" else LoopThread()
         self.broker = None
         if with_broker:
             self.broker = BrokerService(tmp_path / "spool", epoch=lambda: 1)
@@ -51,13 +65,13 @@ class Node:
             self.loop.close()
 
 
-@pytest.fixture
-def node_factory(tmp_path, caplog):
+@pytest.fixture(params=["asyncio", "uvloop"])
+def node_factory(request, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="appliance")
     made: list[Node] = []
 
     def make(**kw) -> Node:
-        made.append(Node(tmp_path, **kw))
+        made.append(Node(tmp_path / f"node{len(made)}", loop_kind=request.param, **kw))
         return made[-1]
 
     yield make
@@ -318,3 +332,35 @@ def test_the_plain_publish_fast_path_makes_the_codecs_bytes(topic, payload, qos,
                      packet_id=packet_id if qos else None)
     assert listener.encode_plain_publish(packet, version) is None  # first use: the full encoder validates
     assert listener.encode_plain_publish(packet, version) == packet.encode(version)
+
+
+def test_credential_checks_run_bounded_and_refuse_or_time_out(node_factory):
+    running, most = [0], [0]
+
+    async def check(connect: Connect, peer: str):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            if connect.username == "hang":
+                await asyncio.sleep(60)
+            await asyncio.sleep(0.05)
+            return R.BAD_USER_NAME_OR_PASSWORD if connect.username == "bad" else None
+        finally:
+            running[0] -= 1
+
+    node = node_factory(credential_check=check, max_connect_checks=2, connect_timeout_s=1.0)
+    clients = []
+    for i in range(6):
+        raw = Raw(node.port)
+        name = "bad" if i == 3 else "hang" if i == 5 else "good"
+        raw.send(Connect(MQTT_5, f"cred-{i}", username=name).encode())
+        clients.append((name, raw))
+    for name, raw in clients:
+        raw.sock.settimeout(TIMEOUT_S)
+        connack = raw.read_packet(MQTT_5)
+        expected = {"good": R.SUCCESS, "bad": R.BAD_USER_NAME_OR_PASSWORD, "hang": R.SERVER_UNAVAILABLE}[name]
+        assert connack.reason_code == expected, (name, connack)
+        raw.close()
+    assert most[0] == 2, most
+    node.events.expect("client_refused", client_id="cred-3", reason="credentials refused")
+    node.events.expect("client_refused", client_id="cred-5", reason="no credential check answer within 1.0 s")

@@ -59,7 +59,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from appliance.mqtt.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader
+from appliance.mqtt.codec import (
+    CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
+)
 from appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
 from appliance.mqtt.overload import OverloadLimits, WindowPolicy
 from appliance.mqtt.publish import Publish
@@ -315,16 +317,20 @@ class MqttListener:
         self._schedule_connects()
 
     async def _check(self, conn: MqttConnection, packet: Connect) -> None:
+        why = "credentials refused"
         try:
             verdict = await asyncio.wait_for(self.credential_check(packet, conn.peer), self.connect_timeout_s)
         except TimeoutError:
-            verdict = ReasonCode.SERVER_UNAVAILABLE
+            verdict, why = ReasonCode.SERVER_UNAVAILABLE, f"no credential check answer within {self.connect_timeout_s} s"
         except Exception:
             log.exception("the credential check failed for %s", conn.peer)
-            verdict = ReasonCode.SERVER_UNAVAILABLE
+            verdict, why = ReasonCode.SERVER_UNAVAILABLE, "the credential check failed"
         finally:
             self._checks_running -= 1
             self._schedule_connects()
+        if verdict is not None and (verdict not in CONNACK_REASON_CODES or verdict < 0x80):
+            log.error("the credential check answered %r, not None or a CONNACK error code", verdict)
+            verdict, why = ReasonCode.UNSPECIFIED_ERROR, "the credential check failed"
         if conn.closing:
             return
         try:
@@ -332,7 +338,7 @@ class MqttListener:
                 if conn.precheck(packet):  # the gate may have closed while the check ran
                     conn.admit(packet)
             else:
-                conn.refuse(packet, ReasonCode(verdict), "credentials refused")
+                conn.refuse(packet, ReasonCode(verdict), why)
         except Exception:
             log.exception("CONNECT from %s failed", conn.peer)
             conn.abort("internal error")
