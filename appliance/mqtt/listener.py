@@ -11,9 +11,9 @@ Rules:
   Server Reference when the gate knows the active, else 0x88 "Server
   unavailable"; 3.1.1 return code 3. Then close.
 - Overload (DESIGN §5): a complete CONNECT joins a bounded queue
-  (`connect_queue_size`), processed at most `connect_batch` per loop turn, so
-  a storm cannot hold the loop for long; the socket is not read while its
-  CONNECT waits. Queue full, or `max_connections` clients connected or
+  (`connect_queue_size`), processed at most `connect_batch` and at most
+  `connect_budget_ms` of work per loop turn (at least one), so a storm cannot
+  hold the loop for long; the socket is not read while its CONNECT waits. Queue full, or `max_connections` clients connected or
   waiting: v5 CONNACK 0x89 "Server busy" with a reason string, 3.1.1 return
   code 3, a "client_refused" event with the reason, and a counter. The
   optional async credential check runs between the checks above and the
@@ -106,7 +106,8 @@ class MqttListener:
                  broker: BrokerService | None = None,
                  max_connections: int = 20_000,
                  connect_queue_size: int = 10_000,
-                 connect_batch: int = 128,
+                 connect_batch: int = 1024,
+                 connect_budget_ms: float = 20.0,
                  max_connect_checks: int = 256,
                  max_output_bytes: int = 64 << 20,
                  overload: OverloadLimits = OverloadLimits(),
@@ -128,6 +129,9 @@ class MqttListener:
         self.max_connections = max_connections
         self.connect_queue_size = connect_queue_size
         self.connect_batch = connect_batch
+        if not connect_budget_ms > 0:
+            raise ValueError(f"connect_budget_ms must be positive, got {connect_budget_ms!r}")
+        self.connect_budget_s = connect_budget_ms / 1000
         self.max_connect_checks = max_connect_checks
         self.max_output_bytes = max_output_bytes
         self.credential_check = credential_check
@@ -298,8 +302,10 @@ class MqttListener:
     def _process_connects(self) -> None:
         self._connects_scheduled = False
         queue = self._connects
+        clock = self._loop.time
+        deadline = clock() + self.connect_budget_s
         for _ in range(self.connect_batch):
-            if not queue or self._checks_running >= self.max_connect_checks:
+            if not queue or self._checks_running >= self.max_connect_checks or clock() > deadline:
                 break
             conn, packet = queue.popleft()
             if conn.closing:
