@@ -10,6 +10,7 @@ FORBIDDEN = {"asyncio", "socket", "time", "random", "sqlite3", "aiohttp", "threa
 CORES = [
     "quorum/wire.py", "quorum/auth.py", "quorum/core.py", "quorum/insync.py",
     "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
+    "mqtt/overload.py",
     "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
     "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py",
 ]
