@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from appliance.broker.service import BrokerService
 from appliance.mqtt.codec import Connack, Connect, Disconnect, PingReq, PingResp
 from appliance.mqtt.listener import MqttListener
+from appliance.mqtt.overload import OverloadLimits
 from appliance.mqtt.packets import Puback, Subscribe, Subscription
 from appliance.mqtt.properties import PropertyId
 from appliance.mqtt.publish import Publish
@@ -364,3 +365,41 @@ def test_credential_checks_run_bounded_and_refuse_or_time_out(node_factory):
     assert most[0] == 2, most
     node.events.expect("client_refused", client_id="cred-3", reason="credentials refused")
     node.events.expect("client_refused", client_id="cred-5", reason="no credential check answer within 1.0 s")
+
+
+def test_a_commit_backlog_shrinks_the_window_and_it_grows_back(node_factory):
+    node = node_factory(with_broker=True, overload=OverloadLimits(backlog_low_ops=0, backlog_high_ops=20))
+    sub = Raw(node.port)
+    sub.send(Connect(MQTT_3_1_1, "keeper2", clean_start=False).encode())
+    assert sub.read_packet(MQTT_3_1_1).reason_code == R.SUCCESS
+    sub.send(Subscribe(1, (Subscription("b/t", 1),)).encode(MQTT_3_1_1))
+    sub.read_packet(MQTT_3_1_1)
+    sub.send(Disconnect().encode(MQTT_3_1_1))
+    sub.close()
+    pub = Raw(node.port)
+    pub.send(Connect(MQTT_3_1_1, "backlogged").encode())
+    assert pub.read_packet(MQTT_3_1_1).reason_code == R.SUCCESS
+    blocker = sqlite3.connect(node.broker.spool.path, timeout=5)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        pub.send(b"".join(Publish("b/t", b"x", qos=1, packet_id=i).encode(MQTT_3_1_1) for i in range(1, 201)))
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            stats = node.stats()
+            if stats["window"] == 1 and stats["throttled_clients"] == 1:
+                break
+            time.sleep(0.02)
+        assert stats["window"] == 1 and stats["throttled_clients"] == 1, stats
+    finally:
+        blocker.rollback()
+        blocker.close()
+    acked = set()
+    while len(acked) < 200:
+        ack = pub.read_packet(MQTT_3_1_1)
+        assert isinstance(ack, Puback), ack
+        acked.add(ack.packet_id)
+    deadline = time.monotonic() + 3
+    while node.stats()["window"] < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.stats()["window"] == 100 and node.stats()["throttled_clients"] == 0
+    pub.close()
