@@ -320,6 +320,13 @@ class MqttConnection(asyncio.Protocol):
         self._timer = None
         if self.closing:
             return
+        try:
+            self._timer_due()
+        except Exception:
+            log.exception("MQTT connection %s: timer failed", self.peer)
+            self.abort("internal error")
+
+    def _timer_due(self) -> None:
         if not self.accepted:
             if not self._paused & _CONNECTING:
                 self._close(f"no CONNECT within {self._l.connect_timeout_s} s")
