@@ -299,7 +299,7 @@ class Node:
                                  "max_timer_late_ms": self.heartbeats.max_timer_late_ms,
                                  "send_errors": self.heartbeats.send_errors},
             "mqtt": None if self.listener is None else {
-                "address": self.config.mqtt_reference(self.role), "clients": self.listener.client_count},
+                "address": self.config.mqtt_reference(self.role), **self.listener.stats()},
         }
 
 

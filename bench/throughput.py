@@ -592,36 +592,40 @@ async def bench_target(target: Target, args) -> Result:
     payload = bytes(args.payload)
     result = Result(target.name)
     v = result.values
-    for label, publishers in (("qos0_1to1", 1), ("qos0_4to1", 4)):
+    if "qos0" in args.tests:
+        for label, publishers in (("qos0_1to1", 1), ("qos0_4to1", 4)):
+            await wait_quiet(target)
+            rate, m, sent = await qos0(target, publishers, args.duration_s, payload, label)
+            v[label] = rate
+            result.measured(label, m)
+            log(f"  {target.name} {label}: {rate:,.0f} msg/s at the subscriber ({sent:,} sent), broker CPU {m.cpu:.0%}, "
+                f"generator CPU {m.generator_cpu:.0%}")
+    if "qos1" in args.tests:
         await wait_quiet(target)
-        rate, m, sent = await qos0(target, publishers, args.duration_s, payload, label)
-        v[label] = rate
-        result.measured(label, m)
-        log(f"  {target.name} {label}: {rate:,.0f} msg/s at the subscriber ({sent:,} sent), broker CPU {m.cpu:.0%}, "
+        v["qos1"], v["qos1_acked"], m = await qos1(target, args.window, args.duration_s, payload)
+        result.measured("qos1", m)
+        log(f"  {target.name} qos1 window {args.window}: {v['qos1']:,.0f} msg/s at the subscriber, "
+            f"{v['qos1_acked']:,.0f} PUBACKs/s at the publisher, broker CPU {m.cpu:.0%}, "
             f"generator CPU {m.generator_cpu:.0%}")
-    await wait_quiet(target)
-    v["qos1"], v["qos1_acked"], m = await qos1(target, args.window, args.duration_s, payload)
-    result.measured("qos1", m)
-    log(f"  {target.name} qos1 window {args.window}: {v['qos1']:,.0f} msg/s at the subscriber, "
-        f"{v['qos1_acked']:,.0f} PUBACKs/s at the publisher, broker CPU {m.cpu:.0%}, "
-        f"generator CPU {m.generator_cpu:.0%}")
-    await wait_quiet(target)
-    samples, m = await latency(target, args.duration_s, payload)
-    result.measured("lat_p50_ms", m)
-    samples.sort()
-    v["lat_p50_ms"], v["lat_p99_ms"], v["lat_n"] = percentile(samples, 50), percentile(samples, 99), len(samples)
-    log(f"  {target.name} latency: p50 {v['lat_p50_ms']:.3f} ms, p99 {v['lat_p99_ms']:.3f} ms ({len(samples)} samples)")
-    s = await storm(target, args.storm)
-    v.update({f"storm_{k}": s[k] for k in ("total_s", "accepted", "refused", "max_connack_s", "p50_connack_s",
-                                            "p99_connack_s", "idle", "rss_before_kib", "rss_after_kib",
-                                            "rss_per_conn_kib")})
-    if s["refused"]:
-        result.notes.append(f"storm refusals: {s['refusals']}")
+    if "latency" in args.tests:
+        await wait_quiet(target)
+        samples, m = await latency(target, args.duration_s, payload)
+        result.measured("lat_p50_ms", m)
+        samples.sort()
+        v["lat_p50_ms"], v["lat_p99_ms"], v["lat_n"] = percentile(samples, 50), percentile(samples, 99), len(samples)
+        log(f"  {target.name} latency: p50 {v['lat_p50_ms']:.3f} ms, p99 {v['lat_p99_ms']:.3f} ms ({len(samples)} samples)")
+    if "storm" in args.tests:
+        s = await storm(target, args.storm)
+        v.update({f"storm_{k}": s[k] for k in ("total_s", "accepted", "refused", "max_connack_s", "p50_connack_s",
+                                                "p99_connack_s", "idle", "rss_before_kib", "rss_after_kib",
+                                                "rss_per_conn_kib")})
+        if s["refused"]:
+            result.notes.append(f"storm refusals: {s['refusals']}")
+        log(f"  {target.name} storm {args.storm}: all CONNACKs in {s['total_s']:.2f} s, refused {s['refused']} "
+            f"{s['refusals']}, CONNACK p50 {s['p50_connack_s'] * 1000:.0f} ms, p99 {s['p99_connack_s'] * 1000:.0f} ms, "
+            f"max {s['max_connack_s'] * 1000:.0f} ms; RSS {s['rss_before_kib']} -> "
+            f"{s['rss_after_kib']} KiB with {s['idle']} idle = {s['rss_per_conn_kib']:.1f} KiB/connection")
     result.notes += target.notes()
-    log(f"  {target.name} storm {args.storm}: all CONNACKs in {s['total_s']:.2f} s, refused {s['refused']} "
-        f"{s['refusals']}, CONNACK p50 {s['p50_connack_s'] * 1000:.0f} ms, p99 {s['p99_connack_s'] * 1000:.0f} ms, "
-        f"max {s['max_connack_s'] * 1000:.0f} ms; RSS {s['rss_before_kib']} -> "
-        f"{s['rss_after_kib']} KiB with {s['idle']} idle = {s['rss_per_conn_kib']:.1f} KiB/connection")
     return result
 
 
@@ -640,6 +644,7 @@ ROWS = [
     ("storm_rss_per_conn_kib", "RSS per idle connection (KiB)", "{:.1f}"),
 ]
 THROUGHPUT = ("qos0_1to1", "qos0_4to1", "qos1")
+TESTS = ("qos0", "qos1", "latency", "storm")
 THROUGHPUT_LABELS = ("QoS 0 1→1", "QoS 0 4→1", "QoS 1 1→1")
 
 
@@ -669,8 +674,9 @@ def ratios(results: list[Result]) -> list[str]:
         if not theirs:
             continue
         parts = [f"{label} {ours[k] / theirs[k]:.2f}×" for k, label in zip(THROUGHPUT, THROUGHPUT_LABELS)
-                 if theirs.get(k)]
-        parts += [f"QoS 1 latency p50 {ours['lat_p50_ms'] / theirs['lat_p50_ms']:.2f}× (lower is better)"]
+                 if theirs.get(k) and k in ours]
+        if theirs.get("lat_p50_ms") and "lat_p50_ms" in ours:
+            parts += [f"QoS 1 latency p50 {ours['lat_p50_ms'] / theirs['lat_p50_ms']:.2f}× (lower is better)"]
         out.append(f"PairMQ/{other}: " + ", ".join(parts))
     return out
 
@@ -690,6 +696,8 @@ def goals(results: list[Result], storm_n: int) -> list[str]:
         for key, label, goal in (("qos0_1to1", "QoS 0 1→1", GOALS["qos0"]),
                                  ("qos0_4to1", "QoS 0 4→1", GOALS["qos0"]),
                                  ("qos1", "durable QoS 1", GOALS["qos1"])):
+            if key not in ours or any(key not in m for m in mosq):
+                continue  # not run (--tests)
             ref = max(m[key] for m in mosq)  # the faster mosquitto run: the stricter reference
             out.append(f"{label} ≥ {goal}× mosquitto (the faster of its two runs, {ref:,.0f} msg/s): "
                        f"{ours[key] / ref:.2f}× — {verdict(ours[key] >= goal * ref)}")
@@ -697,12 +705,16 @@ def goals(results: list[Result], storm_n: int) -> list[str]:
         out.append("mosquitto not measured: the QoS 0 and QoS 1 goals cannot be judged")
     if "amqtt" in by:
         for key, label in zip(THROUGHPUT, THROUGHPUT_LABELS):
+            if key not in ours or key not in by["amqtt"]:
+                continue  # not run (--tests)
             ref = by["amqtt"][key]
             ok = ref > 0 and ours[key] >= GOALS["amqtt"] * ref
             out.append(f"{label} ≥ {GOALS['amqtt']:.0f}× amqtt ({ref:,.0f} msg/s): "
                        f"{(ours[key] / ref) if ref else float('inf'):.2f}× — {verdict(ok)}")
     else:
         out.append("amqtt not measured: the ≥ 10× amqtt goal cannot be judged")
+    if "storm_max_connack_s" not in ours:
+        return out  # the storm was not run (--tests)
     max_s = ours["storm_max_connack_s"]
     ok = ours["storm_refused"] == 0 and ours["storm_accepted"] == storm_n and max_s <= GOALS["storm_connack_s"]
     out.append(f"{storm_n:,}-client storm, no refusals and every CONNACK within {GOALS['storm_connack_s']:.0f} s: "
@@ -832,8 +844,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amqtt-venv", type=Path, default=Path("/tmp/amqtt-venv"))
     parser.add_argument("--write-docs", action="store_true", help="write the section in docs/benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (broker logs)")
+    parser.add_argument("--tests", default=",".join(TESTS),
+                        help=f"comma-separated subset of {','.join(TESTS)}; the others are reported as not measured")
     args = parser.parse_args(argv)
     args.argv = argv
+    args.tests = set(args.tests.split(","))
+    if not args.tests <= set(TESTS):
+        parser.error(f"--tests: unknown {sorted(args.tests - set(TESTS))}; choose from {','.join(TESTS)}")
     install_signal_handlers()
     raise_fd_limit(args.storm + 1024)  # brokers started from here inherit it too
     try:

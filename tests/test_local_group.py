@@ -92,6 +92,9 @@ def test_up_status_down(local_dir):
     assert nodes["backup"]["activity"] in ("Mate Active", "Standby")
     assert nodes["monitor"]["activity"] == "Monitor"
     assert all(n["reachable"] and n["address"] == ADDRESSES[n["role"]] for n in nodes.values())
+    mqtt = nodes["primary"]["mqtt"]  # the listener's overload state, for the management API
+    assert 1 <= mqtt["window"] <= 100 and mqtt["max_connections"] == 20_000
+    assert mqtt["busy_refusals"] == mqtt["limit_refusals"] == mqtt["throttled_clients"] == 0
     redundancy_table(doc["nodes"])  # the renderer takes the real view model as it is
 
     status = pairmq("local", "status", "--dir", str(local_dir), "--json")

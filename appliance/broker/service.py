@@ -8,8 +8,9 @@ Rules:
   of the durable one: every client is dropped with 0x97 and the core is
   rebuilt from the spool. Nothing unacknowledged was promised, so nothing
   acknowledged is lost; clients retry.
-- Writes never wait for the socket to drain here; the connection's read loop
-  waits for its own drains, which is what slows a fast publisher down.
+- Writes never wait for the socket to drain here; the listener stops reading a
+  client whose output backs up or whose in-flight window is full. `packet`
+  returns the commit its effects wait for, which is what the window counts.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class BrokerService:
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
+        self._last_commit: asyncio.Future | None = None
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -74,9 +76,16 @@ class BrokerService:
         self.execute(self.core.connect(conn_id, packet, wall_ms(), username=username))
         return conn_id
 
-    def packet(self, conn_id: int, packet) -> None:
-        if conn_id in self.core.connections:
-            self.execute(self.core.packet(conn_id, packet, wall_ms()))
+    def packet(self, conn_id: int, packet) -> asyncio.Future | None:
+        """Run the packet's effects. Returns the future of the last spool commit they wait for (commits finish in
+        order, so when it resolves every effect of this packet has run), or None when nothing waits: the
+        listener's in-flight window counts the packet until then."""
+        if conn_id not in self.core.connections:
+            return None
+        self._last_commit = None
+        self.execute(self.core.packet(conn_id, packet, wall_ms()))
+        pending, self._last_commit = self._last_commit, None
+        return pending
 
     def lost(self, conn_id: int, disconnect=None) -> None:
         self.conns.pop(conn_id, None)
@@ -111,6 +120,7 @@ class BrokerService:
         except (SpoolFull, SpoolBusy) as exc:
             self._commit_failed(exc)
             return
+        self._last_commit = submission.future  # for packet()'s completion future
         core = self.core
         submission.future.add_done_callback(lambda fut: self._committed(fut, effect.then, core))
 

@@ -2,9 +2,10 @@
 
 `codec` frames and decodes packets with no I/O (PUBLISH lives in `publish`,
 the acknowledgements, subscriptions and AUTH in `packets`); `listener` is the
-thin asyncio adapter that the redundancy core gates. Import the listener from
-its module (`appliance.mqtt.listener`) so that codec users never pull in
-asyncio.
+thin asyncio adapter that the redundancy core gates, with one `connection`
+Protocol per socket and the overload policy in `overload` (no I/O). Import
+the listener from its module (`appliance.mqtt.listener`) so that codec users
+never pull in asyncio.
 """
 
 from appliance.mqtt.codec import (

@@ -10,53 +10,74 @@ Rules:
 - CONNECT with the gate false: v5 CONNACK 0x9C "Use another server" with
   Server Reference when the gate knows the active, else 0x88 "Server
   unavailable"; 3.1.1 return code 3. Then close.
+- Overload (DESIGN §5): a complete CONNECT joins a bounded queue
+  (`connect_queue_size`), processed at most `connect_batch` and at most
+  `connect_budget_ms` of work per loop turn (at least one), so a storm cannot
+  hold the loop for long; the socket is not read while its CONNECT waits. Queue full, or `max_connections` clients connected or
+  waiting: v5 CONNACK 0x89 "Server busy" with a reason string, 3.1.1 return
+  code 3, a "client_refused" event with the reason, and a counter. The
+  optional async credential check runs between the checks above and the
+  broker, at most `max_connect_checks` at once and within
+  `connect_timeout_s` (a timeout refuses with 0x88 / return code 3).
 - Every later packet asks the gate again first: a node resumed after SIGSTOP
   must not serve one packet past its lease. False: v5 DISCONNECT 0x8B, 3.1.1
   close. A client's DISCONNECT is simply honoured (nothing is sent).
-- PINGREQ gets PINGRESP. Any other packet, for now: v5 DISCONNECT 0x83
-  "not supported by this node yet", 3.1.1 close.
+- In-flight window (overload.py): a client's PUBLISH/SUBSCRIBE/UNSUBSCRIBE
+  whose effects wait for a spool commit count until the commit is done; while
+  the count has reached the window its socket is not read. A client whose
+  output passes the transport's high-water mark is not read either.
+- Without a broker (the front door alone): PINGREQ gets PINGRESP; any other
+  packet v5 DISCONNECT 0x83 "not supported by this node yet", 3.1.1 close.
 - Bad input (MqttError from the codec): while connecting, v5 CONNACK with the
   error's reason code, 3.1.1/unknown a plain close, and an unsupported
   protocol level a 3.1.1-format CONNACK return code 1; after CONNACK, v5
   DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
   CONNECT is answered with CONNACK, never DISCONNECT.)
-- Timers: no complete CONNECT within `connect_timeout_s`: close. Keep alive
-  k > 0: no packet within 1.5 k: v5 DISCONNECT 0x8D, close. A write that does
-  not drain within `write_timeout_s`, or a close that does not finish within
-  it, aborts the connection.
-- Nothing the peer sends can raise out of here; a bug in this file or in the
-  gate is logged with its traceback and the connection is closed (the gate
-  failing counts as "may not serve").
+- Timers (loop.call_at, none per packet): no complete CONNECT within
+  `connect_timeout_s`: close. Keep alive k > 0: no packet within 1.5 k: v5
+  DISCONNECT 0x8D, close (a client we stopped reading is not timed out).
+  Output that makes no progress for `write_timeout_s`, output past
+  `max_output_bytes`, or a close that does not finish within
+  `write_timeout_s`: abort.
+- A connection handles at most PACKETS_PER_TURN packets per loop turn; the
+  rest stay buffered (its socket unread) until the next turn.
+- Writes are coalesced: everything produced for a connection in one loop turn
+  goes out in one transport write, in order; a close flushes first.
+- Nothing the peer sends can raise out of here; a bug in this package or in
+  the gate is logged with its traceback and the connection is closed (the
+  gate failing counts as "may not serve").
 - Every connection ends with exactly one "client_closed" event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import secrets
-import socket
+import ssl as _ssl
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from appliance.mqtt.codec import (
-    CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES,
-    V311_RETURN_CODES, Connack, Connect, Disconnect, Packet, PacketReader,
-    PingReq, PingResp, encode_packet,
+    CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
-from appliance.mqtt.properties import PropertyId
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
+from appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
+from appliance.mqtt.overload import OverloadLimits, WindowPolicy
+from appliance.mqtt.publish import Publish
+from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
+
+if TYPE_CHECKING:
+    from appliance.broker.service import BrokerService
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK_BYTES = 64 * 1024
 # asyncio's default (100) overflows in a reconnect storm: the kernel then drops the handshake's last ACK and the
 # client's CONNECT waits for SYN-ACK retransmits (1 s, 3 s, 7 s...). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
-REASON_STRING_MAX_CHARS = 200
-NOT_SUPPORTED_YET = "not supported by this node yet"
-WILL_TOPIC_RESERVED = "will topics starting with $ are reserved"
+LAG_SAMPLE_S = 0.05
+TOPIC_CACHE_MAX = 4096  # encoded topic fields kept for deliveries; cleared whole when full
+_PUBLISH_FIRST_BYTE = tuple(bytes([0x30 | flags]) for flags in range(16))
 
 
 class Gate(Protocol):
@@ -68,6 +89,8 @@ class Gate(Protocol):
 
 
 EventSink = Callable[[str, dict[str, object]], None]
+# (CONNECT, peer) -> None to go on, or a CONNACK reason code to refuse with (e.g. 0x86, 0x87).
+CredentialCheck = Callable[[Connect, str], Awaitable["int | None"]]
 
 
 def now_ms() -> int:
@@ -80,20 +103,60 @@ class MqttListener:
                  on_event: EventSink | None = None,
                  connect_timeout_s: float = 10.0,
                  write_timeout_s: float = 5.0,
-                 broker=None) -> None:
+                 broker: BrokerService | None = None,
+                 max_connections: int = 20_000,
+                 connect_queue_size: int = 10_000,
+                 connect_batch: int = 1024,
+                 connect_budget_ms: float = 20.0,
+                 max_connect_checks: int = 256,
+                 max_output_bytes: int = 64 << 20,
+                 overload: OverloadLimits = OverloadLimits(),
+                 credential_check: CredentialCheck | None = None,
+                 ssl: _ssl.SSLContext | None = None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        for name, value in (("max_connections", max_connections), ("connect_queue_size", connect_queue_size),
+                            ("connect_batch", connect_batch), ("max_connect_checks", max_connect_checks),
+                            ("max_output_bytes", max_output_bytes)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.host = host
         self.requested_port = port
         self.max_packet_size = max_packet_size
         self.connect_timeout_s = connect_timeout_s
         self.write_timeout_s = write_timeout_s
+        self.max_connections = max_connections
+        self.connect_queue_size = connect_queue_size
+        self.connect_batch = connect_batch
+        if not connect_budget_ms > 0:
+            raise ValueError(f"connect_budget_ms must be positive, got {connect_budget_ms!r}")
+        self.connect_budget_s = connect_budget_ms / 1000
+        self.max_connect_checks = max_connect_checks
+        self.max_output_bytes = max_output_bytes
+        self.credential_check = credential_check
+        self._ssl = ssl
         self._gate = gate
         self._on_event = on_event
         self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
-        self._server: asyncio.Server | None = None
-        self._conns: set[_Connection] = set()
+        self.policy = WindowPolicy(overload)
+        self.window = self.policy.window  # read by every connection on every packet
+        self.loop_lag_ms = 0.0
+        self.busy_refusals = 0  # CONNECT queue full
+        self.limit_refusals = 0  # max_connections reached
+        self.throttle_events = 0  # times a client's socket stopped being read for its full window
+        self.throttled: set[MqttConnection] = set()
+        self.accepted_count = 0  # clients with CONNACK success still connected
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conns: set[MqttConnection] = set()
+        self._connects: collections.deque[tuple[MqttConnection, Connect]] = collections.deque()
+        self._connects_scheduled = False
+        self._checks_running = 0
+        self._dirty: list[MqttConnection] = []
+        self._topic_fields: dict[str, bytes] = {}
+        self._lag_timer: asyncio.TimerHandle | None = None
+        self._all_closed: asyncio.Event | None = None
 
     @property
     def port(self) -> int:
@@ -104,39 +167,53 @@ class MqttListener:
     @property
     def client_count(self) -> int:
         """Clients that got CONNACK success and are still connected."""
-        return sum(1 for c in self._conns if c.accepted and not c.closing)
+        return self.accepted_count
+
+    def stats(self) -> dict[str, object]:
+        """For the management API."""
+        return {"clients": self.accepted_count, "connections": len(self._conns),
+                "connect_queue": len(self._connects), "connect_queue_size": self.connect_queue_size,
+                "max_connections": self.max_connections, "window": self.window,
+                "load": round(self.policy.load, 3), "loop_lag_ms": round(self.loop_lag_ms, 1),
+                "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
+                "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals}
 
     async def start(self) -> None:
         assert self._server is None, "listener already started"
-        self._server = await asyncio.start_server(
-            self._on_connection, self.host, self.requested_port, reuse_address=True, backlog=LISTEN_BACKLOG)
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            lambda: MqttConnection(self), self.host, self.requested_port, reuse_address=True,
+            backlog=LISTEN_BACKLOG, ssl=self._ssl)
+        self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
 
     async def stop(self) -> None:
         """Stop accepting, drop every client (v5: 0x8B) and wait, bounded."""
         server, self._server = self._server, None
         if server is None:
             return
+        if self._lag_timer is not None:
+            self._lag_timer.cancel()
         server.close()
         self.drop_clients(ReasonCode.SERVER_SHUTTING_DOWN)
-        tasks = [c.task for c in self._conns if c.task is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.write_timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        if self._conns:
+            self._all_closed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._all_closed.wait(), self.write_timeout_s)
+            except TimeoutError:
+                for conn in list(self._conns):
+                    conn.abort("listener stopped")
         try:
             await asyncio.wait_for(server.wait_closed(), self.write_timeout_s)
         except TimeoutError:
-            log.warning("MQTT listener on %s:%s did not close in time", self.host,
-                        self.requested_port)
+            log.warning("MQTT listener on %s:%s did not close in time", self.host, self.requested_port)
 
     def drop_clients(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
                      server_reference: str | None = None) -> int:
         """Disconnect everyone now; v5 clients are told why. Returns how many."""
         if reason_code not in DISCONNECT_REASON_CODES or reason_code == ReasonCode.SUCCESS:
             raise ValueError(f"0x{reason_code:02X} is not a DISCONNECT error reason code")
-        return sum(conn.drop(ReasonCode(reason_code), server_reference)
-                   for conn in list(self._conns))
+        self._connects.clear()  # their connections are in _conns and are closed below
+        return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
 
     # --- used by connections ---------------------------------------------------
 
@@ -162,329 +239,127 @@ class MqttListener:
         except Exception:
             log.exception("on_event(%r) failed", kind)
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(self, reader, writer)
-        conn.task = asyncio.current_task()
+    def opened(self, conn: MqttConnection) -> None:
         self._conns.add(conn)
+
+    def closed(self, conn: MqttConnection) -> None:
+        self._conns.discard(conn)
+        self.throttled.discard(conn)
+        if self._all_closed is not None and not self._conns:
+            self._all_closed.set()
+
+    def mark_dirty(self, conn: MqttConnection) -> None:
+        """`conn` has output this turn: one flush for everyone, after the callbacks already queued."""
+        if not self._dirty:
+            self._loop.call_soon(self._flush)
+        self._dirty.append(conn)
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    def encode_plain_publish(self, packet: Publish, version: int | None) -> bytes | None:
+        """A PUBLISH without properties (the common delivery), byte for byte what `Publish.encode` makes, in a
+        fifth of the time: its topic field is encoded once (validated by the full encoder on first use) and
+        kept. None: not cached yet; use the full encoder."""
+        field = self._topic_fields.get(packet.topic)
+        if field is None:
+            packet.encode(version or MQTT_3_1_1)  # validates, and raises on our own bug as always
+            if len(self._topic_fields) >= TOPIC_CACHE_MAX:
+                self._topic_fields.clear()
+            self._topic_fields[packet.topic] = encode_utf8(packet.topic)
+            return None
+        qos = packet.qos
+        pid = packet.packet_id.to_bytes(2, "big") if qos else b""
+        props = b"\x00" if version == MQTT_5 else b""
+        payload = packet.payload
+        return b"".join((_PUBLISH_FIRST_BYTE[qos << 1 | packet.retain | packet.dup << 3],
+                         encode_vbi(len(field) + len(pid) + len(props) + len(payload)), field, pid, props, payload))
+
+    # --- the CONNECT pipeline ------------------------------------------------------------
+
+    def connect_arrived(self, conn: MqttConnection, packet: Connect) -> None:
+        """Queue a decoded CONNECT, or refuse it with "server busy" at once."""
+        waiting = len(self._connects) + self._checks_running
+        if len(self._connects) >= self.connect_queue_size:
+            self.busy_refusals += 1
+            conn.refuse_busy(packet, f"server busy: {len(self._connects)} CONNECTs waiting (limit "
+                                     f"{self.connect_queue_size}); retry later")
+            return
+        if self.accepted_count + waiting >= self.max_connections:
+            self.limit_refusals += 1
+            conn.refuse_busy(packet, f"server busy: connection limit {self.max_connections} reached")
+            return
+        self._connects.append((conn, packet))
+        self._schedule_connects()
+
+    def _schedule_connects(self) -> None:
+        if not self._connects_scheduled and self._connects:
+            self._connects_scheduled = True
+            self._loop.call_soon(self._process_connects)
+
+    def _process_connects(self) -> None:
+        self._connects_scheduled = False
+        queue = self._connects
+        clock = self._loop.time
+        deadline = clock() + self.connect_budget_s
+        for _ in range(self.connect_batch):
+            if not queue or self._checks_running >= self.max_connect_checks or clock() > deadline:
+                break
+            conn, packet = queue.popleft()
+            if conn.closing:
+                continue
+            try:
+                if conn.precheck(packet):
+                    if self.credential_check is None:
+                        conn.admit(packet)
+                    else:
+                        self._checks_running += 1
+                        self._loop.create_task(self._check(conn, packet))
+            except Exception:
+                log.exception("CONNECT from %s failed", conn.peer)
+                conn.abort("internal error")
+        self._schedule_connects()
+
+    async def _check(self, conn: MqttConnection, packet: Connect) -> None:
+        why = "credentials refused"
         try:
-            await conn.run()
-            await conn.finish()
-        except asyncio.CancelledError:
-            conn.abort("listener stopped")
-            raise
+            verdict = await asyncio.wait_for(self.credential_check(packet, conn.peer), self.connect_timeout_s)
+        except TimeoutError:
+            verdict, why = ReasonCode.SERVER_UNAVAILABLE, f"no credential check answer within {self.connect_timeout_s} s"
         except Exception:
-            log.exception("MQTT connection handler for %s failed", conn.peer)
-            conn.abort("internal error")
+            log.exception("the credential check failed for %s", conn.peer)
+            verdict, why = ReasonCode.SERVER_UNAVAILABLE, "the credential check failed"
         finally:
-            self._conns.discard(conn)
-            conn.broker_lost()
-            conn.emit_closed()
-
-
-class _Connection:
-    """One client socket: reads, frames, answers, closes."""
-
-    def __init__(self, listener: MqttListener, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
-        self._l = listener
-        self._reader = reader
-        self._writer = writer
-        self._loop = asyncio.get_running_loop()
-        self._packets = PacketReader(max_packet_size=listener.max_packet_size)
-        self.task: asyncio.Task[None] | None = None
-        self.peer = _format_peer(writer.get_extra_info("peername"))
-        self.accepted = False
-        self.closing = False
-        self.close_reason = ""
-        self.client_id: str | None = None
-        self.keep_alive_s = 0
-        self.peer_max_packet_size: int | None = None
-        self._abort_timer: asyncio.TimerHandle | None = None
-        self._closed_emitted = False
-        self.conn_id: int | None = None  # the broker's name for this connection once accepted
-        _disable_nagle(writer)
-
-    @property
-    def protocol_version(self) -> int | None:
-        return self._packets.protocol_version
-
-    async def run(self) -> None:
-        deadline: float | None = self._loop.time() + self._l.connect_timeout_s
-        while not self.closing:
-            data = await self._read(deadline)
-            if data is None:
-                return
-            if self.conn_id is not None and not await self._drained():
-                return  # a client that reads nothing stops being read: the broker's backpressure
-            self._packets.feed(data)
-            while not self.closing:
-                try:
-                    packet = self._packets.next_packet()
-                except MqttError as err:
-                    await self._on_bad_packet(err)
-                    return
-                if packet is None:
-                    break
-                await self._handle(packet)
-                if self.accepted:
-                    deadline = (self._loop.time() + 1.5 * self.keep_alive_s
-                                if self.keep_alive_s else None)
-
-    async def _read(self, deadline: float | None) -> bytes | None:
-        timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
+            self._checks_running -= 1
+            self._schedule_connects()
+        if verdict is not None and (verdict not in CONNACK_REASON_CODES or verdict < 0x80):
+            log.error("the credential check answered %r, not None or a CONNACK error code", verdict)
+            verdict, why = ReasonCode.UNSPECIFIED_ERROR, "the credential check failed"
+        if conn.closing:
+            return
         try:
-            data = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES), timeout)
-        except TimeoutError:
-            if self.accepted:
-                await self._answer_and_close(
-                    Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT),
-                    f"no packet within 1.5 x keep alive {self.keep_alive_s} s")
+            if verdict is None:
+                if conn.precheck(packet):  # the gate may have closed while the check ran
+                    conn.admit(packet)
             else:
-                self._close(f"no CONNECT within {self._l.connect_timeout_s} s")
-            return None
-        except OSError as exc:
-            self._close(f"connection error: {exc}")
-            return None
-        if not data:
-            self._close("peer closed the connection")
-            return None
-        return data
+                conn.refuse(packet, ReasonCode(verdict), why)
+        except Exception:
+            log.exception("CONNECT from %s failed", conn.peer)
+            conn.abort("internal error")
 
-    async def _handle(self, packet: Packet) -> None:
-        if self.conn_id is not None and not isinstance(packet, Connect):
-            if isinstance(packet, Disconnect):
-                self.broker_lost(packet)
-                self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
-            elif not self._l.gate_allows():
-                await self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN),
-                                             "this node may no longer serve")
-            else:
-                self._l.broker.packet(self.conn_id, packet)
-            return
-        if isinstance(packet, Connect) and self.accepted:
-            await self._answer_and_close(Disconnect(ReasonCode.PROTOCOL_ERROR), "a second CONNECT")
-        elif isinstance(packet, Connect):
-            await self._on_connect(packet)
-        elif isinstance(packet, Disconnect):
-            self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
-        elif not self._l.gate_allows():
-            await self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN),
-                                         "this node may no longer serve")
-        elif isinstance(packet, PingReq):
-            await self._send(PingResp())
-        else:
-            name = packet.packet_type.name
-            await self._answer_and_close(
-                Disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-                           {PropertyId.REASON_STRING: NOT_SUPPORTED_YET}),
-                f"{name} is {NOT_SUPPORTED_YET}")
+    # --- load and the in-flight window ----------------------------------------------------
 
-    async def _on_connect(self, c: Connect) -> None:
-        v5 = c.protocol_version == MQTT_5
-        if v5:
-            self.peer_max_packet_size = c.properties.get(PropertyId.MAXIMUM_PACKET_SIZE)  # type: ignore[assignment]
-        if not self._l.gate_allows():
-            reference = self._l.server_reference()
-            if v5 and reference:
-                await self._refuse(c, ReasonCode.USE_ANOTHER_SERVER, f"not active; active is {reference}",
-                                   {PropertyId.SERVER_REFERENCE: reference})
-            else:
-                await self._refuse(c, ReasonCode.SERVER_UNAVAILABLE, "not active; active unknown")
-            return
-        if not v5 and not c.client_id and not c.clean_start:
-            await self._refuse(c, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-                               "empty client id without clean session")
-            return
-        if v5 and PropertyId.AUTHENTICATION_METHOD in c.properties:
-            await self._refuse(c, ReasonCode.BAD_AUTHENTICATION_METHOD,
-                               "enhanced authentication is not supported")
-            return
-        if c.will is not None and c.will.topic.startswith("$"):
-            # A will is published for the client: the broker's rule for PUBLISH holds for it too.
-            if v5:
-                await self._refuse(c, ReasonCode.TOPIC_NAME_INVALID, WILL_TOPIC_RESERVED)
-            else:
-                self._close(f"refused: {WILL_TOPIC_RESERVED}")  # 3.1.1 has no return code for it
-            return
-        self.keep_alive_s = c.keep_alive_s
-        if self._l.broker is not None:
-            self.accepted = True
-            self.conn_id = self._l.broker.connect(self, c, c.username)
-            core_conn = self._l.broker.core.connections.get(self.conn_id)
-            self.client_id = core_conn.client_id if core_conn else c.client_id
-            self._l.emit("client_accepted", {
-                "client_id": self.client_id, "protocol_version": c.protocol_version,
-                "peer": self.peer, "keep_alive_s": c.keep_alive_s,
-                "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
-            return
-        self.client_id = c.client_id or "pairmq-" + secrets.token_hex(8)
-        props: dict[PropertyId, object] = {}
-        if v5:
-            props[PropertyId.MAXIMUM_PACKET_SIZE] = self._l.max_packet_size
-            if not c.client_id:
-                props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = self.client_id
-        self.accepted = True  # before the write: a drop_clients during drain must DISCONNECT
-        if not await self._send(Connack(ReasonCode.SUCCESS, False, props)):
-            self.accepted = False
-        else:
-            self._l.emit("client_accepted", {
-                "client_id": self.client_id, "protocol_version": c.protocol_version,
-                "peer": self.peer, "keep_alive_s": c.keep_alive_s,
-                "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
-
-    async def _refuse(self, c: Connect, reason: ReasonCode, why: str,
-                      extra: dict[PropertyId, object] | None = None) -> None:
-        fields: dict[str, object] = {
-            "client_id": c.client_id, "protocol_version": c.protocol_version,
-            "peer": self.peer, "reason_code": int(reason), "reason": why}
-        if c.protocol_version == MQTT_3_1_1:
-            fields["return_code"] = V311_RETURN_CODES[reason]
-        else:
-            fields.update({k.name.lower(): v for k, v in (extra or {}).items()})
-        self.client_id = c.client_id or None
-        self._l.emit("client_refused", fields)
-        props = {PropertyId.REASON_STRING: why, **(extra or {})} if c.protocol_version == MQTT_5 else {}
-        await self._send(Connack(reason, False, props))
-        self._close(f"refused 0x{reason:02X}: {why}")
-
-    async def _on_bad_packet(self, err: MqttError) -> None:
-        version = err.protocol_version
-        self._l.emit("bad_packet", {
-            "peer": self.peer, "client_id": self.client_id, "protocol_version": version,
-            "reason_code": int(err.reason_code), "reason": err.message})
-        why = err.message[:REASON_STRING_MAX_CHARS]
-        if not self.accepted:
-            if err.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-                await self._send(Connack(err.reason_code), MQTT_3_1_1)
-            elif version == MQTT_5:
-                code = (err.reason_code if err.reason_code in CONNACK_REASON_CODES
-                        else ReasonCode.UNSPECIFIED_ERROR)
-                await self._send(Connack(code, False, {PropertyId.REASON_STRING: why}), MQTT_5)
-        elif version == MQTT_5:
-            code = (err.reason_code if err.reason_code in DISCONNECT_REASON_CODES
-                    else ReasonCode.PROTOCOL_ERROR)
-            await self._send(Disconnect(code, {PropertyId.REASON_STRING: why}))
-        self._close(f"bad packet: {err.message}")
-
-    # --- output and closing --------------------------------------------------
-
-    async def _answer_and_close(self, v5_answer: Disconnect, why: str) -> None:
-        if self.protocol_version == MQTT_5:
-            await self._send(v5_answer)
-        self._close(why)
-
-    async def _send(self, packet: Packet, version: int | None = None) -> bool:
-        if self.closing:
-            return False
-        data = encode_packet(packet, version or self.protocol_version or MQTT_3_1_1,
-                             max_packet_size=self.peer_max_packet_size)
-        if data is None:
-            return False
-        self._writer.write(data)
-        try:
-            await asyncio.wait_for(self._writer.drain(), self._l.write_timeout_s)
-        except TimeoutError:
-            self.abort(f"write did not drain within {self._l.write_timeout_s} s")
-            return False
-        except OSError as exc:
-            self._close(f"connection error on write: {exc}")
-            return False
-        return True
-
-    # --- the broker's side (BrokerService calls these) -----------------------------
-
-    def send_nowait(self, packet: Packet) -> None:
-        if self.closing:
-            return
-        data = encode_packet(packet, self.protocol_version or MQTT_3_1_1,
-                             max_packet_size=self.peer_max_packet_size)
-        if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
-            self._writer.write(data)
-
-    def close_with(self, reason: int, why: str) -> None:
-        if self.closing:
-            return
-        if self.protocol_version == MQTT_5 and reason:
-            props = {PropertyId.REASON_STRING: why[:REASON_STRING_MAX_CHARS]} if why else {}
-            self.send_nowait(Disconnect(ReasonCode(reason), props))
-        self.conn_id = None  # the broker already knows
-        self._close(f"closed by the broker (0x{reason:02X}): {why}")
-
-    def broker_lost(self, disconnect: Disconnect | None = None) -> None:
-        conn_id, self.conn_id = self.conn_id, None
-        if conn_id is not None:
-            self._l.broker.lost(conn_id, disconnect)
-
-    async def _drained(self) -> bool:
-        try:
-            await asyncio.wait_for(self._writer.drain(), self._l.write_timeout_s * 6)
-        except TimeoutError:
-            self.abort("the client did not read what we sent for 30 s")
-            return False
-        except OSError as exc:
-            self._close(f"connection error on write: {exc}")
-            return False
-        return True
-
-    def drop(self, reason: ReasonCode, server_reference: str | None) -> bool:
-        """Called by drop_clients (synchronously, between our awaits)."""
-        if self.closing:
-            return False
-        if self.accepted and self.protocol_version == MQTT_5:
-            props = {PropertyId.SERVER_REFERENCE: server_reference} if server_reference else {}
-            data = encode_packet(Disconnect(reason, props), MQTT_5,
-                                 max_packet_size=self.peer_max_packet_size)
-            if data is not None:
-                self._writer.write(data)
-        self._close(f"dropped by this node (0x{reason:02X})")
-        return True
-
-    def _close(self, why: str) -> None:
-        """Flush what is queued, then FIN; abort if that stalls."""
-        if self.closing:
-            return
-        self.closing = True
-        self.close_reason = why
-        self._writer.close()
-        self._abort_timer = self._loop.call_later(self._l.write_timeout_s,
-                                                  self._writer.transport.abort)
-
-    def abort(self, why: str) -> None:
-        if not self.closing:
-            self.closing = True
-            self.close_reason = why
-        self._writer.transport.abort()
-
-    async def finish(self) -> None:
-        self._close(self.close_reason or "handler ended")
-        try:
-            await asyncio.wait_for(self._writer.wait_closed(), self._l.write_timeout_s)
-        except (TimeoutError, OSError):
-            self._writer.transport.abort()
-
-    def emit_closed(self) -> None:
-        if self._abort_timer is not None:
-            self._abort_timer.cancel()
-        if self._closed_emitted:
-            return
-        self._closed_emitted = True
-        self._l.emit("client_closed", {
-            "client_id": self.client_id, "protocol_version": self.protocol_version,
-            "peer": self.peer, "was_accepted": self.accepted, "reason": self.close_reason})
-
-
-def _format_peer(peername: object) -> str:
-    if isinstance(peername, tuple) and len(peername) >= 2:
-        host, port = peername[0], peername[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(peername)
-
-
-def _disable_nagle(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass  # the peer may already be gone; nothing to tune
+    def _sample_load(self, expected: float) -> None:
+        loop = self._loop
+        now = loop.time()
+        self.loop_lag_ms = max(0.0, (now - expected) * 1000)
+        writer = getattr(self.broker, "writer", None)
+        backlog = writer.pending_ops if writer is not None else 0
+        before = self.window
+        self.window = self.policy.update(now_ms(), backlog, self.loop_lag_ms)
+        if self.window > before and self.throttled:
+            for conn in list(self.throttled):
+                conn.window_grew()
+        self._lag_timer = loop.call_at(now + LAG_SAMPLE_S, self._sample_load, now + LAG_SAMPLE_S)
