@@ -20,7 +20,10 @@ import socket
 import time
 
 from . import sd_notify
+from .access_file import access_path, load_access, signature
+from .broker.access import AccessPolicy
 from .config import GroupConfig, load_secret
+from .errors import ConfigError
 from .eventlog import EventLog
 from .management import ManagementServer
 from .quorum.auth import HeartbeatAuth
@@ -67,13 +70,23 @@ class Node:
         self.started_at = now_ms()
         self.send_errors = 0
         self.listener = None
+        self.tls_listener = None
         self.broker = None
+        self.authn = None
         if role.routes_messages:
+            from .broker.authn import Authenticator
+
+            # A malformed access file stops the node here with a ConfigError sentence: never guess a policy.
+            self.access_path = access_path(self.spec.data_dir)
+            self._access_signature = signature(self.access_path)
+            policy = load_access(self.access_path)
+            self.authn = Authenticator(policy or AccessPolicy(), note=self._access_note(policy))
             from .broker.core import BrokerCore
             from .broker.service import BrokerService
 
             def new_core() -> BrokerCore:
-                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8))
+                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8),
+                                  authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool",
@@ -111,9 +124,19 @@ class Node:
             from .mqtt.listener import MqttListener
 
             self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, on_event=self._mqtt_event,
-                                         broker=self.broker)
+                                         broker=self.broker, authenticate=self.authn.check)
+            if self.config.tls is not None:
+                from .tls import server_context
+
+                self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self,
+                                                 on_event=self._mqtt_event, broker=self.broker,
+                                                 authenticate=self.authn.check,
+                                                 ssl_context=server_context(self.config.tls))
             await self.broker.start()
             await self.listener.start()
+            if self.tls_listener is not None:
+                await self.tls_listener.start()
+            loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         try:
             await self.management.start()
         except BaseException:
@@ -133,10 +156,13 @@ class Node:
         sd_notify.notify("STOPPING=1")
         if self._timer:
             self._timer.cancel()
-        with contextlib.suppress(Exception):
-            if self.listener:
-                self.listener.drop_clients(MQTT_REASON_SERVER_SHUTTING_DOWN)
-                await self.listener.stop()
+        for listener in (self.listener, self.tls_listener):
+            with contextlib.suppress(Exception):
+                if listener:
+                    listener.drop_clients(MQTT_REASON_SERVER_SHUTTING_DOWN)
+                    await listener.stop()
+        if self.authn is not None:
+            self.authn.close()
         with contextlib.suppress(Exception):
             await self.management.stop()
         if self.broker is not None:
@@ -154,8 +180,13 @@ class Node:
         """Once a second, from the event loop itself: ping systemd's watchdog (a hung loop gets
         restarted) and log rejected heartbeats as one summed event (a flood costs one line a second)."""
         logged = dict(self.core.auth.rejected)
+        denied_logged: dict = {}
         while True:
             sd_notify.notify("WATCHDOG=1")
+            if self.authn is not None:
+                if signature(self.access_path) != self._access_signature:
+                    self.reload_access()
+                denied_logged = self._log_denials(denied_logged)
             rejected = dict(self.core.auth.rejected)
             delta = {reason: rejected[reason] - logged.get(reason, 0) for reason in rejected}
             if any(delta.values()):
@@ -205,12 +236,49 @@ class Node:
         log.log(level, "%s", decision.reason)
         self.events.write("redundancy_decision", kind=decision.kind, epoch=decision.epoch, reason=decision.reason,
                           core_ms=decision.at_ms)
-        if decision.kind == "step_down" and self.listener is not None:
-            self.listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
+        if decision.kind == "step_down":
+            for listener in (self.listener, self.tls_listener):
+                if listener is not None:
+                    listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
         if decision.kind in ("activate", "step_down"):
             sd_notify.notify(f"STATUS={decision.reason}")
 
+    # --- access (users, passwords, ACLs) ----------------------------------------------
+
+    def _access_note(self, policy) -> str:
+        return "" if policy is not None else f"no access file at {self.access_path}"
+
+    def reload_access(self) -> None:
+        """Re-read the access file (SIGHUP, or it changed). A bad file keeps the policy we have."""
+        self._access_signature = signature(self.access_path)
+        try:
+            policy = load_access(self.access_path)
+        except ConfigError as exc:
+            log.error("%s: keeping the current access policy: %s", self.role.value, exc)
+            self.events.write("access_reload_failed", reason=str(exc))
+            return
+        self.authn.policy = policy or AccessPolicy()
+        self.authn.note = self._access_note(policy)
+        view = self.authn.view()
+        log.info("%s: access policy reloaded from %s: %d users, %d ACL rules, anonymous %s", self.role.value,
+                 self.access_path, view["users"], view["acl_rules"], "allowed" if view["allow_anonymous"] else "refused")
+        self.events.write("access_reloaded", path=str(self.access_path), present=policy is not None,
+                          users=view["users"], acl_rules=view["acl_rules"], allow_anonymous=view["allow_anonymous"])
+
+    def _log_denials(self, logged: dict) -> dict:
+        """Publishes and subscriptions the ACL refused in the last second, as one summed event."""
+        counters = self.broker.core.counters
+        now = {k: counters.get(k, 0) for k in ("publish_not_authorized", "subscribe_not_authorized")}
+        delta = {k: v - logged.get(k, 0) for k, v in now.items() if v - logged.get(k, 0) > 0}
+        if delta:
+            self.events.write("access_denied", **delta)
+            log.info("%s: the ACL refused in the last second: %s", self.role.value,
+                     ", ".join(f"{v} {k}" for k, v in delta.items()))
+        return now
+
     def _mqtt_event(self, kind: str, fields: dict) -> None:
+        if kind == "tls_handshake_failed":
+            self.events.write(kind, **fields)
         if kind in ("client_accepted", "client_refused"):
             self.events.write(kind, epoch=self.core.active_epoch or self.core.state.epoch, **fields)
 
@@ -260,7 +328,12 @@ class Node:
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
             "mqtt": None if self.listener is None else {
-                "address": self.config.mqtt_reference(self.role), "clients": self.listener.client_count},
+                "address": self.config.mqtt_reference(self.role),
+                "clients": self.listener.client_count + (self.tls_listener.client_count if self.tls_listener else 0),
+                "tls_address": (f"{self.spec.address}:{self.config.ports.mqtt_tls}" if self.tls_listener else None),
+                "tls_handshake_failures": self.tls_listener.tls_handshake_failures if self.tls_listener else 0,
+                "access": self.authn.view(),
+                "refused": {k: v for k, v in self.broker.core.counters.items() if k.endswith("not_authorized")}},
         }
 
 

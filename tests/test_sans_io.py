@@ -11,6 +11,7 @@ CORES = [
     "quorum/wire.py", "quorum/auth.py", "quorum/core.py", "quorum/insync.py",
     "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
     "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
+    "broker/access.py",
     "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py",
 ]
 

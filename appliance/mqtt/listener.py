@@ -2,7 +2,10 @@
 
 Rules:
 
-- CONNECT with `gate.may_serve()` true: CONNACK success. v5: an empty client
+- CONNECT with `gate.may_serve()` true and the `authenticate` check passed
+  (when one is given; it may refuse with its own reason code and string, and
+  the gate is asked again after it, since the check can take a while):
+  CONNACK success. v5: an empty client
   id gets one (Assigned Client Identifier); our Maximum Packet Size is
   advertised. 3.1.1: an empty client id without clean session is refused
   (return code 2). v5 CONNECT with enhanced authentication: 0x8C. A will
@@ -28,6 +31,12 @@ Rules:
   gate is logged with its traceback and the connection is closed (the gate
   failing counts as "may not serve").
 - Every connection ends with exactly one "client_closed" event.
+- With an `ssl_context` (the TLS port), a client whose TLS handshake fails
+  (plain MQTT bytes, an old TLS version, nothing within `connect_timeout_s`)
+  is counted in `tls_handshake_failures`, reported as a "tls_handshake_failed"
+  event and closed. We run the handshake ourselves (start_tls on the accepted
+  socket) so that it can be counted: asyncio's server-side TLS drops a failed
+  handshake silently.
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from appliance.mqtt.codec import (
@@ -68,6 +78,8 @@ class Gate(Protocol):
 
 
 EventSink = Callable[[str, dict[str, object]], None]
+# None accepts the CONNECT; (reason code, reason string) refuses it.
+Authenticate = Callable[[Connect], Awaitable[tuple[ReasonCode, str] | None]]
 
 
 def now_ms() -> int:
@@ -80,7 +92,9 @@ class MqttListener:
                  on_event: EventSink | None = None,
                  connect_timeout_s: float = 10.0,
                  write_timeout_s: float = 5.0,
-                 broker=None) -> None:
+                 broker=None,
+                 authenticate: Authenticate | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -94,6 +108,9 @@ class MqttListener:
         self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
+        self.authenticate = authenticate
+        self.ssl_context = ssl_context
+        self.tls_handshake_failures = 0
 
     @property
     def port(self) -> int:
@@ -164,6 +181,8 @@ class MqttListener:
 
     async def _on_connection(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
+        if self.ssl_context is not None and not await self._tls_handshake(writer):
+            return
         conn = _Connection(self, reader, writer)
         conn.task = asyncio.current_task()
         self._conns.add(conn)
@@ -180,6 +199,18 @@ class MqttListener:
             self._conns.discard(conn)
             conn.broker_lost()
             conn.emit_closed()
+
+    async def _tls_handshake(self, writer: asyncio.StreamWriter) -> bool:
+        try:
+            await asyncio.wait_for(writer.start_tls(self.ssl_context), self.connect_timeout_s)
+            return True
+        except (ssl.SSLError, OSError, EOFError, TimeoutError) as exc:
+            self.tls_handshake_failures += 1
+            reason = "no TLS handshake within the connect timeout" if isinstance(exc, TimeoutError) else str(exc)
+            self.emit("tls_handshake_failed", {"peer": _format_peer(writer.get_extra_info("peername")),
+                                               "reason": reason[:REASON_STRING_MAX_CHARS]})
+            writer.transport.abort()
+            return False
 
 
 class _Connection:
@@ -307,6 +338,14 @@ class _Connection:
             else:
                 self._close(f"refused: {WILL_TOPIC_RESERVED}")  # 3.1.1 has no return code for it
             return
+        if self._l.authenticate is not None:
+            refusal = await self._l.authenticate(c)
+            if refusal is not None:
+                await self._refuse(c, *refusal)
+                return
+            if not self._l.gate_allows():  # the check took time: the lease may have ended meanwhile
+                await self._refuse(c, ReasonCode.SERVER_UNAVAILABLE, "this node stopped serving")
+                return
         self.keep_alive_s = c.keep_alive_s
         if self._l.broker is not None:
             self.accepted = True
