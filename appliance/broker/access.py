@@ -176,8 +176,12 @@ def subsumes(outer: tuple[str, ...], inner: tuple[str, ...]) -> bool:
     for i, o in enumerate(outer):
         if o == "#":
             return not _dollar_mismatch(i, inner[i] if i < len(inner) else None)
-        if i >= len(inner) or inner[i] == "#":
+        if i >= len(inner):
             return False
+        if inner[i] == "#":
+            # `+/#` matches what `#` matches at the first level (no topic has zero levels); deeper, `x/#` also
+            # matches `x` itself, which `x/+/#` does not.
+            return i == 0 and outer == ("+", "#")
         if o == "+":
             if _dollar_mismatch(i, inner[i]):
                 return False
