@@ -76,6 +76,8 @@ class Authenticator:
             future = asyncio.get_running_loop().run_in_executor(self._executor, verify_password, record, password)
             self._pending[token] = future
             future.add_done_callback(lambda f: self._done(token, f, username in policy.users))
+        else:
+            self.counters["shared_scrypt"] += 1
         # Shielded: one waiter going away (its client hung up) must not cancel the others' scrypt.
         return await asyncio.shield(future)
 
