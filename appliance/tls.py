@@ -8,11 +8,14 @@ Rules:
 - TLS 1.2 is the minimum; OpenSSL's default cipher list otherwise. Clients
   are not asked for certificates (they log in with a username and password).
 - Every problem is one ConfigError naming the [tls] key and the file.
+- A handshake that fails at the TLS level is reported (counted by the
+  listener), never dropped silently.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -67,3 +70,25 @@ def server_context(tls) -> ssl.SSLContext:
         raise ConfigError(f"tls: OpenSSL refuses tls.cert_file {tls.cert_file} with tls.key_file "
                           f"{tls.key_file}: {exc}") from None
     return context
+
+
+def report_handshake_failures(context: ssl.SSLContext, on_failure: Callable[[str], None]) -> None:
+    """Call `on_failure(reason)` for every server-side handshake that fails at the TLS level.
+
+    asyncio (and uvloop) run a server's handshake on an `SSLObject` made by the context and drop a failed
+    one silently (it never reaches the protocol); the context's SSLObject class is the one place that sees
+    it. Running the handshake ourselves with start_tls instead races the stream reader, which can swallow
+    the ClientHello (seen: half the handshakes hung under uvloop).
+    """
+
+    class ReportingSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except ssl.SSLError as exc:
+                on_failure(str(exc))
+                raise
+
+    context.sslobject_class = ReportingSSLObject

@@ -35,8 +35,8 @@ Rules:
   >= 1.2 is the context's business), bounded by `connect_timeout_s`. A client
   whose handshake fails at the TLS level (plain MQTT bytes, an old TLS
   version) is counted in `tls_handshake_failures`, reported as a
-  "tls_handshake_failed" event and closed; asyncio would drop it silently, so
-  the context's SSLObject class is replaced by one that sees the failure. A
+  "tls_handshake_failed" event and closed (asyncio would drop it silently:
+  see `appliance.tls.report_handshake_failures`). A
   client that just goes quiet mid-handshake is closed at the timeout,
   uncounted.
 """
@@ -114,7 +114,9 @@ class MqttListener:
         self.ssl_context = ssl_context
         self.tls_handshake_failures = 0
         if ssl_context is not None:
-            ssl_context.sslobject_class = _counting_sslobject(self)
+            from appliance.tls import report_handshake_failures
+
+            report_handshake_failures(ssl_context, self._tls_handshake_failed)
 
     @property
     def port(self) -> int:
@@ -184,6 +186,10 @@ class MqttListener:
         except Exception:
             log.exception("on_event(%r) failed", kind)
 
+    def _tls_handshake_failed(self, reason: str) -> None:
+        self.tls_handshake_failures += 1
+        self.emit("tls_handshake_failed", {"reason": reason[:REASON_STRING_MAX_CHARS]})
+
     async def _on_connection(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
         conn = _Connection(self, reader, writer)
@@ -202,24 +208,6 @@ class MqttListener:
             self._conns.discard(conn)
             conn.broker_lost()
             conn.emit_closed()
-
-
-def _counting_sslobject(listener: MqttListener) -> type[ssl.SSLObject]:
-    """asyncio (and uvloop) run a server's TLS handshake on an `SSLObject` made by the context and drop a
-    failed one silently; this class sees the failure first, so it can be counted."""
-
-    class CountingSSLObject(ssl.SSLObject):
-        def do_handshake(self) -> None:
-            try:
-                super().do_handshake()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                raise
-            except ssl.SSLError as exc:
-                listener.tls_handshake_failures += 1
-                listener.emit("tls_handshake_failed", {"reason": str(exc)[:REASON_STRING_MAX_CHARS]})
-                raise
-
-    return CountingSSLObject
 
 
 class _Connection:
