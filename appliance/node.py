@@ -116,6 +116,7 @@ class Node:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_access)  # `systemctl reload`; never fatal, even on a monitor
         sock = socket.socket(socket.AF_INET6 if ":" in self.spec.address else socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: on UDP it would let a second node on this address steal our heartbeats.
         sock.bind((self.spec.address, self.config.ports.heartbeat))
@@ -136,7 +137,6 @@ class Node:
             await self.listener.start()
             if self.tls_listener is not None:
                 await self.tls_listener.start()
-            loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         try:
             await self.management.start()
         except BaseException:
@@ -250,6 +250,9 @@ class Node:
 
     def reload_access(self) -> None:
         """Re-read the access file (SIGHUP, or it changed). A bad file keeps the policy we have."""
+        if self.authn is None:
+            log.info("%s: SIGHUP: a monitor has no access file to reload", self.role.value)
+            return
         self._access_signature = signature(self.access_path)
         try:
             policy = load_access(self.access_path)

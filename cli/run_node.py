@@ -51,8 +51,9 @@ def run(group_path: Path, role: Role) -> int:
         if exc.filename:
             raise PairMQError(f"the {role.value} node cannot use {exc.filename}: {exc.strerror or exc}") from None
         spec = config.node(role)
+        tls = f", MQTT over TLS {config.ports.mqtt_tls}" if config.tls is not None and role.routes_messages else ""
         raise PairMQError(f"the {role.value} node could not open its sockets on {spec.address} (heartbeat "
-                          f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}, management "
+                          f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}{tls}, management "
                           f"{config.ports.management}): {exc.strerror or exc}") from None
     logging.getLogger("pairmq.cli").info("%s: stopped", role.value)
     return 0

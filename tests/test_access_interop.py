@@ -269,6 +269,10 @@ def test_sighup_reloads_at_once(group, clients):
         group.wait_for("the SIGHUP reload", lambda: len(
             [e for e in group.events(Role.PRIMARY) if e["event"] == "access_reloaded"]) > before)
         assert clients(V5).connect()[0] == 0
+        group.signal(Role.MONITOR, signal.SIGHUP)  # `systemctl reload` on the monitor: harmless
+        group.signal(Role.BACKUP, signal.SIGHUP)
+        time.sleep(0.5)
+        assert group.procs[Role.MONITOR].poll() is None and group.procs[Role.BACKUP].poll() is None
     finally:
         with open(path, "r+b") as f:
             f.write(saved)
