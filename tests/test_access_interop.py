@@ -493,7 +493,7 @@ async def _connect_once(user: str, password: str, client_id: str) -> int:
         writer.close()
 
 
-async def _storm(total: int, concurrency: int) -> tuple[list[int], list[float]]:
+async def _storm(total: int, concurrency: int, password: str = "alice-pw") -> tuple[list[int], list[float]]:
     codes: list[int] = []
     pings: list[float] = []
     done = asyncio.Event()
@@ -514,7 +514,8 @@ async def _storm(total: int, concurrency: int) -> tuple[list[int], list[float]]:
 
     async def worker(n: int):
         for i in range(n):
-            codes.append(await _connect_once("alice", "alice-pw", f"storm-{n}-{i}-{uuid.uuid4().hex[:6]}"))
+            guess = password if password == "alice-pw" else f"{password}-{uuid.uuid4().hex}"  # each guess new
+            codes.append(await _connect_once("alice", guess, f"storm-{n}-{i}-{uuid.uuid4().hex[:6]}"))
 
     ping_task = asyncio.create_task(pinger())
     await asyncio.sleep(0.2)
@@ -543,3 +544,22 @@ def test_a_reconnect_storm_costs_one_scrypt_and_does_not_block_the_loop(group):
     assert runs == 2  # alice's (the storm, 50 at once: one shared scrypt) and bob's (the pinger)
     assert hits + shared == 999  # every other alice CONNECT: a cache hit, or a wait on that one scrypt
     assert pings and pings[-1] < 1.0, pings[-5:]
+
+
+def test_a_storm_of_wrong_passwords_runs_every_scrypt_off_the_loop(group):
+    """Failures are not cached: 60 distinct wrong guesses cost 60 scrypts, queued on 2 threads, while a
+    connected client's pings keep being answered."""
+    before = node_view(group)["mqtt"]["access"]
+    start = time.monotonic()
+    codes, pings = asyncio.run(_storm(total=60, concurrency=30, password="guess"))
+    elapsed = time.monotonic() - start
+    after = node_view(group)["mqtt"]["access"]
+    runs = after.get("scrypt_runs", 0) - before.get("scrypt_runs", 0)
+    pings.sort()
+    print(f"\n60 wrong-password CONNECTs (30 at a time) in {elapsed:.2f} s: {runs} scrypt runs; PINGREQ round "
+          f"trips meanwhile: median {pings[len(pings) // 2] * 1000:.1f} ms, max {pings[-1] * 1000:.1f} ms "
+          f"over {len(pings)}")
+    assert codes == [4] * 60
+    assert runs >= 60
+    assert len(pings) >= 5 and pings[len(pings) // 2] < 0.1 and pings[-1] < 1.0, pings
+
