@@ -269,7 +269,14 @@ class Node:
                           users=view["users"], acl_rules=view["acl_rules"], allow_anonymous=view["allow_anonymous"])
 
     def _log_denials(self, logged: dict) -> dict:
-        """Publishes and subscriptions the ACL refused in the last second, as one summed event."""
+        """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed
+        event each (a flood of them costs a line a second, like rejected heartbeats)."""
+        tls = self.tls_listener
+        if tls is not None and tls.tls_handshake_failures > logged.get("tls", 0):
+            count = tls.tls_handshake_failures - logged.get("tls", 0)
+            self.events.write("tls_handshake_failed", count=count, last_reason=tls.last_tls_handshake_failure)
+            log.info("%s: %d failed TLS handshakes on port %d in the last second (last: %s)", self.role.value, count,
+                     self.config.ports.mqtt_tls, tls.last_tls_handshake_failure)
         counters = self.broker.core.counters
         now = {k: counters.get(k, 0) for k in ("publish_not_authorized", "subscribe_not_authorized")}
         delta = {k: v - logged.get(k, 0) for k, v in now.items() if v - logged.get(k, 0) > 0}
@@ -277,11 +284,9 @@ class Node:
             self.events.write("access_denied", **delta)
             log.info("%s: the ACL refused in the last second: %s", self.role.value,
                      ", ".join(f"{v} {k}" for k, v in delta.items()))
-        return now
+        return {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind == "tls_handshake_failed":
-            self.events.write(kind, **fields)
         if kind in ("client_accepted", "client_refused"):
             self.events.write(kind, epoch=self.core.active_epoch or self.core.state.epoch, **fields)
 

@@ -457,7 +457,9 @@ def test_plain_mqtt_to_the_tls_port_is_closed_and_counted(group):
             if c.loop(0.2) != mqtt.MQTT_ERR_SUCCESS:
                 raise ConnectionError("closed")
     group.wait_for("the failures to be counted", lambda: node_view(group)["mqtt"]["tls_handshake_failures"] >= before + 2)
-    assert any(e["event"] == "tls_handshake_failed" for e in group.events(Role.PRIMARY))
+    group.wait_for("a summed tls_handshake_failed event", lambda: any(
+        e["event"] == "tls_handshake_failed" and e["count"] >= 1 and e["last_reason"]
+        for e in group.events(Role.PRIMARY)))
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")

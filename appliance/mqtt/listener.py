@@ -113,6 +113,7 @@ class MqttListener:
         self.authenticate = authenticate
         self.ssl_context = ssl_context
         self.tls_handshake_failures = 0
+        self.last_tls_handshake_failure = ""
         if ssl_context is not None:
             from appliance.tls import report_handshake_failures
 
@@ -188,6 +189,7 @@ class MqttListener:
 
     def _tls_handshake_failed(self, reason: str) -> None:
         self.tls_handshake_failures += 1
+        self.last_tls_handshake_failure = reason
         self.emit("tls_handshake_failed", {"reason": reason[:REASON_STRING_MAX_CHARS]})
 
     async def _on_connection(self, reader: asyncio.StreamReader,
