@@ -15,6 +15,10 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
                                               operator's reaction time)
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
+- an optional [tls] table (cert_file, key_file: PEM, relative to the group
+  file) turns on MQTT over TLS (>= 1.2) on ports.mqtt_tls (8883): both files
+  must exist and load, the key must be unencrypted and match the certificate.
+  Checked at load (appliance/tls.py), so a node never starts half-configured.
 """
 
 from __future__ import annotations
@@ -120,6 +124,12 @@ class NodeSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GroupConfig:
     name: str
     nodes: dict[Role, NodeSpec]
@@ -128,6 +138,7 @@ class GroupConfig:
     ports: Ports = Ports()
     auto_revert: bool = False
     path: Path | None = None
+    tls: TlsConfig | None = None
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -144,6 +155,7 @@ _SECTIONS = {
     "timers": {f.name for f in dataclasses.fields(Timers)},
     "ports": {f.name for f in dataclasses.fields(Ports)},
     "nodes": {r.value for r in Role},
+    "tls": {"cert_file", "key_file"},
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -206,7 +218,26 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     addresses = [n.address for n in nodes.values()]
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
-    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path)
+    tls = _parse_tls(raw, base)
+    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls)
+
+
+def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
+    if "tls" not in raw:
+        return None
+    table = _table(raw, "tls")
+    _check_keys(table, _SECTIONS["tls"], "[tls]")
+    paths = {}
+    for key in ("cert_file", "key_file"):
+        value = table.get(key)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"tls.{key} must be the path of a PEM file ([tls] needs cert_file and key_file)")
+        paths[key] = (base / value).resolve()
+    tls = TlsConfig(paths["cert_file"], paths["key_file"])
+    from .tls import check_tls_files
+
+    check_tls_files(tls)
+    return tls
 
 
 def _table(raw: dict, key: str, *, required: bool = True) -> dict:
@@ -273,6 +304,9 @@ def render_group(config: GroupConfig) -> str:
     for role in Role:
         node = config.nodes[role]
         lines += ["", f"[nodes.{role.value}]", f"address = {_q(node.address)}", f"data_dir = {_q(str(node.data_dir))}"]
+    if config.tls is not None:
+        lines += ["", "[tls]", f"cert_file = {_q(str(config.tls.cert_file))}",
+                  f"key_file = {_q(str(config.tls.key_file))}"]
     return "\n".join(lines) + "\n"
 
 

@@ -29,8 +29,10 @@ import signal
 import time
 
 from . import sd_notify
+from .access_file import access_path, load_access, signature
+from .broker.access import AccessPolicy
 from .config import GroupConfig, load_secret
-from .errors import PairMQError
+from .errors import ConfigError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
 from .management import ManagementServer
@@ -78,13 +80,23 @@ class Node:
                                self.store, now_ms())
         self.started_at = now_ms()
         self.listener = None
+        self.tls_listener = None
         self.broker = None
+        self.authn = None
         if role.routes_messages:
+            from .broker.authn import Authenticator
+
+            # A malformed access file stops the node here with a ConfigError sentence: never guess a policy.
+            self.access_path = access_path(self.spec.data_dir)
+            self._access_signature = signature(self.access_path)
+            policy = load_access(self.access_path)
+            self.authn = Authenticator(policy or AccessPolicy(), note=self._access_note(policy))
             from .broker.core import BrokerCore
             from .broker.service import BrokerService
 
             def new_core() -> BrokerCore:
-                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8))
+                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8),
+                                  authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
@@ -123,16 +135,26 @@ class Node:
         loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_access)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
         try:
             self.heartbeats.start()
             if self.role.routes_messages:
                 from .mqtt.listener import MqttListener
 
+                check = self._credential_check
                 self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self,
-                                             on_event=self._mqtt_event, broker=self.broker)
+                                             on_event=self._mqtt_event, broker=self.broker, credential_check=check)
+                if self.config.tls is not None:
+                    from .tls import server_context
+
+                    self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self,
+                                                     on_event=self._mqtt_event, broker=self.broker,
+                                                     credential_check=check, ssl=server_context(self.config.tls))
                 await self.broker.start()
                 await self.listener.start()
+                if self.tls_listener is not None:
+                    await self.tls_listener.start()
             await self.management.start()
         except BaseException:
             stamp.cancel()
@@ -153,10 +175,13 @@ class Node:
 
     async def _shutdown(self) -> None:
         sd_notify.notify("STOPPING=1")
-        with contextlib.suppress(Exception):
-            if self.listener:
-                self.listener.drop_clients(MQTT_REASON_SERVER_SHUTTING_DOWN)
-                await self.listener.stop()
+        for listener in (self.listener, self.tls_listener):
+            with contextlib.suppress(Exception):
+                if listener:
+                    listener.drop_clients(MQTT_REASON_SERVER_SHUTTING_DOWN)
+                    await listener.stop()
+        if self.authn is not None:
+            self.authn.close()
         with contextlib.suppress(Exception):
             await self.management.stop()
         if self.broker is not None:
@@ -180,8 +205,13 @@ class Node:
         restarted) and log rejected heartbeats as one summed event (a flood costs one line a second)."""
         with self.heartbeats.lock:
             logged = dict(self.core.auth.rejected)
+        denied_logged: dict = {}
         while True:
             sd_notify.notify("WATCHDOG=1")
+            if self.authn is not None:
+                if signature(self.access_path) != self._access_signature:
+                    self.reload_access()
+                denied_logged = self._log_denials(denied_logged)
             with self.heartbeats.lock:
                 rejected = dict(self.core.auth.rejected)
             delta = {reason: rejected[reason] - logged.get(reason, 0) for reason in rejected}
@@ -227,8 +257,9 @@ class Node:
                 sd_notify.notify("READY=1")
 
     def _drop_clients_after_step_down(self) -> None:
-        if self.listener is not None:
-            self.listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
+        for listener in (self.listener, self.tls_listener):
+            if listener is not None:
+                listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
 
     def _on_lag(self, max_ms: int, timer_late_ms: int) -> None:
         """On the heartbeat thread, when the broker loop's stamps resume after a gap."""
@@ -241,6 +272,52 @@ class Node:
         self._failure = f"the {self.role.value} node's heartbeat thread failed: {exc!r} (traceback in the log)"
         self.events.write("heartbeat_thread_failed", error=repr(exc))
         self._post(self._stopping.set)
+
+    # --- access (users, passwords, ACLs) ----------------------------------------------
+
+    async def _credential_check(self, connect, peer: str):
+        return await self.authn.check(connect)
+
+    def _access_note(self, policy) -> str:
+        return "" if policy is not None else f"no access file at {self.access_path}"
+
+    def reload_access(self) -> None:
+        """Re-read the access file (SIGHUP, or it changed). A bad file keeps the policy we have."""
+        if self.authn is None:
+            log.info("%s: SIGHUP: a monitor has no access file to reload", self.role.value)
+            return
+        self._access_signature = signature(self.access_path)
+        try:
+            policy = load_access(self.access_path)
+        except ConfigError as exc:
+            log.error("%s: keeping the current access policy: %s", self.role.value, exc)
+            self.events.write("access_reload_failed", reason=str(exc))
+            return
+        self.authn.policy = policy or AccessPolicy()
+        self.authn.note = self._access_note(policy)
+        view = self.authn.view()
+        log.info("%s: access policy reloaded from %s: %d users, %d ACL rules, anonymous %s", self.role.value,
+                 self.access_path, view["users"], view["acl_rules"], "allowed" if view["allow_anonymous"] else "refused")
+        self.events.write("access_reloaded", path=str(self.access_path), present=policy is not None,
+                          users=view["users"], acl_rules=view["acl_rules"], allow_anonymous=view["allow_anonymous"])
+
+    def _log_denials(self, logged: dict) -> dict:
+        """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed
+        event each (a flood of them costs a line a second, like rejected heartbeats)."""
+        tls = self.tls_listener
+        if tls is not None and tls.tls_handshake_failures > logged.get("tls", 0):
+            count = tls.tls_handshake_failures - logged.get("tls", 0)
+            self.events.write("tls_handshake_failed", count=count, last_reason=tls.last_tls_handshake_failure)
+            log.info("%s: %d failed TLS handshakes on port %d in the last second (last: %s)", self.role.value, count,
+                     self.config.ports.mqtt_tls, tls.last_tls_handshake_failure)
+        counters = self.broker.core.counters
+        now = {k: counters.get(k, 0) for k in ("publish_not_authorized", "subscribe_not_authorized")}
+        delta = {k: v - logged.get(k, 0) for k, v in now.items() if v - logged.get(k, 0) > 0}
+        if delta:
+            self.events.write("access_denied", **delta)
+            log.info("%s: the ACL refused in the last second: %s", self.role.value,
+                     ", ".join(f"{v} {k}" for k, v in delta.items()))
+        return {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
         if kind in ("client_accepted", "client_refused"):
@@ -299,7 +376,12 @@ class Node:
                                  "max_timer_late_ms": self.heartbeats.max_timer_late_ms,
                                  "send_errors": self.heartbeats.send_errors},
             "mqtt": None if self.listener is None else {
-                "address": self.config.mqtt_reference(self.role), **self.listener.stats()},
+                "address": self.config.mqtt_reference(self.role), **self.listener.stats(),
+                "clients": self.listener.client_count + (self.tls_listener.client_count if self.tls_listener else 0),
+                "tls_address": (f"{self.spec.address}:{self.config.ports.mqtt_tls}" if self.tls_listener else None),
+                "tls_handshake_failures": self.tls_listener.tls_handshake_failures if self.tls_listener else 0,
+                "access": self.authn.view(),
+                "refused": {k: v for k, v in self.broker.core.counters.items() if k.endswith("not_authorized")}},
         }
 
 

@@ -3,7 +3,9 @@
 Layout under DIR (default ./local):
 
     group.toml, secret     created on the first `up` (127.0.0.1-3, default ports)
-    data/<role>/           each node's data directory
+    data/<role>/           each node's data directory; on the first `up` the
+                           primary's and backup's config/access.json allow
+                           anonymous clients (`pairmq config anonymous refuse`)
     run/<role>.pid         the pid of each detached `pairmq node` process
     logs/<role>.log        each node's stderr, appended
 
@@ -23,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from appliance.access_file import access_path, write_access
+from appliance.broker.access import AccessPolicy
 from appliance.config import GroupConfig, load_group, load_secret
 from appliance.errors import PairMQError
 from appliance.roles import Role
@@ -138,6 +142,11 @@ def up(term: Terminal, directory: Path) -> int:
     if not layout.group_file.exists():
         written = write_group(directory, name=LOCAL_GROUP_NAME, addresses=dict(LOOPBACK_ADDRESSES), data_dir="data")
         term.note(f"created {written.group_file} and a fresh secret {written.secret_file} (mode 0600)")
+        # The embedded default is for trying PairMQ out: anonymous clients in, until the operator says otherwise.
+        for role in (Role.PRIMARY, Role.BACKUP):
+            write_access(access_path(written.config.node(role).data_dir), AccessPolicy(allow_anonymous=True))
+        term.note(f"anonymous MQTT clients are allowed; refuse them with `pairmq config anonymous refuse "
+                  f"--group {layout.group_file}` after adding users")
     config = load_group(layout.group_file)
     load_secret(config)  # a missing or unsafe secret is this command's error, not three dead nodes
     _refuse_taken_ports(config, directory)

@@ -78,6 +78,9 @@ def build_parser() -> Parser:
     _local_parser(commands)
     _show_parser(commands)
     _redundancy_parser(commands)
+    from .access_cmd import add_parsers as _config_parsers
+
+    _config_parsers(commands, _add_group, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 

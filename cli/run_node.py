@@ -34,7 +34,11 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 def run(group_path: Path, role: Role) -> int:
     config = load_group(group_path)
-    load_secret(config)  # a bad group file or secret is one sentence, before any log line
+    load_secret(config)  # a bad group file, secret or access file is one sentence, before any log line
+    if role.routes_messages:
+        from appliance.access_file import access_path, load_access
+
+        load_access(access_path(config.node(role).data_dir))
     configure_logging()
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -47,8 +51,9 @@ def run(group_path: Path, role: Role) -> int:
         if exc.filename:
             raise PairMQError(f"the {role.value} node cannot use {exc.filename}: {exc.strerror or exc}") from None
         spec = config.node(role)
+        tls = f", MQTT over TLS {config.ports.mqtt_tls}" if config.tls is not None and role.routes_messages else ""
         raise PairMQError(f"the {role.value} node could not open its sockets on {spec.address} (heartbeat "
-                          f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}, management "
+                          f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}{tls}, management "
                           f"{config.ports.management}): {exc.strerror or exc}") from None
     logging.getLogger("pairmq.cli").info("%s: stopped", role.value)
     return 0

@@ -21,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance.config import GroupConfig, NodeSpec, Timers, load_group, render_group, write_secret
+from appliance.access_file import access_path, write_access
+from appliance.broker.access import AccessPolicy
+from appliance.config import GroupConfig, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
 from appliance.roles import Role
 
 LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
@@ -74,12 +76,19 @@ def fixed_ports():
 
 class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
-                 timers: Timers = Timers()) -> None:
+                 timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
+                 tls: TlsConfig | None = None) -> None:
+        """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
-        config = GroupConfig("test", nodes, directory / "secret", timers)
+        config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls)
         directory.mkdir(parents=True, exist_ok=True)
+        for role in (Role.PRIMARY, Role.BACKUP):
+            if access is not None:
+                write_access(access_path(nodes[role].data_dir), access)
+            else:
+                access_path(nodes[role].data_dir).unlink(missing_ok=True)
         (directory / "group.toml").write_text(render_group(config))
         if not (directory / "secret").exists():
             write_secret(directory / "secret")

@@ -324,6 +324,25 @@ def test_unauthorized_publish_and_subscribe_are_refused():
     assert h.take(1)[0].reason_code == RC.NOT_AUTHORIZED
 
 
+def test_unauthorized_publishes_are_counted_and_311_ones_acked_and_dropped():
+    h = Harness(authorize=lambda user, action, topic: not topic.startswith("secret"))
+    h.connect(1, "v3", v=4)
+    h.connect(2, "v5")
+    h.connect(3, "watcher")
+    h.subscribe(3, "#")
+    h.send(1, codec.Publish("secret/x", b"m", qos=1, packet_id=1))
+    h.send(1, codec.Publish("secret/x", b"m", qos=2, packet_id=2))
+    h.send(1, codec.Publish("secret/x", b"m", qos=0))
+    assert h.take(1) == [codec.Puback(1), codec.Pubrec(2)]  # no negative ack in 3.1.1: a retry would not help
+    h.send(1, codec.Pubrel(2))
+    assert [type(p) for p in h.take(1)] == [codec.Pubcomp]
+    h.send(2, codec.Publish("secret/x", b"m", qos=0))
+    assert h.take(2) == [] and 1 not in h.closed and 2 not in h.closed
+    assert h.publishes(3) == []
+    assert h.core.counters["publish_not_authorized"] == 4
+    assert not [op for op in h.ops if isinstance(op, ops.MessageStored)]
+
+
 def test_bad_filters_get_per_filter_reason_codes(h):
     h.connect(1, "c")
     suback = h.subscribe(1, "a/#/b", "ok/+", "$share/g/x", qos=1)

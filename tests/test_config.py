@@ -2,12 +2,14 @@
 
 import os
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from appliance.config import GroupConfig, NodeSpec, Timers, load_group, load_secret, parse_group, render_group, write_secret
 from appliance.errors import ConfigError
 from appliance.roles import Role
+from tests.certs import make_pki, other_key_pem
 
 
 def group_text(tmp_path, **timers) -> str:
@@ -89,3 +91,57 @@ def test_systemd_credential_takes_precedence(tmp_path, monkeypatch):
     (creds / "pairmq-secret").write_text("ab" * 32)
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
     assert load_secret(config) == bytes.fromhex("ab" * 32)
+
+
+# --- [tls] ------------------------------------------------------------------------------------
+
+
+def tls_group(tmp_path, cert="server.pem", key="server.key") -> Path:
+    text = group_text(tmp_path) + f'\n[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\n'
+    path = tmp_path / "pki" / "group.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_tls_paths_are_relative_to_the_group_file_and_round_trip(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    config = load_group(tls_group(tmp_path))
+    assert (config.tls.cert_file, config.tls.key_file) == (pki.cert_file, pki.key_file)
+    assert config.ports.mqtt_tls == 8883
+    assert parse_group(tomllib.loads(render_group(config))).tls == config.tls
+    assert load_group(tmp_path / "pki" / "group.toml").tls is not None
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda pki: pki.cert_file.unlink(), "tls.cert_file {cert} does not exist"),
+    (lambda pki: pki.key_file.unlink(), "tls.key_file {key} does not exist"),
+    (lambda pki: pki.cert_file.write_text("not a certificate"), "tls.cert_file {cert} is not a PEM certificate"),
+    (lambda pki: pki.key_file.write_text("not a key"), "tls.key_file {key} is not a PEM private key"),
+    (lambda pki: pki.key_file.write_bytes(other_key_pem()),
+     "tls.key_file {key} does not match the certificate in tls.cert_file {cert}"),
+])
+def test_bad_tls_files_are_refused_at_load(tmp_path, damage, message):
+    pki = make_pki(tmp_path / "pki")
+    damage(pki)
+    with pytest.raises(ConfigError) as err:
+        load_group(tls_group(tmp_path))
+    assert message.format(cert=pki.cert_file, key=pki.key_file) in str(err.value)
+
+
+def test_an_encrypted_key_is_refused_with_the_reason(tmp_path):
+    make_pki(tmp_path / "pki", key_password=b"pass")
+    with pytest.raises(ConfigError, match="is encrypted; the node needs an unencrypted key"):
+        load_group(tls_group(tmp_path))
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[tls]\ncert_file = "server.pem"\n', "tls.key_file must be the path of a PEM file"),
+    ('[tls]\ncert_file = "a"\nkey_file = "b"\nport = 8883\n', "unknown key 'port' in [tls]"),
+    ('[tls]\ncert_file = 5\nkey_file = "b"\n', "tls.cert_file must be the path of a PEM file"),
+])
+def test_bad_tls_tables(tmp_path, table, message):
+    (tmp_path / "group.toml").write_text(group_text(tmp_path) + "\n" + table)
+    with pytest.raises(ConfigError) as err:
+        load_group(tmp_path / "group.toml")
+    assert message in str(err.value)

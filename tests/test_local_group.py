@@ -81,6 +81,14 @@ def test_up_status_down(local_dir):
     assert "Host list: 127.0.0.1:1883,127.0.0.2:1883\n" in up.stdout
     assert "Group local: redundancy" in up.stdout and "Local Active" in up.stdout
     assert "created" in up.stderr and "is up in" in up.stderr
+    # The embedded default lets anonymous clients in, explicitly: an access file on each routing node.
+    assert "anonymous MQTT clients are allowed" in up.stderr
+    pub = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-t", "local/anonymous", "-m", "hi"],
+                         capture_output=True, text=True, timeout=10)
+    assert pub.returncode == 0, pub.stderr
+    refused = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-t", "t", "-m", "x", "-u", "nobody", "-P", "x"],
+                             capture_output=True, text=True, timeout=10)
+    assert refused.returncode != 0 and "bad user name or password" in refused.stderr.lower(), refused.stderr
 
     show = pairmq("show", "redundancy", "--json", "--group", str(local_dir / "group.toml"))
     assert show.returncode == 0, show.stderr

@@ -12,6 +12,7 @@ CORES = [f"appliance/{name}" for name in (
     "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
     "mqtt/overload.py",
     "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
+    "broker/access.py",
     "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py", "spool/snapshot.py",
 )] + ["mate_link/secure.py", "mate_link/messages.py", "mate_link/resync.py", "mate_link/active.py", "mate_link/standby.py"]
 

@@ -243,6 +243,13 @@ class BrokerCore:
             return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, "topics starting with $ are reserved")
         if not self.authorize(conn.username, "publish", topic):
             self._count("publish_not_authorized")
+            if conn.protocol_version != 5 and packet.qos:
+                # 3.1.1 has no negative ack. Closing would make the client resend the same message on every
+                # reconnect, forever; like mosquitto we acknowledge and drop it (counted; the node logs it).
+                ack = codec.Puback if packet.qos == 1 else codec.Pubrec
+                return [Send(conn.conn_id, ack(packet.packet_id))]
+            if conn.protocol_version != 5:
+                return []  # QoS 0: dropped, counted
             return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
         if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
             return [Send(conn.conn_id, codec.Pubrec(packet.packet_id))]  # a retransmission: never routed twice

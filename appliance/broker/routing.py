@@ -265,6 +265,7 @@ class Router:
                 codes.append(exc.reason_code if conn.protocol_version == 5 else 0x80)
                 continue
             if not core.authorize(conn.username, "subscribe", topic_filter):
+                core._count("subscribe_not_authorized")
                 codes.append(RC.NOT_AUTHORIZED if conn.protocol_version == 5 else 0x80)
                 continue
             qos = min(requested.qos, 2)

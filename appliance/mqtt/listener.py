@@ -18,7 +18,14 @@ Rules:
   code 3, a "client_refused" event with the reason, and a counter. The
   optional async credential check runs between the checks above and the
   broker, at most `max_connect_checks` at once and within
-  `connect_timeout_s` (a timeout refuses with 0x88 / return code 3).
+  `connect_timeout_s` (a timeout refuses with 0x88 / return code 3); it
+  answers None, or a CONNACK error code with or without a reason string,
+  and the gate is asked again after it (the check can take a while).
+- TLS (`ssl`, the 8883 listener): asyncio runs the handshake (TLS >= 1.2 is
+  the context's business). A handshake that fails at the TLS level (plain
+  MQTT bytes, an old TLS version) is counted in `tls_handshake_failures`,
+  reported as a "tls_handshake_failed" event and closed (asyncio would drop
+  it silently: see `appliance.tls.report_handshake_failures`).
 - Every later packet asks the gate again first: a node resumed after SIGSTOP
   must not serve one packet past its lease. False: v5 DISCONNECT 0x8B, 3.1.1
   close. A client's DISCONNECT is simply honoured (nothing is sent).
@@ -89,8 +96,8 @@ class Gate(Protocol):
 
 
 EventSink = Callable[[str, dict[str, object]], None]
-# (CONNECT, peer) -> None to go on, or a CONNACK reason code to refuse with (e.g. 0x86, 0x87).
-CredentialCheck = Callable[[Connect, str], Awaitable["int | None"]]
+# (CONNECT, peer) -> None to go on, or a CONNACK reason code (e.g. 0x86, 0x87), alone or with a reason string.
+CredentialCheck = Callable[[Connect, str], Awaitable["int | tuple[int, str] | None"]]
 
 
 def now_ms() -> int:
@@ -136,6 +143,12 @@ class MqttListener:
         self.max_output_bytes = max_output_bytes
         self.credential_check = credential_check
         self._ssl = ssl
+        self.tls_handshake_failures = 0
+        self.last_tls_handshake_failure = ""
+        if ssl is not None:
+            from appliance.tls import report_handshake_failures
+
+            report_handshake_failures(ssl, self._tls_handshake_failed)
         self._gate = gate
         self._on_event = on_event
         self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
@@ -183,7 +196,8 @@ class MqttListener:
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
             lambda: MqttConnection(self), self.host, self.requested_port, reuse_address=True,
-            backlog=LISTEN_BACKLOG, ssl=self._ssl)
+            backlog=LISTEN_BACKLOG, ssl=self._ssl,
+            ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
         self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
 
     async def stop(self) -> None:
@@ -299,6 +313,11 @@ class MqttListener:
             self._connects_scheduled = True
             self._loop.call_soon(self._process_connects)
 
+    def _tls_handshake_failed(self, reason: str) -> None:
+        self.tls_handshake_failures += 1
+        self.last_tls_handshake_failure = reason
+        self.emit("tls_handshake_failed", {"reason": reason[:200]})
+
     def _process_connects(self) -> None:
         self._connects_scheduled = False
         queue = self._connects
@@ -334,6 +353,8 @@ class MqttListener:
         finally:
             self._checks_running -= 1
             self._schedule_connects()
+        if isinstance(verdict, tuple):
+            verdict, why = verdict
         if verdict is not None and (verdict not in CONNACK_REASON_CODES or verdict < 0x80):
             log.error("the credential check answered %r, not None or a CONNACK error code", verdict)
             verdict, why = ReasonCode.UNSPECIFIED_ERROR, "the credential check failed"
