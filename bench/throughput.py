@@ -76,6 +76,7 @@ QUIET_WAIT_S = 20.0
 GENERATOR_CPU_NOTE = 0.8  # above this the generator, not the broker, may be the limit
 OTHER_CPU_NOTE = 0.15  # a test during which other processes used more than this of a CPU gets a note
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TESTS = ("qos0", "qos1", "latency", "storm")
 GOALS = {
     "qos0": 0.5,  # x mosquitto
     "qos1": 0.5,  # durable QoS 1, x mosquitto
@@ -592,37 +593,56 @@ async def bench_target(target: Target, args) -> Result:
     payload = bytes(args.payload)
     result = Result(target.name)
     v = result.values
-    for label, publishers in (("qos0_1to1", 1), ("qos0_4to1", 4)):
+    tests = args.test_set
+    for label, publishers in (("qos0_1to1", 1), ("qos0_4to1", 4)) if "qos0" in tests else ():
         await wait_quiet(target)
         rate, m, sent = await qos0(target, publishers, args.duration_s, payload, label)
         v[label] = rate
         result.measured(label, m)
         log(f"  {target.name} {label}: {rate:,.0f} msg/s at the subscriber ({sent:,} sent), broker CPU {m.cpu:.0%}, "
             f"generator CPU {m.generator_cpu:.0%}")
+    if "qos1" in tests:
+        await qos1_test(target, args, payload, result)
+    if "latency" in tests:
+        await latency_test(target, args, payload, result)
+    if "storm" in tests:
+        await storm_test(target, args, result)
+    result.notes += target.notes()
+    return result
+
+
+async def qos1_test(target: Target, args, payload: bytes, result: Result) -> None:
+    v = result.values
     await wait_quiet(target)
     v["qos1"], v["qos1_acked"], m = await qos1(target, args.window, args.duration_s, payload)
     result.measured("qos1", m)
     log(f"  {target.name} qos1 window {args.window}: {v['qos1']:,.0f} msg/s at the subscriber, "
         f"{v['qos1_acked']:,.0f} PUBACKs/s at the publisher, broker CPU {m.cpu:.0%}, "
         f"generator CPU {m.generator_cpu:.0%}")
+
+
+async def latency_test(target: Target, args, payload: bytes, result: Result) -> None:
+    v = result.values
     await wait_quiet(target)
     samples, m = await latency(target, args.duration_s, payload)
     result.measured("lat_p50_ms", m)
     samples.sort()
     v["lat_p50_ms"], v["lat_p99_ms"], v["lat_n"] = percentile(samples, 50), percentile(samples, 99), len(samples)
     log(f"  {target.name} latency: p50 {v['lat_p50_ms']:.3f} ms, p99 {v['lat_p99_ms']:.3f} ms ({len(samples)} samples)")
+
+
+async def storm_test(target: Target, args, result: Result) -> None:
+    v = result.values
     s = await storm(target, args.storm)
     v.update({f"storm_{k}": s[k] for k in ("total_s", "accepted", "refused", "max_connack_s", "p50_connack_s",
                                             "p99_connack_s", "idle", "rss_before_kib", "rss_after_kib",
                                             "rss_per_conn_kib")})
     if s["refused"]:
         result.notes.append(f"storm refusals: {s['refusals']}")
-    result.notes += target.notes()
     log(f"  {target.name} storm {args.storm}: all CONNACKs in {s['total_s']:.2f} s, refused {s['refused']} "
         f"{s['refusals']}, CONNACK p50 {s['p50_connack_s'] * 1000:.0f} ms, p99 {s['p99_connack_s'] * 1000:.0f} ms, "
         f"max {s['max_connack_s'] * 1000:.0f} ms; RSS {s['rss_before_kib']} -> "
         f"{s['rss_after_kib']} KiB with {s['idle']} idle = {s['rss_per_conn_kib']:.1f} KiB/connection")
-    return result
 
 
 # --- the report --------------------------------------------------------------------------
@@ -669,8 +689,9 @@ def ratios(results: list[Result]) -> list[str]:
         if not theirs:
             continue
         parts = [f"{label} {ours[k] / theirs[k]:.2f}×" for k, label in zip(THROUGHPUT, THROUGHPUT_LABELS)
-                 if theirs.get(k)]
-        parts += [f"QoS 1 latency p50 {ours['lat_p50_ms'] / theirs['lat_p50_ms']:.2f}× (lower is better)"]
+                 if theirs.get(k) and k in ours]
+        if ours.get("lat_p50_ms") and theirs.get("lat_p50_ms"):
+            parts += [f"QoS 1 latency p50 {ours['lat_p50_ms'] / theirs['lat_p50_ms']:.2f}× (lower is better)"]
         out.append(f"PairMQ/{other}: " + ", ".join(parts))
     return out
 
@@ -690,6 +711,8 @@ def goals(results: list[Result], storm_n: int) -> list[str]:
         for key, label, goal in (("qos0_1to1", "QoS 0 1→1", GOALS["qos0"]),
                                  ("qos0_4to1", "QoS 0 4→1", GOALS["qos0"]),
                                  ("qos1", "durable QoS 1", GOALS["qos1"])):
+            if key not in ours:
+                continue
             ref = max(m[key] for m in mosq)  # the faster mosquitto run: the stricter reference
             out.append(f"{label} ≥ {goal}× mosquitto (the faster of its two runs, {ref:,.0f} msg/s): "
                        f"{ours[key] / ref:.2f}× — {verdict(ours[key] >= goal * ref)}")
@@ -697,12 +720,16 @@ def goals(results: list[Result], storm_n: int) -> list[str]:
         out.append("mosquitto not measured: the QoS 0 and QoS 1 goals cannot be judged")
     if "amqtt" in by:
         for key, label in zip(THROUGHPUT, THROUGHPUT_LABELS):
+            if key not in ours:
+                continue
             ref = by["amqtt"][key]
             ok = ref > 0 and ours[key] >= GOALS["amqtt"] * ref
             out.append(f"{label} ≥ {GOALS['amqtt']:.0f}× amqtt ({ref:,.0f} msg/s): "
                        f"{(ours[key] / ref) if ref else float('inf'):.2f}× — {verdict(ok)}")
     else:
         out.append("amqtt not measured: the ≥ 10× amqtt goal cannot be judged")
+    if "storm_max_connack_s" not in ours:
+        return out
     max_s = ours["storm_max_connack_s"]
     ok = ours["storm_refused"] == 0 and ours["storm_accepted"] == storm_n and max_s <= GOALS["storm_connack_s"]
     out.append(f"{storm_n:,}-client storm, no refusals and every CONNACK within {GOALS['storm_connack_s']:.0f} s: "
@@ -832,7 +859,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amqtt-venv", type=Path, default=Path("/tmp/amqtt-venv"))
     parser.add_argument("--write-docs", action="store_true", help="write the section in docs/benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (broker logs)")
+    parser.add_argument("--tests", default=",".join(TESTS), help=f"which tests, of {','.join(TESTS)}")
     args = parser.parse_args(argv)
+    args.test_set = set(args.tests.split(","))
+    if not args.test_set <= set(TESTS):
+        parser.error(f"unknown test(s) {', '.join(sorted(args.test_set - set(TESTS)))}; known: {', '.join(TESTS)}")
     args.argv = argv
     install_signal_handlers()
     raise_fd_limit(args.storm + 1024)  # brokers started from here inherit it too

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send
+from appliance.broker.core import BrokerCore, Close, Durable, Limits, Persist, Send
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
 from appliance.mqtt.wire import ReasonCode as RC
@@ -40,6 +40,8 @@ class Harness:
                     self.run(e.then)
                 else:
                     self.pending.append(e)
+            elif isinstance(e, Durable):
+                self.run(self.core.durable(e, self.now))
             else:
                 raise AssertionError(f"unknown effect {e!r}")
 

@@ -52,6 +52,15 @@ class Persist:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Durable:
+    """In a `Persist`'s `then`: the commit that queued `entries` is durable; the adapter hands this back to
+    `BrokerCore.durable`, which marks them ready and fills the windows of `client_ids`."""
+
+    entries: tuple
+    client_ids: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Limits:
     max_queued_messages: int = 100_000
     max_queued_bytes: int = 64 * 1024 * 1024
@@ -246,30 +255,30 @@ class BrokerCore:
 
     def _ack_outbound(self, conn: Connection, packet_id: int, now_ms: int, expect: tuple[int, ...]) -> list:
         session = self.sessions[conn.client_id]
-        for entry in session.queue:
-            if entry.state is not EntryState.QUEUED and entry.packet_id == packet_id and entry.qos in expect:
-                session.queue.remove(entry)
-                op_list = [ops.MessageAcked(session.client_id, entry.msg_id)]
-                op_list += self.router.release(session, entry)
-                # The next sends wait behind this commit, hence behind every earlier one: a message whose
-                # own commit is pending is not sent early (rule 2), nor ahead of sends already waiting.
-                return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]
-        return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
+        entry = session.inflight.get(packet_id)
+        if entry is None or entry.qos not in expect:
+            return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
+        return self._end_outbound(session, conn, entry, now_ms)
+
+    def _end_outbound(self, session: Session, conn: Connection, entry, now_ms: int) -> list:
+        session.remove_inflight(entry)
+        self.router.release(session, entry)
+        # Rule 5: the ack is not waited for, so the freed slot is refilled now; the pump sends only entries
+        # whose own commit is durable (`ready`), so nothing the broker could forget goes out early.
+        return [Persist((ops.MessageAcked(session.client_id, entry.msg_id),)), *self._pump(session, conn, now_ms)]
 
     def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
         session = self.sessions[conn.client_id]
-        for entry in session.queue:
-            if entry.state is EntryState.INFLIGHT and entry.packet_id == packet.packet_id and entry.qos == 2:
-                if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
-                    session.queue.remove(entry)
-                    op_list = [ops.MessageAcked(session.client_id, entry.msg_id), *self.router.release(session, entry)]
-                    return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]  # as in _ack_outbound
-                entry.state = EntryState.PUBREC
-                # Rule 3: PUBREL only after the PUBREC is durable.
-                return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),
-                                (Send(conn.conn_id, codec.Pubrel(packet.packet_id)),))]
-            if entry.state is EntryState.PUBREC and entry.packet_id == packet.packet_id:
-                return [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
+        entry = session.inflight.get(packet.packet_id)
+        if entry is not None and entry.qos == 2 and entry.state is EntryState.INFLIGHT:
+            if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
+                return self._end_outbound(session, conn, entry, now_ms)
+            entry.state = EntryState.PUBREC
+            # Rule 3: PUBREL only after the PUBREC is durable.
+            return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),
+                            (Send(conn.conn_id, codec.Pubrel(packet.packet_id)),))]
+        if entry is not None and entry.state is EntryState.PUBREC:
+            return [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
         return [Send(conn.conn_id, codec.Pubrel(packet.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND))] \
             if conn.protocol_version == 5 else [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
 
@@ -306,9 +315,7 @@ class BrokerCore:
     def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list:
         """On (re)connect: resend what was in flight (DUP), then fill the window."""
         effects = []
-        for entry in session.queue:
-            if entry.state is EntryState.QUEUED:
-                break
+        for entry in session.inflight.values():
             if entry.state is EntryState.PUBREC:
                 effects.append(Send(conn.conn_id, codec.Pubrel(entry.packet_id)))
             else:
@@ -320,6 +327,15 @@ class BrokerCore:
         if conn is None:
             return []
         return self.router.pump(conn, session, now_ms)
+
+    def durable(self, done: Durable, now_ms: int) -> list:
+        """The commit behind `done` is durable: its queue entries may go out (rule 2)."""
+        for entry in done.entries:
+            entry.ready = True
+        effects: list = []
+        for client_id in done.client_ids:
+            effects += self.deliver_to(client_id, now_ms)
+        return effects
 
     def deliver_to(self, client_id: str, now_ms: int) -> list:
         session = self.sessions.get(client_id)
@@ -373,10 +389,14 @@ def restore(core: BrokerCore, state, now_ms: int) -> None:
                                        sub.subscription_id)
             session.subscriptions[sub.topic_filter] = opts
             router.subscriptions.subscribe(record.client_id, sub.topic_filter, opts)
-        for e in record.queue:
+        # The in-flight entries are the queue's head (session.py); the spool keeps queue order, so they come first.
+        for e in sorted(record.queue, key=lambda e: not e.packet_id):
             state_ = (EntryState.PUBREC if e.pubrec_received else
                       EntryState.INFLIGHT if e.packet_id else EntryState.QUEUED)
-            session.queue.append(QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, state_, e.packet_id))
+            entry = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, state_, e.packet_id)
+            session.queue.append(entry)
+            if e.packet_id:
+                session.inflight[e.packet_id] = entry
             if not e.pubrec_received:
                 msg = router.messages[e.msg_id]
                 msg.refs += 1

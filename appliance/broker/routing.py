@@ -58,6 +58,7 @@ class Router:
         op_list: list = []
         now_effects: list = []
         then: list = []
+        queued: list = []
         stored = False
 
         def store() -> None:
@@ -84,11 +85,12 @@ class Router:
                 continue
             store()
             msg.refs += 1
-            target.queue.append(QueueEntry(msg.msg_id, qos, retain_flag, sub_ids))
+            entry = QueueEntry(msg.msg_id, qos, retain_flag, sub_ids, ready=False)
+            queued.append(entry)
+            target.queue.append(entry)
             target.queued_bytes += msg.size
             op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
-            if target.conn is not None:
-                then.append(client_id)
+            then.append(client_id)  # connected or not: it may connect before the commit is durable
         if packet.qos == 2 and conn is not None:
             session.inbound_qos2.add(packet.packet_id)
             op_list.append(ops.InboundQos2Received(session.client_id, packet.packet_id))
@@ -99,11 +101,10 @@ class Router:
             reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS
             ack = codec.Puback if packet.qos == 1 else codec.Pubrec
             acks.append(codec_send(conn, ack(packet.packet_id, reason)))
-        pumps = [("pump", cid) for cid in then]
         if not op_list:
             return now_effects + acks
         # Rules 1 and 2: the ack and the QoS 1/2 deliveries wait for the commit.
-        return [*now_effects, core_persist(op_list, acks, pumps, core, now_ms)]
+        return [*now_effects, core_persist(op_list, acks, queued, then)]
 
     def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
@@ -155,38 +156,32 @@ class Router:
     def pump(self, conn: Connection, session: Session, now_ms: int) -> list:
         effects: list = []
         durable_first: list = []
-        inflight = session.inflight_count()
         window = max(1, conn.receive_maximum)
         dropped: list = []
-        # Visits the in-flight head and what it sends, never the whole queue: a backlog must not make every
-        # publish and ack cost O(queue). The deque is not changed while iterated: an expired entry ends the
-        # pass, is removed, and the pass starts again.
-        while inflight < window:
-            expired = None
-            for entry in session.queue:
-                if inflight >= window:
-                    break
-                if entry.state is not EntryState.QUEUED:
-                    continue
-                msg = self.messages[entry.msg_id]
-                if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
-                    expired = entry
-                    break
-                entry.state = EntryState.INFLIGHT
-                entry.packet_id = session.allocate_packet_id()
-                inflight += 1
-                sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms)
-                record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
-                if entry.qos == 2:
-                    durable_first.append((record, sends))  # rule 3
-                else:
-                    dropped.append(record)
-                    effects += sends
-            if expired is None:
-                break
-            session.queue.remove(expired)
-            dropped.append(ops.MessageDropped(session.client_id, expired.msg_id, "expired"))
-            self._release_entry(session, expired)
+        queue, inflight = session.queue, session.inflight
+        # The in-flight entries are the queue's head: the next to send is at index len(inflight). Each step
+        # costs O(1), never O(queue) or O(window): a backlog must not make every publish and ack slower.
+        while len(inflight) < window and len(inflight) < len(queue):
+            i = len(inflight)
+            entry = queue[i]
+            if not entry.ready:
+                break  # rule 2: its commit is pending; what follows it waits too (order)
+            msg = self.messages[entry.msg_id]
+            if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                del queue[i]
+                dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
+                self._release_entry(session, entry)
+                continue
+            entry.state = EntryState.INFLIGHT
+            entry.packet_id = session.allocate_packet_id()
+            inflight[entry.packet_id] = entry
+            sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms, msg=msg)
+            record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
+            if entry.qos == 2:
+                durable_first.append((record, sends))  # rule 3
+            else:
+                dropped.append(record)
+                effects += sends
         if durable_first:
             effects.append(Persist_(tuple(r for r, _ in durable_first),
                                     tuple(s for _, sends in durable_first for s in sends)))
@@ -213,9 +208,8 @@ class Router:
                                packet_id=entry.packet_id if entry.qos else None, properties=props)
         return [codec_send(conn, packet)]
 
-    def release(self, session: Session, entry: QueueEntry) -> list:
+    def release(self, session: Session, entry: QueueEntry) -> None:
         self._release_entry(session, entry)
-        return []
 
     def _release_entry(self, session: Session, entry: QueueEntry) -> None:
         msg = self.messages.get(entry.msg_id)
@@ -253,7 +247,7 @@ class Router:
         codes: list[int] = []
         op_list: list = []
         retained_effects: list = []
-        pump = False
+        queued: list = []
         for requested in packet.subscriptions:
             topic_filter = requested.topic_filter
             try:
@@ -285,7 +279,7 @@ class Router:
                         continue
                     eff = min(qos, msg.qos)
                     ids = (sub_id,) if sub_id else ()
-                    entry = QueueEntry(msg_id, eff, True, ids)
+                    entry = QueueEntry(msg_id, eff, True, ids, ready=eff == 0)
                     if eff == 0:
                         retained_effects += self.publish_packet(conn, session, entry, dup=False, msg=msg,
                                                                 now_ms=now_ms)
@@ -294,10 +288,10 @@ class Router:
                         session.queue.append(entry)
                         session.queued_bytes += msg.size
                         op_list.append(ops.MessageQueued(session.client_id, msg_id, eff, True, ids))
-                        pump = True
+                        queued.append(entry)
         suback = codec_send(conn, codec.Suback(packet.packet_id, codes))
-        pumps = [("pump", session.client_id)] if pump else []
-        return [core_persist(op_list, [suback, *retained_effects], pumps, core, now_ms)]
+        return [core_persist(op_list, [suback, *retained_effects], queued,
+                             [session.client_id] if queued else [])]
 
     def unsubscribe(self, conn: Connection, session: Session, packet) -> list:
         codes = []
@@ -350,6 +344,7 @@ class Router:
         for entry in session.queue:
             self._release_entry(session, entry)
         session.queue.clear()
+        session.inflight.clear()
         if session.will is not None:
             self._unref(session.will.msg_id)
             session.will = None
@@ -382,11 +377,9 @@ def Persist_(op_tuple: tuple, then: tuple):
     return Persist(op_tuple, then)
 
 
-def core_persist(op_list: list, sends: list, pumps: list, core, now_ms: int):
-    """Persist the ops; once durable, send the acks, then fill the windows of the targets."""
-    from .core import Persist
+def core_persist(op_list: list, sends: list, queued: list, client_ids: list):
+    """Persist the ops; once durable, send the acks, mark the queued entries ready and fill the targets' windows."""
+    from .core import Durable, Persist
 
-    then = list(sends)
-    for _, client_id in pumps:
-        then += core.deliver_to(client_id, now_ms)
-    return Persist(tuple(op_list), tuple(then))
+    then = (*sends, Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
+    return Persist(tuple(op_list), then)

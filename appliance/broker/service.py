@@ -24,7 +24,7 @@ from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.store import Spool
 from ..spool.writer import SpoolWriter
-from .core import BrokerCore, Close, Persist, Send, restore
+from .core import BrokerCore, Close, Durable, Persist, Send, restore
 
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
@@ -99,6 +99,8 @@ class BrokerService:
                     self.execute(self.core.connection_lost(effect.conn, wall_ms()))
             elif isinstance(effect, Persist):
                 self._persist(effect)
+            elif isinstance(effect, Durable):
+                self.execute(self.core.durable(effect, wall_ms()))
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
 
