@@ -93,6 +93,9 @@ class Group:
         for role in roles or tuple(Role):
             argv = [sys.executable, "-m", "cli.main", "node", "--role", role.value,
                     "--group", str(self.dir / "group.toml")]
+            profile_dir = os.environ.get("PAIRMQ_PROFILE_DIR")  # cProfile the primary's main thread (bench/)
+            if profile_dir and role is Role.PRIMARY:
+                argv[1:1] = ["-m", "cProfile", "-o", str(Path(profile_dir) / "primary.prof")]
             log = open(self.dir / f"{role.value}.log", "ab")
             kwargs = dict(stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
             proc = self.hosts.popen(role.value, argv, **kwargs) if self.hosts else subprocess.Popen(argv, **kwargs)

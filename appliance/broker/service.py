@@ -8,6 +8,11 @@ Rules:
   of the durable one: every client is dropped with 0x97 and the core is
   rebuilt from the spool. Nothing unacknowledged was promised, so nothing
   acknowledged is lost; clients retry.
+- Persists are coalesced: those made while one event-loop callback runs (one
+  read of a socket, one commit's callbacks) go to the writer as ONE submission
+  at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;
+  their `then` effects run in order once it is durable. Commits still finish
+  in submission order, so nothing overtakes an earlier Persist.
 - Writes never wait for the socket to drain here; the connection's read loop
   waits for its own drains, which is what slows a fast publisher down.
 """
@@ -46,6 +51,9 @@ class BrokerService:
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
+        self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
+        self._thens: list = []  # their `then` tuples, in order
+        self._flush_scheduled = False
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -108,13 +116,29 @@ class BrokerService:
         if not effect.ops:
             self.execute(effect.then)
             return
+        if len(self._ops) + len(effect.ops) > self.writer.limits.max_batch_ops:
+            self._flush()
+        self._ops += effect.ops
+        if effect.then:
+            self._thens.append(effect.then)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._ops:
+            return
+        op_list, thens = self._ops, self._thens
+        self._ops, self._thens = [], []
         try:
-            submission = self.writer.submit_async(list(effect.ops), self._epoch())
+            submission = self.writer.submit_async(op_list, self._epoch())
         except (SpoolFull, SpoolBusy) as exc:
             self._commit_failed(exc)
             return
         core = self.core
-        submission.future.add_done_callback(lambda fut: self._committed(fut, effect.then, core))
+        then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
+        submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
 
     def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
         if core is not self.core:
@@ -126,6 +150,7 @@ class BrokerService:
         self.execute(then)
 
     def _commit_failed(self, exc: BaseException) -> None:
+        self._ops, self._thens = [], []  # they belong to the core being replaced
         self.commit_failures += 1
         log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
         for conn_id, conn in list(self.conns.items()):
