@@ -8,6 +8,9 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
     takeover_margin_ms >= heartbeat_interval_ms and >= lease_ms / 10
                                              (covers clock-rate drift and the
                                               delay between a check and an act)
+- limits are positive whole numbers within their ranges (see `Limits`):
+  a full session queue or a full spool refuses publishes (docs/broker.md),
+  so a limit of 0 would refuse everything;
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
 """
@@ -99,6 +102,27 @@ class Ports:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """What one session's queue and the whole spool may hold; at a limit the publisher is refused (0x97)."""
+
+    session_queue_max_messages: int = 100_000
+    session_queue_max_bytes: int = 64 * 1024 * 1024
+    spool_max_bytes: int = 4 * 1024 * 1024 * 1024  # stored message bodies, every session and retained message
+
+    RANGES = {  # name -> (minimum, maximum)
+        "session_queue_max_messages": (1, 10_000_000),
+        "session_queue_max_bytes": (1024, 1 << 40),
+        "spool_max_bytes": (64 * 1024, 1 << 44),
+    }
+
+    def validate(self) -> None:
+        for name, (low, high) in self.RANGES.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"limits.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeSpec:
     role: Role
     address: str
@@ -114,6 +138,7 @@ class GroupConfig:
     ports: Ports = Ports()
     auto_revert: bool = False
     path: Path | None = None
+    limits: Limits = Limits()
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -129,6 +154,7 @@ _SECTIONS = {
     "group": {"name", "secret_file", "auto_revert"},
     "timers": {f.name for f in dataclasses.fields(Timers)},
     "ports": {f.name for f in dataclasses.fields(Ports)},
+    "limits": {f.name for f in dataclasses.fields(Limits)},
     "nodes": {r.value for r in Role},
 }
 _NODE_KEYS = {"address", "data_dir"}
@@ -171,6 +197,10 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     _check_keys(ports_raw, _SECTIONS["ports"], "[ports]")
     ports = Ports(**ports_raw)
     ports.validate()
+    limits_raw = _table(raw, "limits", required=False)
+    _check_keys(limits_raw, _SECTIONS["limits"], "[limits]")
+    limits = Limits(**limits_raw)
+    limits.validate()
 
     nodes_raw = _table(raw, "nodes")
     _check_keys(nodes_raw, _SECTIONS["nodes"], "[nodes]")
@@ -192,7 +222,7 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     addresses = [n.address for n in nodes.values()]
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
-    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path)
+    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, limits)
 
 
 def _table(raw: dict, key: str, *, required: bool = True) -> dict:
@@ -255,6 +285,9 @@ def render_group(config: GroupConfig) -> str:
         "",
         "[ports]",
         *(f"{f.name} = {getattr(config.ports, f.name)}" for f in dataclasses.fields(Ports)),
+        "",
+        "[limits]",
+        *(f"{f.name} = {getattr(config.limits, f.name)}" for f in dataclasses.fields(Limits)),
     ]
     for role in Role:
         node = config.nodes[role]

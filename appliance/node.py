@@ -69,16 +69,19 @@ class Node:
         self.listener = None
         self.broker = None
         if role.routes_messages:
-            from .broker.core import BrokerCore
+            from .broker.core import BrokerCore, limits_from_config
             from .broker.service import BrokerService
 
+            core_limits = limits_from_config(config.limits)
+
             def new_core() -> BrokerCore:
-                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8))
+                return BrokerCore(node_name=role.value, limits=core_limits,
+                                  id_source=lambda: "pairmq-" + secrets.token_hex(8))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool",
                                         epoch=lambda: self.core.active_epoch or self.core.state.epoch,
-                                        core_factory=new_core)
+                                        core_factory=new_core, spool_max_bytes=config.limits.spool_max_bytes)
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._peer_addresses = [(config.node(r).address, config.ports.heartbeat) for r in role.peers()]
@@ -224,6 +227,10 @@ class Node:
         if self.core.active_role(now) is self.role.mate():
             return "Mate Active"
         return "Standby"
+
+    def message_spool_view(self) -> dict | None:
+        """The broker's limits, refusal counters and spool writer (management API); None off a routing node."""
+        return None if self.broker is None else self.broker.view()
 
     def redundancy_view(self) -> dict:
         now = now_ms()

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance.config import GroupConfig, NodeSpec, Timers, load_group, render_group, write_secret
+from appliance.config import GroupConfig, Limits, NodeSpec, Timers, load_group, render_group, write_secret
 from appliance.roles import Role
 
 LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
@@ -74,11 +74,11 @@ def fixed_ports():
 
 class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
-                 timers: Timers = Timers()) -> None:
+                 timers: Timers = Timers(), limits: Limits = Limits()) -> None:
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
-        config = GroupConfig("test", nodes, directory / "secret", timers)
+        config = GroupConfig("test", nodes, directory / "secret", timers, limits=limits)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "group.toml").write_text(render_group(config))
         if not (directory / "secret").exists():

@@ -64,6 +64,7 @@ class Durable:
 class Limits:
     max_queued_messages: int = 100_000
     max_queued_bytes: int = 64 * 1024 * 1024
+    max_spool_bytes: int = 4 * 1024 * 1024 * 1024  # every stored body (Router.stored_bytes); the writer's is above it
     max_packet_size: int = 1024 * 1024
     max_session_expiry_s: int = 7 * 24 * 3600
 
@@ -209,6 +210,8 @@ class BrokerCore:
 
     def packet(self, conn_id: int, packet: object, now_ms: int) -> list:
         conn = self.connections[conn_id]
+        if conn.closing:
+            return []  # refused and about to be closed (_refuse_publish): nothing more is taken from it
         handler = self._handlers.get(type(packet).__name__)
         if handler is None:
             return [Close(conn_id, RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")]
@@ -235,17 +238,23 @@ class BrokerCore:
             self._count("publish_not_authorized")
             return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
         if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
-            return [Send(conn.conn_id, codec.Pubrec(packet.packet_id))]  # a retransmission: never routed twice
+            # A retransmission: never routed twice; its PUBREC waits behind the first one's commit.
+            return [Persist((), (Send(conn.conn_id, codec.Pubrec(packet.packet_id)),))]
         return self.router.route(self, conn, session, topic, packet, now_ms)
 
     def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
-        if packet.qos == 0:
-            return [] if conn.protocol_version == 5 else [Close(conn.conn_id, reason, text)]
+        """Refuse one PUBLISH. The answer is a barrier (a Persist without ops): acks go out in PUBLISH order
+        (MQTT §4.6), so it waits behind the commits of what this client published before."""
         if conn.protocol_version == 5:
+            if packet.qos == 0:
+                return []
             props = {P.REASON_STRING: text} if conn.request_problem_information else {}
             ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-            return [Send(conn.conn_id, ack(packet.packet_id, reason, props))]
-        return [Close(conn.conn_id, reason, text)]  # 3.1.1 has no negative ack: the client retries later
+            return [Persist((), (Send(conn.conn_id, ack(packet.packet_id, reason, props)),))]
+        # 3.1.1 has no negative ack: the client is disconnected and retries later. Nothing it sends after the
+        # refused PUBLISH is taken (`closing`), so a retry cannot land behind a later message.
+        conn.closing = True
+        return [Persist((), (Close(conn.conn_id, reason, text),))]
 
     def _on_puback(self, conn: Connection, packet, now_ms: int) -> list:
         return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(1,))
@@ -364,20 +373,29 @@ class BrokerCore:
         return session.will
 
 
+def limits_from_config(limits) -> Limits:
+    """The core's limits from the group file's [limits] table (`appliance.config.Limits`)."""
+    return Limits(max_queued_messages=limits.session_queue_max_messages,
+                  max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes)
+
+
 def restore(core: BrokerCore, state, now_ms: int) -> None:
     """Rebuild the core's state from the spool's (`appliance.spool.state.SpoolState`) at start-up.
 
     No connection survives a restart: every session comes back offline, its
     expiry counted from now if it was connected when the node stopped.
     """
-    from .routing import decode_stored_properties
+    from .routing import decode_stored_properties, stored_estimate
     from .session import Message, QueueEntry, SubscriptionOptions
 
     router = core.router
     for msg_id, stored in state.messages.items():
-        router.messages[msg_id] = Message(msg_id, stored.topic, stored.payload, stored.qos, stored.retain,
-                                          decode_stored_properties(stored.properties), stored.expiry_at_ms,
-                                          stored.publisher, stored.created_at_ms)
+        msg = Message(msg_id, stored.topic, stored.payload, stored.qos, stored.retain,
+                      decode_stored_properties(stored.properties), stored.expiry_at_ms, stored.publisher,
+                      stored.created_at_ms)
+        msg.stored_size = stored_estimate(msg, stored.properties)
+        router.messages[msg_id] = msg
+        router.stored_bytes += msg.stored_size
     for topic, msg_id in state.retained.items():
         router.retained.set(topic, msg_id)
         router.messages[msg_id].refs += 1

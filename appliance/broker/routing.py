@@ -7,8 +7,11 @@ Rules:
 - Overlapping subscriptions of one client yield one copy: the highest QoS and
   every subscription identifier. A shared group (`$share/g/f`) yields one copy
   for one member, chosen round-robin, preferring connected members.
-- No silent loss: if a target queue is full, the whole publish is refused with
-  a reason (v5 0x97), before anything is stored.
+- No silent loss: if a target queue is full, or storing the body would pass the
+  spool's byte limit, the whole publish is refused with a reason (v5 0x97;
+  3.1.1: disconnected without an ack) and counted, before anything is stored.
+  `stored_bytes` counts every stored body by `stored_estimate`, at least its
+  encoded `MessageStored`, so the core refuses before the spool writer would.
 - Retained: an empty payload clears the topic; new subscriptions get matching
   retained messages per their Retain Handling; shared subscriptions never do.
 """
@@ -36,7 +39,7 @@ class Router:
         self.retained = topics.RetainedIndex()
         self.subscriptions = topics.SubscriptionIndex()
         self._msg_ids = itertools.count(1)
-        self.refused_full = 0
+        self.stored_bytes = 0  # see the rules: every body in `messages` with a stored_size
 
     def restart_ids(self, first: int) -> None:
         """Continue message ids above every id the restored state still refers to."""
@@ -52,9 +55,17 @@ class Router:
         targets = self._targets(core, topic, session.client_id, msg.retain)
         full = self._full_target(core, targets, msg)
         if full is not None and conn is not None:
-            self.refused_full += 1
+            core._count("publish_refused_queue_full")
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
+        stored_props = _encode_props(props)
+        if conn is not None and self._needs_store(targets, msg):
+            size = stored_estimate(msg, stored_props)
+            if self.stored_bytes + size > self.limits.max_spool_bytes:
+                core._count("publish_refused_spool_full")
+                return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
+                                            f"the message spool is full ({self.stored_bytes:,} of "
+                                            f"{self.limits.max_spool_bytes:,} bytes); retry later")
         op_list: list = []
         now_effects: list = []
         then: list = []
@@ -65,8 +76,10 @@ class Router:
             nonlocal stored
             if not stored:
                 self.messages[msg.msg_id] = msg
+                msg.stored_size = stored_estimate(msg, stored_props)
+                self.stored_bytes += msg.stored_size
                 op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
-                                                 _encode_props(props), msg.expiry_at_ms, msg.publisher, now_ms))
+                                                 stored_props, msg.expiry_at_ms, msg.publisher, now_ms))
                 stored = True
 
         if msg.retain:
@@ -122,6 +135,12 @@ class Router:
         qos, ids, flag = out.get(client_id, (-1, (), False))
         sub_ids = ids + ((opts.subscription_id,) if opts.subscription_id else ())
         out[client_id] = (max(qos, opts.qos), sub_ids, flag or retain_flag)
+
+    @staticmethod
+    def _needs_store(targets: dict, msg: Message) -> bool:
+        if msg.retain and msg.payload:
+            return True
+        return msg.qos > 0 and any(qos > 0 for qos, _, _ in targets.values())
 
     def _full_target(self, core, targets: dict, msg: Message) -> str | None:
         if msg.qos == 0:
@@ -224,6 +243,7 @@ class Router:
         msg.refs -= 1
         if msg.refs <= 0:
             del self.messages[msg_id]
+            self.stored_bytes -= msg.stored_size
 
     def expire_queued(self, sessions, now_ms: int) -> list:
         op_list = []
@@ -316,8 +336,11 @@ class Router:
         msg = Message(next(self._msg_ids), will.topic, bytes(will.payload), will.qos, will.retain, props,
                       0, session.client_id, now_ms, refs=1)
         self.messages[msg.msg_id] = msg
+        stored_props = _encode_props(props)
+        msg.stored_size = stored_estimate(msg, stored_props)
+        self.stored_bytes += msg.stored_size
         session.will = Will(msg.msg_id, will.properties.get(P.WILL_DELAY_INTERVAL, 0))
-        op_list += [ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, _encode_props(props),
+        op_list += [ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, stored_props,
                                       msg.expiry_at_ms, msg.publisher, now_ms),
                     ops.WillSet(session.client_id, msg.msg_id, session.will.delay_s)]
         return op_list
@@ -359,6 +382,15 @@ def _connected(core, client_id: str) -> bool:
 def _encode_props(props: dict) -> bytes:
     """A stored message's properties, as the PUBLISH property block (the spool keeps them opaque)."""
     return encode_properties(props, PacketType.PUBLISH) if props else b""
+
+
+STORED_OVERHEAD_BYTES = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
+
+
+def stored_estimate(msg: Message, stored_props: bytes) -> int:
+    """What one body counts against the spool limit: at least `stored_size` of its encoded MessageStored."""
+    return (len(msg.payload) + len(msg.topic.encode()) + len(msg.publisher.encode()) + len(stored_props)
+            + STORED_OVERHEAD_BYTES)
 
 
 def decode_stored_properties(data: bytes) -> dict:

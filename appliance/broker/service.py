@@ -28,7 +28,7 @@ from typing import Callable
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.store import Spool
-from ..spool.writer import SpoolWriter
+from ..spool.writer import SpoolWriter, WriterLimits
 from .core import BrokerCore, Close, Durable, Persist, Send, restore
 
 log = logging.getLogger("pairmq.broker")
@@ -41,9 +41,14 @@ def wall_ms() -> int:
 
 class BrokerService:
     def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
-                 core_factory: Callable[[], BrokerCore] | None = None) -> None:
+                 core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None) -> None:
         self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
-        self.writer = SpoolWriter(self.spool)
+        writer_limits = WriterLimits()
+        if spool_max_bytes is not None:
+            # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
+            # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
+            writer_limits = WriterLimits(max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
+        self.writer = SpoolWriter(self.spool, writer_limits)
         self._epoch = epoch
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
         self.core = self._fresh_core()
@@ -54,6 +59,7 @@ class BrokerService:
         self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
+        self._last: asyncio.Future | None = None  # the latest submission's future
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -114,7 +120,7 @@ class BrokerService:
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:
-            self.execute(effect.then)
+            self._after_earlier(effect.then)
             return
         if len(self._ops) + len(effect.ops) > self.writer.limits.max_batch_ops:
             self._flush()
@@ -139,6 +145,18 @@ class BrokerService:
         core = self.core
         then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
         submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
+        self._last = submission.future
+
+    def _after_earlier(self, then: tuple) -> None:
+        """A Persist without ops: its effects still wait behind every earlier Persist (e.g. a 3.1.1
+        publisher's refusal closes the connection only after the PUBACKs of what it published before)."""
+        if self._ops:
+            self._thens.append(then)
+        elif self._last is not None and not self._last.done():
+            core = self.core
+            self._last.add_done_callback(lambda fut: self._committed(fut, then, core))
+        else:
+            self.execute(then)
 
     def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
         if core is not self.core:
@@ -156,4 +174,25 @@ class BrokerService:
         for conn_id, conn in list(self.conns.items()):
             conn.close_with(RC.QUOTA_EXCEEDED, f"the message spool cannot take more: {exc}")
         self.conns.clear()
+        counters = self.core.counters
         self.core = self._fresh_core()
+        self.core.counters = counters  # refusals counted so far stay counted
+
+    # --- the management API's view -----------------------------------------------------------
+
+    def view(self) -> dict:
+        core, m = self.core, self.writer.metrics()
+        return {
+            "limits": {"session_queue_max_messages": core.limits.max_queued_messages,
+                       "session_queue_max_bytes": core.limits.max_queued_bytes,
+                       "spool_max_bytes": core.limits.max_spool_bytes},
+            "counters": {"publish_refused_queue_full": 0, "publish_refused_spool_full": 0, **core.counters,
+                         "commit_failures": self.commit_failures},
+            "sessions": len(core.sessions),
+            "queued_messages": sum(len(s.queue) for s in core.sessions.values()),
+            "stored_bytes": core.router.stored_bytes,
+            "writer": {"commits": m.commits, "ops": m.ops, "mean_batch_ops": round(m.mean_batch_ops, 1),
+                       "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
+                       "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
+                       "durable_seq": m.durable.seq},
+        }

@@ -37,6 +37,7 @@ class Message:
     publisher: str
     created_at_ms: int
     refs: int = 0
+    stored_size: int = 0  # what it counts against the spool's byte limit while stored (0: not stored)
 
     @property
     def size(self) -> int:
@@ -130,6 +131,7 @@ class Connection:
     aliases_in: dict[int, str] = dataclasses.field(default_factory=dict)
     aliases_out: dict[str, int] = dataclasses.field(default_factory=dict)
     will_on_close: bool = True  # a clean DISCONNECT (reason 0) suppresses the will
+    closing: bool = False  # a Close is on its way (behind earlier commits): take no more packets
 
     def outbound_alias(self, topic: str) -> tuple[int, bool]:
         """(alias, first use) for `topic`, or (0, False) when we may not assign one."""
