@@ -219,3 +219,12 @@ class _suppress:
 
     def __exit__(self, *exc):
         return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+@contextlib.contextmanager
+def active_group(directory: Path, timeout_s: float = 20.0, **kwargs):
+    """A loopback group (Group's keyword arguments) whose primary is active and serves MQTT."""
+    with Group(directory, **kwargs) as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=timeout_s)
+        yield g

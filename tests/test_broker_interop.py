@@ -33,8 +33,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from appliance.roles import Role
-from tests.group import Group
+from tests.group import active_group
 from tests.mqttraw import (  # noqa: F401  (re-exported for the test_broker_interop_* modules)
     CONNACK, DISCONNECT, HOST, PINGRESP, PORT, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, SUBACK, UNSUBACK, V5, V311,
     WAIT_S, Raw, RawPacket,
@@ -46,9 +45,7 @@ VERSIONS = pytest.mark.parametrize("version", [V311, V5], ids=["v311", "v5"])
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     """One group for the whole module; the primary is active and serves MQTT on 127.0.0.1:1883."""
-    with Group(tmp_path_factory.mktemp("interop") / "group") as g:
-        g.start()
-        g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=20)
+    with active_group(tmp_path_factory.mktemp("interop") / "group") as g:
         yield g
 
 

@@ -21,8 +21,9 @@ import pytest
 
 from appliance.config import Limits
 from appliance.roles import Role
-from tests.group import Group
+from tests.group import Group, active_group
 from tests.mqttraw import PUBACK, PUBLISH, V5, V311, Raw
+from tests.test_broker_interop import raws  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.processes
 
@@ -35,23 +36,8 @@ QUOTA_EXCEEDED = 0x97
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     limits = Limits(session_queue_max_messages=QUEUE_LIMIT, spool_max_bytes=SPOOL_LIMIT_BYTES)
-    with Group(tmp_path_factory.mktemp("limits") / "group", limits=limits) as g:
-        g.start()
-        g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=20)
+    with active_group(tmp_path_factory.mktemp("limits") / "group", limits=limits) as g:
         yield g
-
-
-@pytest.fixture
-def raws(group):
-    made: list[Raw] = []
-
-    def make(version: int = V5) -> Raw:
-        made.append(Raw(version))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.close()
 
 
 def spool_view(group: Group) -> dict:

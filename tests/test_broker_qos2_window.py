@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.roles import Role
-from tests.group import Group
+from tests.group import active_group
 from tests.mqttraw import PUBCOMP, PUBREC, PUBREL, V311, Raw
 from tests.test_broker_interop import Paho
 
@@ -27,9 +26,7 @@ RESENT = 20  # of each window, sent again with DUP before the PUBRELs
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
-    with Group(tmp_path_factory.mktemp("qos2window") / "group") as g:
-        g.start()
-        g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=20)
+    with active_group(tmp_path_factory.mktemp("qos2window") / "group") as g:
         yield g
 
 

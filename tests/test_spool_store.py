@@ -59,6 +59,9 @@ EVERY_OP = [
     [o.MessageIdSeen("m1", 100), o.MessageIdSeen("m2", 101), o.MessageIdSeen("m1", 102)],
     [o.SessionDisconnected("a", 200, 60)],
     [o.SessionOpened("c", 5, 0, 300), o.SessionDeleted("c")],
+    [body(7), body(8), body(9), *(o.MessageQueued("b", m, 1, False) for m in (7, 8, 9)),
+     o.MessagesInflight("b", (7, 8), (21, 22)), o.MessagesAcked("b", (7, 9))],
+    [o.MessagesInflight("b", (8,), (23,))],
 ]
 assert {type(op) for ops in EVERY_OP for op in ops} == set(o.OP_TYPES.values())
 
@@ -74,12 +77,12 @@ def test_every_op_type_is_reflected_by_load_state(tmp_path):
     assert (b.connected, b.protocol_version, b.connected_at_ms) == (True, 4, 11)
     assert a.subscriptions == (o.Subscribed("a", "t/#", 2, True, True, 1, 7),)
     assert a.queue == (QueueEntry(1, 2, False, (7,), order=8, packet_id=17, pubrec_received=True),)
-    assert b.queue == ()
+    assert [(e.msg_id, e.packet_id) for e in b.queue] == [(8, 23)]  # 7 and 9 acked in a batch
     assert a.inbound_qos2 == (6,) and a.will is None
     assert b.will == o.WillSet("b", 5, 30)
     # Body 1: its only holder left is a's entry after PUBREC, which needs no body; 2 was dropped; 4 un-retained;
     # 6 was a will, cleared.
-    assert set(state.messages) == {3, 5}
+    assert set(state.messages) == {3, 5, 8}
     assert state.messages[3] == body(3)
     assert state.retained == {"t/3": 3}
     assert state.message_ids == (("m2", 101), ("m1", 102))

@@ -88,6 +88,7 @@ class BrokerCore:
         self._assigned = 0
         self.node_name = node_name
         self.counters: dict[str, int] = {}
+        self._dirty: dict[str, None] = {}  # sessions to flush: acks to persist, windows to fill (ordered)
 
     # --- connections --------------------------------------------------------------------
 
@@ -272,9 +273,36 @@ class BrokerCore:
     def _end_outbound(self, session: Session, conn: Connection, entry, now_ms: int) -> list:
         session.remove_inflight(entry)
         self.router.release(session, entry)
-        # Rule 5: the ack is not waited for, so the freed slot is refilled now; the pump sends only entries
-        # whose own commit is durable (`ready`), so nothing the broker could forget goes out early.
-        return [Persist((ops.MessageAcked(session.client_id, entry.msg_id),)), *self._pump(session, conn, now_ms)]
+        # Rule 5: the ack is not waited for, so the freed slot is refilled without a commit, by `flush` at the
+        # end of this event-loop callback: one MessagesAcked and one pump for every ack of one read. The pump
+        # sends only entries whose own commit is durable (`ready`): nothing the broker could forget.
+        session.acked.append(entry.msg_id)
+        self._dirty[session.client_id] = None
+        return []
+
+    def flush(self, now_ms: int) -> list:
+        """End of an input batch (the adapter calls it once per event-loop callback): persist the acks taken and
+        fill the windows of the sessions that acks or durable commits touched."""
+        effects: list = []
+        while self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for client_id in dirty:
+                session = self.sessions.get(client_id)
+                if session is None:
+                    continue
+                acked = self.take_acks(session)
+                if acked:
+                    effects.append(Persist(tuple(acked)))
+                if session.conn is not None:
+                    effects += self._pump(session, self.connections[session.conn], now_ms)
+        return effects
+
+    def take_acks(self, session: Session) -> list:
+        """The acks not yet persisted, as ops (before anything that could queue the same message again)."""
+        if not session.acked:
+            return []
+        acked, session.acked = tuple(session.acked), []
+        return [ops.MessagesAcked(session.client_id, acked)]
 
     def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
         session = self.sessions[conn.client_id]
@@ -341,10 +369,9 @@ class BrokerCore:
         """The commit behind `done` is durable: its queue entries may go out (rule 2)."""
         for entry in done.entries:
             entry.ready = True
-        effects: list = []
         for client_id in done.client_ids:
-            effects += self.deliver_to(client_id, now_ms)
-        return effects
+            self._dirty[client_id] = None  # pumped by `flush`, once for every commit of this callback
+        return []
 
     def deliver_to(self, client_id: str, now_ms: int) -> list:
         session = self.sessions.get(client_id)
@@ -356,6 +383,7 @@ class BrokerCore:
 
     def _delete_session(self, session: Session) -> list:
         self.sessions.pop(session.client_id, None)
+        session.acked.clear()  # SessionDeleted removes every queue entry of it
         op_list = self.router.forget_session(session)
         op_list.append(ops.SessionDeleted(session.client_id))
         return op_list

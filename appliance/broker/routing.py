@@ -175,6 +175,7 @@ class Router:
     def pump(self, conn: Connection, session: Session, now_ms: int) -> list:
         effects: list = []
         durable_first: list = []
+        sent: list = []
         window = max(1, conn.receive_maximum)
         dropped: list = []
         queue, inflight = session.queue, session.inflight
@@ -195,15 +196,17 @@ class Router:
             entry.packet_id = session.allocate_packet_id()
             inflight[entry.packet_id] = entry
             sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms, msg=msg)
-            record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
             if entry.qos == 2:
-                durable_first.append((record, sends))  # rule 3
+                durable_first.append((entry, sends))  # rule 3
             else:
-                dropped.append(record)
+                sent.append(entry)
                 effects += sends
+        # One MessagesInflight for everything this pump sent (per QoS): one op, not one per message.
         if durable_first:
-            effects.append(Persist_(tuple(r for r, _ in durable_first),
+            effects.append(Persist_((_inflight_op(session, [e for e, _ in durable_first]),),
                                     tuple(s for _, sends in durable_first for s in sends)))
+        if sent:
+            dropped.append(_inflight_op(session, sent))
         if dropped:
             effects.insert(0, Persist_(tuple(dropped), ()))
         return effects
@@ -265,7 +268,7 @@ class Router:
         if isinstance(sub_id, (list, tuple)):  # repeatable on the wire; a SUBSCRIBE carries at most one
             sub_id = sub_id[0] if sub_id else 0
         codes: list[int] = []
-        op_list: list = []
+        op_list: list = core.take_acks(session)  # before a retained message could be queued again
         retained_effects: list = []
         queued: list = []
         for requested in packet.subscriptions:
@@ -372,6 +375,11 @@ class Router:
             self._unref(session.will.msg_id)
             session.will = None
         return []
+
+
+def _inflight_op(session: Session, entries: list):
+    return ops.MessagesInflight(session.client_id, tuple(e.msg_id for e in entries),
+                                tuple(e.packet_id for e in entries))
 
 
 def _connected(core, client_id: str) -> bool:

@@ -12,7 +12,8 @@ Rules:
   read of a socket, one commit's callbacks) go to the writer as ONE submission
   at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;
   their `then` effects run in order once it is durable. Commits still finish
-  in submission order, so nothing overtakes an earlier Persist.
+  in submission order, so nothing overtakes an earlier Persist. Just before
+  that submission the core's `flush` runs: the acks and pumps of the callback.
 - Writes never wait for the socket to drain here; the connection's read loop
   waits for its own drains, which is what slows a fast publisher down.
 """
@@ -91,6 +92,7 @@ class BrokerService:
     def packet(self, conn_id: int, packet) -> None:
         if conn_id in self.core.connections:
             self.execute(self.core.packet(conn_id, packet, wall_ms()))
+            self._schedule()  # acks leave work for the core's flush
 
     def lost(self, conn_id: int, disconnect=None) -> None:
         self.conns.pop(conn_id, None)
@@ -127,12 +129,19 @@ class BrokerService:
         self._ops += effect.ops
         if effect.then:
             self._thens.append(effect.then)
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self._end_of_callback)
+
+    def _end_of_callback(self) -> None:
+        self._flush_scheduled = False
+        self.execute(self.core.flush(wall_ms()))
+        self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if not self._ops:
             return
         op_list, thens = self._ops, self._thens
@@ -166,6 +175,7 @@ class BrokerService:
             self._commit_failed(exc)
             return
         self.execute(then)
+        self._schedule()  # Durable effects leave pumps for the core's flush
 
     def _commit_failed(self, exc: BaseException) -> None:
         self._ops, self._thens = [], []  # they belong to the core being replaced

@@ -84,6 +84,7 @@ class Session:
     subscriptions: dict[str, SubscriptionOptions] = dataclasses.field(default_factory=dict)
     queue: collections.deque[QueueEntry] = dataclasses.field(default_factory=collections.deque)
     inflight: dict[int, QueueEntry] = dataclasses.field(default_factory=dict)  # packet id -> the queue's head entries
+    acked: list[int] = dataclasses.field(default_factory=list)  # msg ids acked, not yet in a MessagesAcked op
     queued_bytes: int = 0
     inbound_qos2: set[int] = dataclasses.field(default_factory=set)
     will: Will | None = None

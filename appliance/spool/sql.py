@@ -203,6 +203,15 @@ class SqlApplier:
     def _MessageDropped(self, seq: int, op: o.MessageDropped, body: bytes) -> bool:
         return self._remove_entry(op.client_id, op.msg_id)
 
+    def _MessagesInflight(self, seq: int, op: o.MessagesInflight, body: bytes) -> bool:
+        cur = self.conn.executemany(
+            "UPDATE queue SET packet_id = ? WHERE client_id = ? AND msg_id = ? AND pubrec = 0",
+            [(p, op.client_id, m) for m, p in zip(op.msg_ids, op.packet_ids)])
+        return cur.rowcount == len(op.msg_ids)
+
+    def _MessagesAcked(self, seq: int, op: o.MessagesAcked, body: bytes) -> bool:
+        return all([self._remove_entry(op.client_id, m) for m in op.msg_ids])
+
     def _SessionOpened(self, seq: int, op: o.SessionOpened, body: bytes) -> bool:
         self.conn.execute(
             "INSERT INTO sessions (client_id, protocol_version, expiry_s, connected_at_ms, disconnected_at_ms, "
