@@ -14,6 +14,8 @@ Rules:
   their `then` effects run in order once it is durable. Commits still finish
   in submission order, so nothing overtakes an earlier Persist. Just before
   that submission the core's `flush` runs: the acks and pumps of the callback.
+- Sends are coalesced too: the packets for one connection during one callback
+  go out in one write at its end (a Close writes what was before it first).
 - Writes never wait for the socket to drain here; the connection's read loop
   waits for its own drains, which is what slows a fast publisher down.
 """
@@ -61,6 +63,7 @@ class BrokerService:
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
         self._last: asyncio.Future | None = None  # the latest submission's future
+        self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -104,10 +107,14 @@ class BrokerService:
     def execute(self, effects) -> None:
         for effect in effects:
             if isinstance(effect, Send):
-                conn = self.conns.get(effect.conn)
-                if conn is not None:
-                    conn.send_nowait(effect.packet)
+                out = self._out.get(effect.conn)
+                if out is None:
+                    self._out[effect.conn] = [effect.packet]
+                    self._schedule()
+                else:
+                    out.append(effect.packet)
             elif isinstance(effect, Close):
+                self._write(effect.conn, self._out.pop(effect.conn, None))  # what it was sent goes out first
                 conn = self.conns.pop(effect.conn, None)
                 if conn is not None:
                     conn.close_with(effect.reason_code, effect.reason)
@@ -140,6 +147,14 @@ class BrokerService:
         self._flush_scheduled = False
         self.execute(self.core.flush(wall_ms()))
         self._flush()
+        out, self._out = self._out, {}
+        for conn_id, packets in out.items():
+            self._write(conn_id, packets)
+
+    def _write(self, conn_id: int, packets: list | None) -> None:
+        conn = self.conns.get(conn_id)
+        if conn is not None and packets:
+            conn.send_many(packets)
 
     def _flush(self) -> None:
         if not self._ops:

@@ -402,6 +402,16 @@ class _Connection:
         if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
             self._writer.write(data)
 
+    def send_many(self, packets: list[Packet]) -> None:
+        """`send_nowait` for several packets in ONE write (one send() system call, not one per packet)."""
+        if self.closing:
+            return
+        version = self.protocol_version or MQTT_3_1_1
+        data = [d for d in (encode_packet(p, version, max_packet_size=self.peer_max_packet_size) for p in packets)
+                if d is not None]
+        if data:
+            self._writer.write(b"".join(data))
+
     def close_with(self, reason: int, why: str) -> None:
         if self.closing:
             return
