@@ -1,6 +1,13 @@
 """Throughput benchmark: PairMQ against mosquitto and amqtt, one load generator, one run.
 
-    python bench/throughput.py [--duration-s 5] [--storm 10000] [--write-docs]
+    python bench/throughput.py [--tests qos0,qos1,latency,storm] [--brokers pairmq,mosquitto,...]
+                               [--duration-s 5] [--storm 10000] [--write-docs]
+    PAIRMQ_PROFILE_DIR=/tmp/prof python bench/throughput.py ...   (cProfile of the PairMQ primary's main thread)
+
+Modules: bench/brokers.py starts and measures the brokers, bench/mqttload.py
+is the load client (its packets come from tests/mqttraw.py, the tests' raw
+client), bench/report.py writes the table and the docs section; this file
+holds the tests and main.
 
 Theory of operation
 -------------------
@@ -19,7 +26,7 @@ Brokers, each started by this script and stopped after its turn:
 Both mosquitto runs get max_inflight_messages 32 (PairMQ's window towards a
 3.1.1 client) and no queue limit (mosquitto's default 1,000 drops QoS 1).
 
-The load generator is this file: a raw MQTT 3.1.1 client on asyncio (uvloop
+The load generator (bench/mqttload.py) is a raw MQTT 3.1.1 client on asyncio (uvloop
 when installed) Protocols, pre-encoded packets, pipelined writes, one PUBACK
 write per read. Every broker gets exactly the same generator. Tests:
   qos0 1->1, 4->1    publishers write 100-byte QoS 0 PUBLISHes as fast as TCP
