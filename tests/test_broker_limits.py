@@ -15,6 +15,7 @@ reaches the subscriber, in order, once it reads again.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -46,6 +47,17 @@ def spool_view(group: Group) -> dict:
         return json.load(response)
 
 
+def test_the_spool_view_is_on_routing_nodes_only(group):
+    view = spool_view(group)
+    assert view["limits"] == {"session_queue_max_messages": QUEUE_LIMIT, "session_queue_max_bytes": 64 << 20,
+                              "spool_max_bytes": SPOOL_LIMIT_BYTES}
+    url = f"http://{group.address(Role.MONITOR)}:{group.config.ports.management}/api/v1/message-spool"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=5)
+    assert refused.value.code == 404
+    assert json.load(refused.value) == {"error": "the monitor routes no messages: it has no message spool"}
+
+
 def offline_subscriber(raws, client_id: str, topic: str) -> None:
     sub = raws(V5)
     assert sub.connect(client_id, clean=True, properties=SESSION_EXPIRY).reason_and_props()[0] == 0
@@ -62,6 +74,7 @@ def publish_all(pub: Raw, topic: str, payloads: list[bytes]) -> dict[int, tuple[
     for _ in payloads:
         packet = pub.expect(PUBACK)
         acks[int.from_bytes(packet.body[:2], "big")] = packet.reason_and_props()
+    assert list(acks) == list(range(1, len(payloads) + 1)), "PUBACKs (refusals too) come in PUBLISH order"
     return acks
 
 
