@@ -5,13 +5,17 @@ Theory of operation
 Inputs are decoded MQTT packets per connection and the wall clock `now_ms`
 (wall, not monotonic: session expiry and message expiry must survive a restart
 and a failover). Each input returns a list of effects (`Send`, `Close`,
-`Persist(ops, then)`), which the adapter executes in order; `then` effects run
-only once the group commit holding `ops` is durable. The durability rules are
-in docs/broker.md; each `Persist` below names the rule it follows.
+`Persist(ops, then)`, `Durable` inside a `then`), which the adapter executes in
+order; `then` effects run only once the group commit holding `ops` is durable.
+The durability rules are in docs/broker.md; each `Persist` below names the rule
+it follows. `flush` ends a batch of inputs (one event-loop callback): acks taken
+in it are persisted as one op per session and the touched sessions are pumped
+once.
 
 State is rebuilt from the spool at start-up (`restore`). Every change the core
-makes to durable state is mirrored by an op in the same call, so replaying the
-op log reproduces this state exactly.
+makes to durable state is mirrored by an op in the same call (acks: by the next
+`flush`; one lost to a crash means a redelivery, docs/broker.md rule 5), so
+replaying the op log reproduces this state.
 """
 
 from __future__ import annotations
