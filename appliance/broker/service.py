@@ -153,8 +153,14 @@ class BrokerService:
 
     def _write(self, conn_id: int, packets: list | None) -> None:
         conn = self.conns.get(conn_id)
-        if conn is not None and packets:
-            conn.send_many(packets)
+        if conn is None or not packets:
+            return
+        send_many = getattr(conn, "send_many", None)  # one write; a connection without it gets one per packet
+        if send_many is not None:
+            send_many(packets)
+        else:
+            for packet in packets:
+                conn.send_nowait(packet)
 
     def _flush(self) -> None:
         if not self._ops:
