@@ -13,6 +13,9 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
                                               an overload stall, which must
                                               never fail over, far below an
                                               operator's reaction time)
+- limits are positive whole numbers within their ranges (see `Limits`):
+  a full session queue or a full spool refuses publishes (docs/broker.md),
+  so a limit of 0 would refuse everything;
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
 - an optional [tls] table (cert_file, key_file: PEM, relative to the group
@@ -117,6 +120,27 @@ class Ports:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """What one session's queue and the whole spool may hold; at a limit the publisher is refused (0x97)."""
+
+    session_queue_max_messages: int = 100_000
+    session_queue_max_bytes: int = 64 * 1024 * 1024
+    spool_max_bytes: int = 4 * 1024 * 1024 * 1024  # stored message bodies, every session and retained message
+
+    RANGES = {  # name -> (minimum, maximum)
+        "session_queue_max_messages": (1, 10_000_000),
+        "session_queue_max_bytes": (1024, 1 << 40),
+        "spool_max_bytes": (64 * 1024, 1 << 44),
+    }
+
+    def validate(self) -> None:
+        for name, (low, high) in self.RANGES.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"limits.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeSpec:
     role: Role
     address: str
@@ -139,6 +163,7 @@ class GroupConfig:
     auto_revert: bool = False
     path: Path | None = None
     tls: TlsConfig | None = None
+    limits: Limits = Limits()
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -154,6 +179,7 @@ _SECTIONS = {
     "group": {"name", "secret_file", "auto_revert"},
     "timers": {f.name for f in dataclasses.fields(Timers)},
     "ports": {f.name for f in dataclasses.fields(Ports)},
+    "limits": {f.name for f in dataclasses.fields(Limits)},
     "nodes": {r.value for r in Role},
     "tls": {"cert_file", "key_file"},
 }
@@ -197,6 +223,10 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     _check_keys(ports_raw, _SECTIONS["ports"], "[ports]")
     ports = Ports(**ports_raw)
     ports.validate()
+    limits_raw = _table(raw, "limits", required=False)
+    _check_keys(limits_raw, _SECTIONS["limits"], "[limits]")
+    limits = Limits(**limits_raw)
+    limits.validate()
 
     nodes_raw = _table(raw, "nodes")
     _check_keys(nodes_raw, _SECTIONS["nodes"], "[nodes]")
@@ -219,7 +249,7 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
     tls = _parse_tls(raw, base)
-    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls)
+    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -300,6 +330,9 @@ def render_group(config: GroupConfig) -> str:
         "",
         "[ports]",
         *(f"{f.name} = {getattr(config.ports, f.name)}" for f in dataclasses.fields(Ports)),
+        "",
+        "[limits]",
+        *(f"{f.name} = {getattr(config.limits, f.name)}" for f in dataclasses.fields(Limits)),
     ]
     for role in Role:
         node = config.nodes[role]

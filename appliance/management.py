@@ -19,6 +19,7 @@ def build_app(node) -> web.Application:
     app = web.Application(middlewares=[_errors_as_json])
     app["node"] = node
     app.router.add_get("/api/v1/redundancy", _redundancy)
+    app.router.add_get("/api/v1/message-spool", _message_spool)
     app.router.add_post("/api/v1/redundancy/force-activity", _force_activity)
     return app
 
@@ -39,6 +40,13 @@ def _error(status: int, message: str) -> web.Response:
 
 async def _redundancy(request: web.Request) -> web.Response:
     return web.json_response(request.app["node"].redundancy_view())
+
+
+async def _message_spool(request: web.Request) -> web.Response:
+    view = request.app["node"].message_spool_view()
+    if view is None:
+        return _error(404, f"the {request.app['node'].role.value} routes no messages: it has no message spool")
+    return web.json_response(view)
 
 
 async def _force_activity(request: web.Request) -> web.Response:

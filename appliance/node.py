@@ -91,16 +91,19 @@ class Node:
             self._access_signature = signature(self.access_path)
             policy = load_access(self.access_path)
             self.authn = Authenticator(policy or AccessPolicy(), note=self._access_note(policy))
-            from .broker.core import BrokerCore
+            from .broker.core import BrokerCore, limits_from_config
             from .broker.service import BrokerService
 
+            core_limits = limits_from_config(config.limits)
+
             def new_core() -> BrokerCore:
-                return BrokerCore(node_name=role.value, id_source=lambda: "pairmq-" + secrets.token_hex(8),
+                return BrokerCore(node_name=role.value, limits=core_limits,
+                                  id_source=lambda: "pairmq-" + secrets.token_hex(8),
                                   authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
-                                        core_factory=new_core)
+                                        core_factory=new_core, spool_max_bytes=config.limits.spool_max_bytes)
         self.heartbeats = HeartbeatThread(
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
@@ -333,6 +336,10 @@ class Node:
         if self.core.active_role(now) is self.role.mate():
             return "Mate Active"
         return "Standby"
+
+    def message_spool_view(self) -> dict | None:
+        """The broker's limits, refusal counters and spool writer (management API); None off a routing node."""
+        return None if self.broker is None else self.broker.view()
 
     def redundancy_view(self) -> dict:
         with self.heartbeats.lock:

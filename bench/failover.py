@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 
 from appliance.config import Timers  # noqa: E402
 from appliance.roles import Role  # noqa: E402
+from bench import report  # noqa: E402
 from tests.group import Group  # noqa: E402
 from tests.probe import connack, one_round  # noqa: E402
 
@@ -572,16 +573,7 @@ def _cpu_model() -> str:
 
 
 def write_docs(section: str) -> Path:
-    path = REPO / "docs" / "benchmarks.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if DOC_BEGIN in old and DOC_END in old:
-        head, rest = old.split(DOC_BEGIN, 1)
-        new = head + section + rest.split(DOC_END, 1)[1]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-    return path
+    return report.write_docs(section, DOC_BEGIN, DOC_END)
 
 
 # --- main -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
+from appliance.broker.core import BrokerCore, Close, Connacked, Durable, Limits, Persist, Send, restore
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
 from appliance.spool.chain import GENESIS
@@ -84,6 +84,18 @@ class BrokerSim:
     # --- the adapter: effects in order, commits late -------------------------------------
 
     def run(self, effects) -> None:
+        """Like the adapter: the effects, then (at the end of the outermost call) the core's flush."""
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            self._run(effects)
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            more = self.core.flush(self.now)
+            if more:
+                self.run(more)
+
+    def _run(self, effects) -> None:
         for e in effects:
             if isinstance(e, Send):
                 client = self._client_on(e.conn)
@@ -97,6 +109,10 @@ class BrokerSim:
                     self.run(self.core.connection_lost(e.conn, self.now))
             elif isinstance(e, Persist):
                 self.pending.append(e)
+            elif isinstance(e, Durable):
+                self.run(self.core.durable(e, self.now))
+            elif isinstance(e, Connacked):
+                self.run(self.core.connacked(e, self.now))
             else:
                 raise SimFailure(f"unknown effect {e!r}")
 
@@ -162,6 +178,8 @@ class BrokerSim:
         inbox, c.inbox = c.inbox, []
         for packet in inbox:
             name = type(packet).__name__
+            if not c.connected and name != "Connack":
+                raise SimFailure(f"{c.name} got {name} before its CONNACK (MQTT: CONNACK comes first)")
             if name == "Connack":
                 if packet.reason_code != 0:
                     raise SimFailure(f"{c.name}: CONNACK 0x{packet.reason_code:02X}")

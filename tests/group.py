@@ -23,7 +23,7 @@ from pathlib import Path
 
 from appliance.access_file import access_path, write_access
 from appliance.broker.access import AccessPolicy
-from appliance.config import GroupConfig, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
+from appliance.config import GroupConfig, Limits, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
 from appliance.roles import Role
 
 LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
@@ -77,12 +77,12 @@ def fixed_ports():
 class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, limits: Limits = Limits()) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
-        config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls)
+        config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:
@@ -102,6 +102,9 @@ class Group:
         for role in roles or tuple(Role):
             argv = [sys.executable, "-m", "cli.main", "node", "--role", role.value,
                     "--group", str(self.dir / "group.toml")]
+            profile_dir = os.environ.get("PAIRMQ_PROFILE_DIR")  # cProfile the primary's main thread (bench/)
+            if profile_dir and role is Role.PRIMARY:
+                argv[1:1] = ["-m", "cProfile", "-o", str(Path(profile_dir) / "primary.prof")]
             log = open(self.dir / f"{role.value}.log", "ab")
             kwargs = dict(stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
             proc = self.hosts.popen(role.value, argv, **kwargs) if self.hosts else subprocess.Popen(argv, **kwargs)
@@ -225,3 +228,12 @@ class _suppress:
 
     def __exit__(self, *exc):
         return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+@contextlib.contextmanager
+def active_group(directory: Path, timeout_s: float = 20.0, **kwargs):
+    """A loopback group (Group's keyword arguments) whose primary is active and serves MQTT."""
+    with Group(directory, **kwargs) as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=timeout_s)
+        yield g

@@ -17,9 +17,8 @@ import struct
 
 import pytest
 
-from tests.test_broker_interop import (  # noqa: F401  (group, topic, raws are fixtures)
-    DISCONNECT, PUBCOMP, PUBLISH, PUBREC, SUBACK, V5, V311, cid, encode_props, group, raws, topic, utf8, vbi,
-)
+from tests.mqttraw import DISCONNECT, PUBCOMP, PUBLISH, PUBREC, SUBACK, encode_props, utf8, vbi
+from tests.test_broker_interop import V5, V311, cid, group, raws, topic  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.processes
 

@@ -145,3 +145,35 @@ def test_bad_tls_tables(tmp_path, table, message):
     with pytest.raises(ConfigError) as err:
         load_group(tmp_path / "group.toml")
     assert message in str(err.value)
+
+
+def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
+    from appliance.broker.core import limits_from_config
+    from appliance.config import Limits
+
+    raw = tomllib.loads(group_text(tmp_path))
+    assert raw["limits"] == {"session_queue_max_messages": 100_000, "session_queue_max_bytes": 64 << 20,
+                             "spool_max_bytes": 4 << 30}
+    raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20)
+    config = parse_group(raw)
+    assert config.limits == Limits(50, 64 << 20, 1 << 20)
+    core = limits_from_config(config.limits)
+    assert (core.max_queued_messages, core.max_queued_bytes, core.max_spool_bytes) == (50, 64 << 20, 1 << 20)
+
+    del raw["limits"]
+    assert parse_group(raw).limits == Limits()  # the table is optional
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("session_queue_max_messages", 0, "limits.session_queue_max_messages must be a whole number from 1 to"),
+    ("session_queue_max_messages", "10", "not '10'"),
+    ("session_queue_max_bytes", 100, "limits.session_queue_max_bytes must be a whole number from 1,024 to"),
+    ("spool_max_bytes", True, "limits.spool_max_bytes must be a whole number"),
+    ("spool_max_bytes", 1.5, "not 1.5"),
+    ("queue_max", 10, "unknown key 'queue_max' in \\[limits\\]"),
+])
+def test_bad_limits_are_refused_clearly(tmp_path, key, value, message):
+    raw = tomllib.loads(group_text(tmp_path))
+    raw["limits"][key] = value
+    with pytest.raises(ConfigError, match=message):
+        parse_group(raw)

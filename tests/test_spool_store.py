@@ -59,6 +59,11 @@ EVERY_OP = [
     [o.MessageIdSeen("m1", 100), o.MessageIdSeen("m2", 101), o.MessageIdSeen("m1", 102)],
     [o.SessionDisconnected("a", 200, 60)],
     [o.SessionOpened("c", 5, 0, 300), o.SessionDeleted("c")],
+    [body(7), body(8), body(9), *(o.MessageQueued("b", m, 1, False) for m in (7, 8, 9)),
+     o.MessagesInflight("b", (7, 8), (21, 22)), o.MessagesAcked("b", (7, 9))],
+    [o.MessagesInflight("b", (8,), (23,))],
+    [body(10), o.RetainedSet("t/10", 10), o.MessageQueued("b", 10, 1, False)],
+    [o.MessagesAcked("b", (8, 10))],  # bodies committed earlier: 8 is freed, 10 stays retained
 ]
 assert {type(op) for ops in EVERY_OP for op in ops} == set(o.OP_TYPES.values())
 
@@ -74,14 +79,14 @@ def test_every_op_type_is_reflected_by_load_state(tmp_path):
     assert (b.connected, b.protocol_version, b.connected_at_ms) == (True, 4, 11)
     assert a.subscriptions == (o.Subscribed("a", "t/#", 2, True, True, 1, 7),)
     assert a.queue == (QueueEntry(1, 2, False, (7,), order=8, packet_id=17, pubrec_received=True),)
-    assert b.queue == ()
+    assert b.queue == ()  # 7 and 9 acked in one batch, then 8 and 10 in another
     assert a.inbound_qos2 == (6,) and a.will is None
     assert b.will == o.WillSet("b", 5, 30)
     # Body 1: its only holder left is a's entry after PUBREC, which needs no body; 2 was dropped; 4 un-retained;
     # 6 was a will, cleared.
-    assert set(state.messages) == {3, 5}
+    assert set(state.messages) == {3, 5, 10}
     assert state.messages[3] == body(3)
-    assert state.retained == {"t/3": 3}
+    assert state.retained == {"t/3": 3, "t/10": 10}
     assert state.message_ids == (("m2", 101), ("m1", 102))
     assert state == model_of(EVERY_OP).state(state.head)
 

@@ -5,13 +5,17 @@ Theory of operation
 Inputs are decoded MQTT packets per connection and the wall clock `now_ms`
 (wall, not monotonic: session expiry and message expiry must survive a restart
 and a failover). Each input returns a list of effects (`Send`, `Close`,
-`Persist(ops, then)`), which the adapter executes in order; `then` effects run
-only once the group commit holding `ops` is durable. The durability rules are
-in docs/broker.md; each `Persist` below names the rule it follows.
+`Persist(ops, then)`, `Durable` inside a `then`), which the adapter executes in
+order; `then` effects run only once the group commit holding `ops` is durable.
+The durability rules are in docs/broker.md; each `Persist` below names the rule
+it follows. `flush` ends a batch of inputs (one event-loop callback): acks taken
+in it are persisted as one op per session and the touched sessions are pumped
+once.
 
 State is rebuilt from the spool at start-up (`restore`). Every change the core
-makes to durable state is mirrored by an op in the same call, so replaying the
-op log reproduces this state exactly.
+makes to durable state is mirrored by an op in the same call (acks: by the next
+`flush`; one lost to a crash means a redelivery, docs/broker.md rule 5), so
+replaying the op log reproduces this state.
 """
 
 from __future__ import annotations
@@ -71,9 +75,28 @@ class Persist:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Connacked:
+    """In the CONNACK's `then`, right behind it: the adapter hands this back to `BrokerCore.connacked`, which
+    resends what was in flight and fills the window. Before it nothing is sent to the connection: a message
+    routed while the session's commit runs would otherwise reach the client ahead of its CONNACK."""
+
+    conn: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Durable:
+    """In a `Persist`'s `then`: the commit that queued `entries` is durable; the adapter hands this back to
+    `BrokerCore.durable`, which marks them ready and fills the windows of `client_ids`."""
+
+    entries: tuple
+    client_ids: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Limits:
     max_queued_messages: int = 100_000
     max_queued_bytes: int = 64 * 1024 * 1024
+    max_spool_bytes: int = 4 * 1024 * 1024 * 1024  # every stored body (Router.stored_bytes); the writer's is above it
     max_packet_size: int = 1024 * 1024
     max_session_expiry_s: int = 7 * 24 * 3600
 
@@ -97,6 +120,7 @@ class BrokerCore:
         self._assigned = 0
         self.node_name = node_name
         self.counters: dict[str, int] = {}
+        self._dirty: dict[str, None] = {}  # sessions to flush: acks to persist, windows to fill (ordered)
 
     # --- connections --------------------------------------------------------------------
 
@@ -152,8 +176,16 @@ class BrokerCore:
                 ack_props[P.SESSION_EXPIRY_INTERVAL] = expiry_s
         connack = Send(conn_id, codec.Connack(RC.SUCCESS, present, ack_props))
         # The CONNACK waits for the session ops: a client told "session present" must find it after a crash.
-        effects.append(Persist(tuple(op_list), (connack, *self._resend_and_pump(session, conn, now_ms))))
+        effects.append(Persist(tuple(op_list), (connack, Connacked(conn_id))))
         return effects
+
+    def connacked(self, done: Connacked, now_ms: int) -> list:
+        """The CONNACK went out: resend what was in flight (DUP), then fill the window."""
+        conn = self.connections.get(done.conn)
+        if conn is None:
+            return []  # lost before its CONNACK: the session's next connection resends
+        conn.connacked = True
+        return self._resend_and_pump(self.sessions[conn.client_id], conn, now_ms)
 
     def connection_lost(self, conn_id: int, now_ms: int, *, disconnect: codec.Disconnect | None = None) -> list:
         """The socket closed (with a DISCONNECT packet, or not). Publishes the will unless told not to."""
@@ -219,6 +251,8 @@ class BrokerCore:
 
     def packet(self, conn_id: int, packet: object, now_ms: int) -> list:
         conn = self.connections[conn_id]
+        if conn.closing:
+            return []  # refused and about to be closed (_refuse_publish): nothing more is taken from it
         handler = self._handlers.get(type(packet).__name__)
         if handler is None:
             return [Close(conn_id, RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")]
@@ -252,7 +286,8 @@ class BrokerCore:
                 return []  # QoS 0: dropped, counted
             return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
         if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
-            return [Send(conn.conn_id, codec.Pubrec(packet.packet_id))]  # a retransmission: never routed twice
+            # A retransmission: never routed twice; its PUBREC waits behind the first one's commit.
+            return [Persist((), (Send(conn.conn_id, codec.Pubrec(packet.packet_id)),))]
         if packet.qos == 2 and conn.protocol_version == 5 and len(session.inbound_qos2) >= SERVER_RECEIVE_MAXIMUM:
             # v5 §3.3.4: more unfinished QoS 2 PUBLISHes than the Receive Maximum we advertised.
             # (3.1.1 has no such promise: its window is bounded only by the 65,535 packet ids.)
@@ -261,13 +296,18 @@ class BrokerCore:
         return self.router.route(self, conn, session, topic, packet, now_ms)
 
     def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
-        if packet.qos == 0:
-            return [] if conn.protocol_version == 5 else [Close(conn.conn_id, reason, text)]
+        """Refuse one PUBLISH. The answer is a barrier (a Persist without ops): acks go out in PUBLISH order
+        (MQTT §4.6), so it waits behind the commits of what this client published before."""
         if conn.protocol_version == 5:
+            if packet.qos == 0:
+                return []
             props = {P.REASON_STRING: text} if conn.request_problem_information else {}
             ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-            return [Send(conn.conn_id, ack(packet.packet_id, reason, props))]
-        return [Close(conn.conn_id, reason, text)]  # 3.1.1 has no negative ack: the client retries later
+            return [Persist((), (Send(conn.conn_id, ack(packet.packet_id, reason, props)),))]
+        # 3.1.1 has no negative ack: the client is disconnected and retries later. Nothing it sends after the
+        # refused PUBLISH is taken (`closing`), so a retry cannot land behind a later message.
+        conn.closing = True
+        return [Persist((), (Close(conn.conn_id, reason, text),))]
 
     def _on_puback(self, conn: Connection, packet, now_ms: int) -> list:
         return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(1,))
@@ -277,33 +317,60 @@ class BrokerCore:
 
     def _ack_outbound(self, conn: Connection, packet_id: int, now_ms: int, expect: tuple[int, ...]) -> list:
         session = self.sessions[conn.client_id]
-        for entry in session.queue:
-            if entry.state is not EntryState.QUEUED and entry.packet_id == packet_id and entry.qos in expect:
-                session.queue.remove(entry)
-                op_list = [ops.MessageAcked(session.client_id, entry.msg_id)]
-                op_list += self.router.release(session, entry)
-                # The next sends wait behind this commit, hence behind every earlier one: a message whose
-                # own commit is pending is not sent early (rule 2), nor ahead of sends already waiting.
-                return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]
-        return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
+        entry = session.inflight.get(packet_id)
+        if entry is None or entry.qos not in expect:
+            return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
+        return self._end_outbound(session, conn, entry, now_ms)
+
+    def _end_outbound(self, session: Session, conn: Connection, entry, now_ms: int) -> list:
+        session.remove_inflight(entry)
+        self.router.release(session, entry)
+        # Rule 5: the ack is not waited for, so the freed slot is refilled without a commit, by `flush` at the
+        # end of this event-loop callback: one MessagesAcked and one pump for every ack of one read. The pump
+        # sends only entries whose own commit is durable (`ready`): nothing the broker could forget.
+        session.acked.append(entry.msg_id)
+        self._dirty[session.client_id] = None
+        return []
+
+    def flush(self, now_ms: int) -> list:
+        """End of an input batch (the adapter calls it once per event-loop callback): persist the acks taken and
+        fill the windows of the sessions that acks or durable commits touched."""
+        effects: list = []
+        while self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for client_id in dirty:
+                session = self.sessions.get(client_id)
+                if session is None:
+                    continue
+                acked = self.take_acks(session)
+                if acked:
+                    effects.append(Persist(tuple(acked)))
+                if session.conn is not None:
+                    effects += self._pump(session, self.connections[session.conn], now_ms)
+        return effects
+
+    def take_acks(self, session: Session) -> list:
+        """The acks not yet persisted, as ops (before anything that could queue the same message again)."""
+        if not session.acked:
+            return []
+        acked, session.acked = tuple(session.acked), []
+        return [ops.MessagesAcked(session.client_id, acked)]
 
     def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
         session = self.sessions[conn.client_id]
-        for entry in session.queue:
-            if entry.state is EntryState.INFLIGHT and entry.packet_id == packet.packet_id and entry.qos == 2:
-                if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
-                    session.queue.remove(entry)
-                    op_list = [ops.MessageAcked(session.client_id, entry.msg_id), *self.router.release(session, entry)]
-                    return [Persist(tuple(op_list), tuple(self._pump(session, conn, now_ms)))]  # as in _ack_outbound
-                # The message itself is no longer needed, only the packet id: released now, as the spool's
-                # MessagePubrecReceived releases it (a restored core must count the same references).
-                self.router.release(session, entry)
-                entry.state = EntryState.PUBREC
-                # Rule 3: PUBREL only after the PUBREC is durable.
-                return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),
-                                (Send(conn.conn_id, codec.Pubrel(packet.packet_id)),))]
-            if entry.state is EntryState.PUBREC and entry.packet_id == packet.packet_id:
-                return [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
+        entry = session.inflight.get(packet.packet_id)
+        if entry is not None and entry.qos == 2 and entry.state is EntryState.INFLIGHT:
+            if packet.reason_code >= 0x80:  # the subscriber refused it: the exchange ends here
+                return self._end_outbound(session, conn, entry, now_ms)
+            # The message itself is no longer needed, only the packet id: released now, as the spool's
+            # MessagePubrecReceived releases it (a restored core must count the same references).
+            self.router.release(session, entry)
+            entry.state = EntryState.PUBREC
+            # Rule 3: PUBREL only after the PUBREC is durable.
+            return [Persist((ops.MessagePubrecReceived(session.client_id, entry.msg_id),),
+                            (Send(conn.conn_id, codec.Pubrel(packet.packet_id)),))]
+        if entry is not None and entry.state is EntryState.PUBREC:
+            return [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
         return [Send(conn.conn_id, codec.Pubrel(packet.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND))] \
             if conn.protocol_version == 5 else [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
 
@@ -343,9 +410,7 @@ class BrokerCore:
     def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list:
         """On (re)connect: resend what was in flight (DUP), then fill the window."""
         effects = []
-        for entry in session.queue:
-            if entry.state is EntryState.QUEUED:
-                break
+        for entry in session.inflight.values():
             if entry.state is EntryState.PUBREC:
                 effects.append(Send(conn.conn_id, codec.Pubrel(entry.packet_id)))
             else:
@@ -354,9 +419,17 @@ class BrokerCore:
 
     def _pump(self, session: Session, conn: Connection | None, now_ms: int) -> list:
         """Send queued entries while the client's in-flight window has room."""
-        if conn is None:
+        if conn is None or not conn.connacked:
             return []
         return self.router.pump(conn, session, now_ms)
+
+    def durable(self, done: Durable, now_ms: int) -> list:
+        """The commit behind `done` is durable: its queue entries may go out (rule 2)."""
+        for entry in done.entries:
+            entry.ready = True
+        for client_id in done.client_ids:
+            self._dirty[client_id] = None  # pumped by `flush`, once for every commit of this callback
+        return []
 
     def deliver_to(self, client_id: str, now_ms: int) -> list:
         session = self.sessions.get(client_id)
@@ -368,6 +441,7 @@ class BrokerCore:
 
     def _delete_session(self, session: Session) -> list:
         self.sessions.pop(session.client_id, None)
+        session.acked.clear()  # SessionDeleted removes every queue entry of it
         op_list = self.router.forget_session(session)
         op_list.append(ops.SessionDeleted(session.client_id))
         return op_list
@@ -385,20 +459,29 @@ class BrokerCore:
         return session.will
 
 
+def limits_from_config(limits) -> Limits:
+    """The core's limits from the group file's [limits] table (`appliance.config.Limits`)."""
+    return Limits(max_queued_messages=limits.session_queue_max_messages,
+                  max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes)
+
+
 def restore(core: BrokerCore, state, now_ms: int) -> None:
     """Rebuild the core's state from the spool's (`appliance.spool.state.SpoolState`) at start-up.
 
     No connection survives a restart: every session comes back offline, its
     expiry counted from now if it was connected when the node stopped.
     """
-    from .routing import decode_stored_properties
+    from .routing import decode_stored_properties, stored_estimate
     from .session import Message, QueueEntry, SubscriptionOptions
 
     router = core.router
     for msg_id, stored in state.messages.items():
-        router.messages[msg_id] = Message(msg_id, stored.topic, stored.payload, stored.qos, stored.retain,
-                                          decode_stored_properties(stored.properties), stored.expiry_at_ms,
-                                          stored.publisher, stored.created_at_ms)
+        msg = Message(msg_id, stored.topic, stored.payload, stored.qos, stored.retain,
+                      decode_stored_properties(stored.properties), stored.expiry_at_ms, stored.publisher,
+                      stored.created_at_ms)
+        msg.stored_size = stored_estimate(msg, stored.properties)
+        router.messages[msg_id] = msg
+        router.stored_bytes += msg.stored_size
     for topic, msg_id in state.retained.items():
         router.retained.set(topic, msg_id)
         router.messages[msg_id].refs += 1
@@ -410,10 +493,14 @@ def restore(core: BrokerCore, state, now_ms: int) -> None:
                                        sub.subscription_id)
             session.subscriptions[sub.topic_filter] = opts
             router.subscriptions.subscribe(record.client_id, sub.topic_filter, opts)
-        for e in record.queue:
+        # The in-flight entries are the queue's head (session.py); the spool keeps queue order, so they come first.
+        for e in sorted(record.queue, key=lambda e: not e.packet_id):
             state_ = (EntryState.PUBREC if e.pubrec_received else
                       EntryState.INFLIGHT if e.packet_id else EntryState.QUEUED)
-            session.queue.append(QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, state_, e.packet_id))
+            entry = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, state_, e.packet_id)
+            session.queue.append(entry)
+            if e.packet_id:
+                session.inflight[e.packet_id] = entry
             if not e.pubrec_received:
                 msg = router.messages[e.msg_id]
                 msg.refs += 1

@@ -7,8 +7,11 @@ Rules:
 - Overlapping subscriptions of one client yield one copy: the highest QoS and
   every subscription identifier. A shared group (`$share/g/f`) yields one copy
   for one member, chosen round-robin, preferring connected members.
-- No silent loss: if a target queue is full, the whole publish is refused with
-  a reason (v5 0x97), before anything is stored.
+- No silent loss: if a target queue is full, or storing the body would pass the
+  spool's byte limit, the whole publish is refused with a reason (v5 0x97;
+  3.1.1: disconnected without an ack) and counted, before anything is stored.
+  `stored_bytes` counts every stored body by `stored_estimate`, at least its
+  encoded `MessageStored`, so the core refuses before the spool writer would.
 - Retained: an empty payload clears the topic; new subscriptions get matching
   retained messages per their Retain Handling; shared subscriptions never do.
 """
@@ -36,7 +39,7 @@ class Router:
         self.retained = topics.RetainedIndex()
         self.subscriptions = topics.SubscriptionIndex()
         self._msg_ids = itertools.count(1)
-        self.refused_full = 0
+        self.stored_bytes = 0  # see the rules: every body in `messages` with a stored_size
 
     def restart_ids(self, first: int) -> None:
         """Continue message ids above every id the restored state still refers to."""
@@ -52,20 +55,31 @@ class Router:
         targets = self._targets(core, topic, session.client_id, msg.retain)
         full = self._full_target(core, targets, msg)
         if full is not None and conn is not None:
-            self.refused_full += 1
+            core._count("publish_refused_queue_full")
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
+        stored_props = _encode_props(props)
+        if conn is not None and self._needs_store(targets, msg):
+            size = stored_estimate(msg, stored_props)
+            if self.stored_bytes + size > self.limits.max_spool_bytes:
+                core._count("publish_refused_spool_full")
+                return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
+                                            f"the message spool is full ({self.stored_bytes:,} of "
+                                            f"{self.limits.max_spool_bytes:,} bytes); retry later")
         op_list: list = []
         now_effects: list = []
         then: list = []
+        queued: list = []
         stored = False
 
         def store() -> None:
             nonlocal stored
             if not stored:
                 self.messages[msg.msg_id] = msg
+                msg.stored_size = stored_estimate(msg, stored_props)
+                self.stored_bytes += msg.stored_size
                 op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
-                                                 _encode_props(props), msg.expiry_at_ms, msg.publisher, now_ms))
+                                                 stored_props, msg.expiry_at_ms, msg.publisher, now_ms))
                 stored = True
 
         if msg.retain:
@@ -76,7 +90,8 @@ class Router:
             if target is None:
                 continue
             if qos == 0:
-                if target.conn is not None:
+                # At most once: a copy for a connection whose CONNACK is not out yet is dropped, not sent ahead of it.
+                if target.conn is not None and core.connections[target.conn].connacked:
                     entry = QueueEntry(msg.msg_id, 0, retain_flag, sub_ids)
                     self.messages.setdefault(msg.msg_id, msg)
                     now_effects += self.publish_packet(core.connections[target.conn], target, entry, dup=False,
@@ -84,11 +99,12 @@ class Router:
                 continue
             store()
             msg.refs += 1
-            target.queue.append(QueueEntry(msg.msg_id, qos, retain_flag, sub_ids))
+            entry = QueueEntry(msg.msg_id, qos, retain_flag, sub_ids, ready=False)
+            queued.append(entry)
+            target.queue.append(entry)
             target.queued_bytes += msg.size
             op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
-            if target.conn is not None:
-                then.append(client_id)
+            then.append(client_id)  # connected or not: it may connect before the commit is durable
         if packet.qos == 2 and conn is not None:
             session.inbound_qos2.add(packet.packet_id)
             op_list.append(ops.InboundQos2Received(session.client_id, packet.packet_id))
@@ -99,11 +115,10 @@ class Router:
             reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS
             ack = codec.Puback if packet.qos == 1 else codec.Pubrec
             acks.append(codec_send(conn, ack(packet.packet_id, reason)))
-        pumps = [("pump", cid) for cid in then]
         if not op_list:
             return now_effects + acks
         # Rules 1 and 2: the ack and the QoS 1/2 deliveries wait for the commit.
-        return [*now_effects, core_persist(op_list, acks, pumps, core, now_ms)]
+        return [*now_effects, core_persist(op_list, acks, queued, then)]
 
     def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
@@ -121,6 +136,12 @@ class Router:
         qos, ids, flag = out.get(client_id, (-1, (), False))
         sub_ids = ids + ((opts.subscription_id,) if opts.subscription_id else ())
         out[client_id] = (max(qos, opts.qos), sub_ids, flag or retain_flag)
+
+    @staticmethod
+    def _needs_store(targets: dict, msg: Message) -> bool:
+        if msg.retain and msg.payload:
+            return True
+        return msg.qos > 0 and any(qos > 0 for qos, _, _ in targets.values())
 
     def _full_target(self, core, targets: dict, msg: Message) -> str | None:
         if msg.qos == 0:
@@ -155,41 +176,38 @@ class Router:
     def pump(self, conn: Connection, session: Session, now_ms: int) -> list:
         effects: list = []
         durable_first: list = []
-        inflight = session.inflight_count()
+        sent: list = []
         window = max(1, conn.receive_maximum)
         dropped: list = []
-        # Visits the in-flight head and what it sends, never the whole queue: a backlog must not make every
-        # publish and ack cost O(queue). The deque is not changed while iterated: an expired entry ends the
-        # pass, is removed, and the pass starts again.
-        while inflight < window:
-            expired = None
-            for entry in session.queue:
-                if inflight >= window:
-                    break
-                if entry.state is not EntryState.QUEUED:
-                    continue
-                msg = self.messages[entry.msg_id]
-                if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
-                    expired = entry
-                    break
-                entry.state = EntryState.INFLIGHT
-                entry.packet_id = session.allocate_packet_id()
-                inflight += 1
-                sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms)
-                record = ops.MessageInflight(session.client_id, entry.msg_id, entry.packet_id)
-                if entry.qos == 2:
-                    durable_first.append((record, sends))  # rule 3
-                else:
-                    dropped.append(record)
-                    effects += sends
-            if expired is None:
-                break
-            session.queue.remove(expired)
-            dropped.append(ops.MessageDropped(session.client_id, expired.msg_id, "expired"))
-            self._release_entry(session, expired)
+        queue, inflight = session.queue, session.inflight
+        # The in-flight entries are the queue's head: the next to send is at index len(inflight). Each step
+        # costs O(1), never O(queue) or O(window): a backlog must not make every publish and ack slower.
+        while len(inflight) < window and len(inflight) < len(queue):
+            i = len(inflight)
+            entry = queue[i]
+            if not entry.ready:
+                break  # rule 2: its commit is pending; what follows it waits too (order)
+            msg = self.messages[entry.msg_id]
+            if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                del queue[i]
+                dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
+                self._release_entry(session, entry)
+                continue
+            entry.state = EntryState.INFLIGHT
+            entry.packet_id = session.allocate_packet_id()
+            inflight[entry.packet_id] = entry
+            sends = self.publish_packet(conn, session, entry, dup=False, now_ms=now_ms, msg=msg)
+            if entry.qos == 2:
+                durable_first.append((entry, sends))  # rule 3
+            else:
+                sent.append(entry)
+                effects += sends
+        # One MessagesInflight for everything this pump sent (per QoS): one op, not one per message.
         if durable_first:
-            effects.append(Persist_(tuple(r for r, _ in durable_first),
+            effects.append(Persist_((_inflight_op(session, [e for e, _ in durable_first]),),
                                     tuple(s for _, sends in durable_first for s in sends)))
+        if sent:
+            dropped.append(_inflight_op(session, sent))
         if dropped:
             effects.insert(0, Persist_(tuple(dropped), ()))
         return effects
@@ -213,9 +231,8 @@ class Router:
                                packet_id=entry.packet_id if entry.qos else None, properties=props)
         return [codec_send(conn, packet)]
 
-    def release(self, session: Session, entry: QueueEntry) -> list:
+    def release(self, session: Session, entry: QueueEntry) -> None:
         self._release_entry(session, entry)
-        return []
 
     def _release_entry(self, session: Session, entry: QueueEntry) -> None:
         if entry.state is EntryState.PUBREC:
@@ -232,6 +249,7 @@ class Router:
         msg.refs -= 1
         if msg.refs <= 0:
             del self.messages[msg_id]
+            self.stored_bytes -= msg.stored_size
 
     def expire_queued(self, sessions, now_ms: int) -> list:
         op_list = []
@@ -253,9 +271,9 @@ class Router:
         if isinstance(sub_id, (list, tuple)):  # repeatable on the wire; a SUBSCRIBE carries at most one
             sub_id = sub_id[0] if sub_id else 0
         codes: list[int] = []
-        op_list: list = []
+        op_list: list = core.take_acks(session)  # before a retained message could be queued again
         retained_effects: list = []
-        pump = False
+        queued: list = []
         for requested in packet.subscriptions:
             topic_filter = requested.topic_filter
             try:
@@ -285,7 +303,7 @@ class Router:
                         continue
                     eff = min(qos, msg.qos)
                     ids = (sub_id,) if sub_id else ()
-                    entry = QueueEntry(msg_id, eff, True, ids)
+                    entry = QueueEntry(msg_id, eff, True, ids, ready=eff == 0)
                     if eff == 0:
                         retained_effects += self.publish_packet(conn, session, entry, dup=False, msg=msg,
                                                                 now_ms=now_ms)
@@ -294,10 +312,10 @@ class Router:
                         session.queue.append(entry)
                         session.queued_bytes += msg.size
                         op_list.append(ops.MessageQueued(session.client_id, msg_id, eff, True, ids))
-                        pump = True
+                        queued.append(entry)
         suback = codec_send(conn, codec.Suback(packet.packet_id, codes))
-        pumps = [("pump", session.client_id)] if pump else []
-        return [core_persist(op_list, [suback, *retained_effects], pumps, core, now_ms)]
+        return [core_persist(op_list, [suback, *retained_effects], queued,
+                             [session.client_id] if queued else [])]
 
     def unsubscribe(self, conn: Connection, session: Session, packet) -> list:
         codes = []
@@ -322,8 +340,11 @@ class Router:
         msg = Message(next(self._msg_ids), will.topic, bytes(will.payload), will.qos, will.retain, props,
                       0, session.client_id, now_ms, refs=1)
         self.messages[msg.msg_id] = msg
+        stored_props = _encode_props(props)
+        msg.stored_size = stored_estimate(msg, stored_props)
+        self.stored_bytes += msg.stored_size
         session.will = Will(msg.msg_id, will.properties.get(P.WILL_DELAY_INTERVAL, 0))
-        op_list += [ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, _encode_props(props),
+        op_list += [ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, stored_props,
                                       msg.expiry_at_ms, msg.publisher, now_ms),
                     ops.WillSet(session.client_id, msg.msg_id, session.will.delay_s)]
         return op_list
@@ -350,10 +371,16 @@ class Router:
         for entry in session.queue:
             self._release_entry(session, entry)
         session.queue.clear()
+        session.inflight.clear()
         if session.will is not None:
             self._unref(session.will.msg_id)
             session.will = None
         return []
+
+
+def _inflight_op(session: Session, entries: list):
+    return ops.MessagesInflight(session.client_id, tuple(e.msg_id for e in entries),
+                                tuple(e.packet_id for e in entries))
 
 
 def _connected(core, client_id: str) -> bool:
@@ -364,6 +391,15 @@ def _connected(core, client_id: str) -> bool:
 def _encode_props(props: dict) -> bytes:
     """A stored message's properties, as the PUBLISH property block (the spool keeps them opaque)."""
     return encode_properties(props, PacketType.PUBLISH) if props else b""
+
+
+STORED_OVERHEAD_BYTES = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
+
+
+def stored_estimate(msg: Message, stored_props: bytes) -> int:
+    """What one body counts against the spool limit: at least `stored_size` of its encoded MessageStored."""
+    return (len(msg.payload) + len(msg.topic.encode()) + len(msg.publisher.encode()) + len(stored_props)
+            + STORED_OVERHEAD_BYTES)
 
 
 def decode_stored_properties(data: bytes) -> dict:
@@ -382,11 +418,9 @@ def Persist_(op_tuple: tuple, then: tuple):
     return Persist(op_tuple, then)
 
 
-def core_persist(op_list: list, sends: list, pumps: list, core, now_ms: int):
-    """Persist the ops; once durable, send the acks, then fill the windows of the targets."""
-    from .core import Persist
+def core_persist(op_list: list, sends: list, queued: list, client_ids: list):
+    """Persist the ops; once durable, send the acks, mark the queued entries ready and fill the targets' windows."""
+    from .core import Durable, Persist
 
-    then = list(sends)
-    for _, client_id in pumps:
-        then += core.deliver_to(client_id, now_ms)
-    return Persist(tuple(op_list), tuple(then))
+    then = (*sends, Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
+    return Persist(tuple(op_list), then)

@@ -8,14 +8,24 @@ Rules:
   of the durable one: every client is dropped with 0x97 and the core is
   rebuilt from the spool. Nothing unacknowledged was promised, so nothing
   acknowledged is lost; clients retry.
+- Persists are coalesced: those made while one event-loop callback runs (one
+  read of a socket, one commit's callbacks) go to the writer as ONE submission
+  at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;
+  their `then` effects run in order once it is durable. Commits still finish
+  in submission order, so nothing overtakes an earlier Persist. Just before
+  that submission the core's `flush` runs: the acks and pumps of the callback.
+- Sends are coalesced too: the packets for one connection during one callback
+  go out in one write at its end (a Close writes what was before it first).
 - Writes never wait for the socket to drain here; the listener stops reading a
   client whose output backs up or whose in-flight window is full. `packet`
-  returns the commit its effects wait for, which is what the window counts.
+  returns a future that resolves once the effects it queued behind a commit
+  have run, which is what the window counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -24,8 +34,8 @@ from typing import Callable
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.store import Spool
-from ..spool.writer import SpoolWriter
-from .core import BrokerCore, Close, Persist, Send, restore
+from ..spool.writer import SpoolWriter, WriterLimits
+from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
 
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
@@ -35,11 +45,22 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Resolve:
+    """The adapter's own effect: resolve `packet()`'s future once the effects before it have run."""
+    future: asyncio.Future
+
+
 class BrokerService:
     def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
-                 core_factory: Callable[[], BrokerCore] | None = None) -> None:
+                 core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None) -> None:
         self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
-        self.writer = SpoolWriter(self.spool)
+        writer_limits = WriterLimits()
+        if spool_max_bytes is not None:
+            # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
+            # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
+            writer_limits = WriterLimits(max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
+        self.writer = SpoolWriter(self.spool, writer_limits)
         self._epoch = epoch
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
         self.core = self._fresh_core()
@@ -47,7 +68,11 @@ class BrokerService:
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
-        self._last_commit: asyncio.Future | None = None
+        self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
+        self._thens: list = []  # their `then` tuples, in order
+        self._flush_scheduled = False
+        self._last: asyncio.Future | None = None  # the latest submission's future
+        self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -77,15 +102,18 @@ class BrokerService:
         return conn_id
 
     def packet(self, conn_id: int, packet) -> asyncio.Future | None:
-        """Run the packet's effects. Returns the future of the last spool commit they wait for (commits finish in
-        order, so when it resolves every effect of this packet has run), or None when nothing waits: the
-        listener's in-flight window counts the packet until then."""
+        """Run the packet's effects. Returns a future that resolves once those waiting for a commit have run,
+        or None when nothing waits: the listener's in-flight window counts the packet until then."""
         if conn_id not in self.core.connections:
             return None
-        self._last_commit = None
+        before = (len(self._ops), len(self._thens))
         self.execute(self.core.packet(conn_id, packet, wall_ms()))
-        pending, self._last_commit = self._last_commit, None
-        return pending
+        self._schedule()  # acks leave work for the core's flush
+        if (len(self._ops), len(self._thens)) == before:
+            return None
+        done = asyncio.get_running_loop().create_future()
+        self._thens.append((_Resolve(done),))
+        return done
 
     def lost(self, conn_id: int, disconnect=None) -> None:
         self.conns.pop(conn_id, None)
@@ -97,10 +125,14 @@ class BrokerService:
     def execute(self, effects) -> None:
         for effect in effects:
             if isinstance(effect, Send):
-                conn = self.conns.get(effect.conn)
-                if conn is not None:
-                    conn.send_nowait(effect.packet)
+                out = self._out.get(effect.conn)
+                if out is None:
+                    self._out[effect.conn] = [effect.packet]
+                    self._schedule()
+                else:
+                    out.append(effect.packet)
             elif isinstance(effect, Close):
+                self._write(effect.conn, self._out.pop(effect.conn, None))  # what it was sent goes out first
                 conn = self.conns.pop(effect.conn, None)
                 if conn is not None:
                     conn.close_with(effect.reason_code, effect.reason)
@@ -108,21 +140,76 @@ class BrokerService:
                     self.execute(self.core.connection_lost(effect.conn, wall_ms()))
             elif isinstance(effect, Persist):
                 self._persist(effect)
+            elif isinstance(effect, Durable):
+                self.execute(self.core.durable(effect, wall_ms()))
+            elif isinstance(effect, Connacked):
+                self.execute(self.core.connacked(effect, wall_ms()))
+            elif isinstance(effect, _Resolve):
+                if not effect.future.done():
+                    effect.future.set_result(None)
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:
-            self.execute(effect.then)
+            self._after_earlier(effect.then)
             return
+        if len(self._ops) + len(effect.ops) > self.writer.limits.max_batch_ops:
+            self._flush()
+        self._ops += effect.ops
+        if effect.then:
+            self._thens.append(effect.then)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._end_of_callback)
+
+    def _end_of_callback(self) -> None:
+        self._flush_scheduled = False
+        self.execute(self.core.flush(wall_ms()))
+        self._flush()
+        out, self._out = self._out, {}
+        for conn_id, packets in out.items():
+            self._write(conn_id, packets)
+
+    def _write(self, conn_id: int, packets: list | None) -> None:
+        conn = self.conns.get(conn_id)
+        if conn is None or not packets:
+            return
+        send_many = getattr(conn, "send_many", None)  # one write; a connection without it gets one per packet
+        if send_many is not None:
+            send_many(packets)
+        else:
+            for packet in packets:
+                conn.send_nowait(packet)
+
+    def _flush(self) -> None:
+        if not self._ops:
+            return
+        op_list, thens = self._ops, self._thens
+        self._ops, self._thens = [], []
         try:
-            submission = self.writer.submit_async(list(effect.ops), self._epoch())
+            submission = self.writer.submit_async(op_list, self._epoch())
         except (SpoolFull, SpoolBusy) as exc:
             self._commit_failed(exc)
             return
-        self._last_commit = submission.future  # for packet()'s completion future
         core = self.core
-        submission.future.add_done_callback(lambda fut: self._committed(fut, effect.then, core))
+        then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
+        submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
+        self._last = submission.future
+
+    def _after_earlier(self, then: tuple) -> None:
+        """A Persist without ops: its effects still wait behind every earlier Persist (e.g. a 3.1.1
+        publisher's refusal closes the connection only after the PUBACKs of what it published before)."""
+        if self._ops:
+            self._thens.append(then)
+        elif self._last is not None and not self._last.done():
+            core = self.core
+            self._last.add_done_callback(lambda fut: self._committed(fut, then, core))
+        else:
+            self.execute(then)
 
     def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
         if core is not self.core:
@@ -132,11 +219,34 @@ class BrokerService:
             self._commit_failed(exc)
             return
         self.execute(then)
+        self._schedule()  # Durable effects leave pumps for the core's flush
 
     def _commit_failed(self, exc: BaseException) -> None:
+        self._ops, self._thens = [], []  # they belong to the core being replaced
         self.commit_failures += 1
         log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
         for conn_id, conn in list(self.conns.items()):
             conn.close_with(RC.QUOTA_EXCEEDED, f"the message spool cannot take more: {exc}")
         self.conns.clear()
+        counters = self.core.counters
         self.core = self._fresh_core()
+        self.core.counters = counters  # refusals counted so far stay counted
+
+    # --- the management API's view -----------------------------------------------------------
+
+    def view(self) -> dict:
+        core, m = self.core, self.writer.metrics()
+        return {
+            "limits": {"session_queue_max_messages": core.limits.max_queued_messages,
+                       "session_queue_max_bytes": core.limits.max_queued_bytes,
+                       "spool_max_bytes": core.limits.max_spool_bytes},
+            "counters": {"publish_refused_queue_full": 0, "publish_refused_spool_full": 0, **core.counters,
+                         "commit_failures": self.commit_failures},
+            "sessions": len(core.sessions),
+            "queued_messages": sum(len(s.queue) for s in core.sessions.values()),
+            "stored_bytes": core.router.stored_bytes,
+            "writer": {"commits": m.commits, "ops": m.ops, "mean_batch_ops": round(m.mean_batch_ops, 1),
+                       "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
+                       "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
+                       "durable_seq": m.durable.seq},
+        }

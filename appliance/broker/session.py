@@ -6,7 +6,12 @@ Rules:
   those holders, and the body is forgotten when it drops to zero.
 - A session's queue is ordered; its entries move queued → inflight (packet id
   assigned) → (QoS 2) pubrec → gone. Only entries at the head are sent, up to
-  the client's in-flight window, so per-publisher order is kept.
+  the client's in-flight window, so per-publisher order is kept: the in-flight
+  entries are always the queue's first `len(inflight)` entries, and `inflight`
+  indexes them by packet id (acks and the pump never walk the queue).
+- An entry is `ready` once the commit that queued it is durable; the pump
+  stops at the first entry that is not (docs/broker.md rule 2), so a freed
+  window slot can be refilled at once, without waiting for another commit.
 - Connection-scoped state (topic aliases, the client's limits) lives on the
   `Connection`, not the session: it dies with the socket.
 """
@@ -32,6 +37,7 @@ class Message:
     publisher: str
     created_at_ms: int
     refs: int = 0
+    stored_size: int = 0  # what it counts against the spool's byte limit while stored (0: not stored)
 
     @property
     def size(self) -> int:
@@ -52,6 +58,7 @@ class QueueEntry:
     subscription_ids: tuple[int, ...]
     state: EntryState = EntryState.QUEUED
     packet_id: int = 0
+    ready: bool = True  # False from routing until the commit holding its MessageQueued is durable
 
 
 @dataclasses.dataclass(slots=True)
@@ -76,6 +83,8 @@ class Session:
     expiry_s: int
     subscriptions: dict[str, SubscriptionOptions] = dataclasses.field(default_factory=dict)
     queue: collections.deque[QueueEntry] = dataclasses.field(default_factory=collections.deque)
+    inflight: dict[int, QueueEntry] = dataclasses.field(default_factory=dict)  # packet id -> the queue's head entries
+    acked: list[int] = dataclasses.field(default_factory=list)  # msg ids acked, not yet in a MessagesAcked op
     queued_bytes: int = 0
     inbound_qos2: set[int] = dataclasses.field(default_factory=set)
     will: Will | None = None
@@ -85,25 +94,24 @@ class Session:
     next_packet_id: int = 1
 
     def inflight_count(self) -> int:
-        count = 0
-        for entry in self.queue:
-            if entry.state is EntryState.QUEUED:
-                break
-            count += 1
-        return count
+        return len(self.inflight)
 
     def allocate_packet_id(self) -> int:
-        used = set()
-        for e in self.queue:  # the in-flight entries are the queue's head (see inflight_count): stop at the first queued
-            if e.state is EntryState.QUEUED:
-                break
-            used.add(e.packet_id)
+        used = self.inflight
         for _ in range(65535):
             pid = self.next_packet_id
             self.next_packet_id = pid % 65535 + 1
             if pid not in used:
                 return pid
         raise AssertionError("no free packet id: the in-flight window must stay below 65535")
+
+    def remove_inflight(self, entry: QueueEntry) -> None:
+        """An in-flight entry's exchange ended (acked, or refused by the client)."""
+        del self.inflight[entry.packet_id]
+        if self.queue[0] is entry:
+            self.queue.popleft()  # the usual case: acks come in order
+        else:
+            self.queue.remove(entry)  # within the in-flight head: at most a window's length
 
     def expires_at_ms(self) -> int | None:
         if self.conn is not None or self.expiry_s == NEVER:
@@ -124,6 +132,8 @@ class Connection:
     aliases_in: dict[int, str] = dataclasses.field(default_factory=dict)
     aliases_out: dict[str, int] = dataclasses.field(default_factory=dict)
     will_on_close: bool = True  # a clean DISCONNECT (reason 0) suppresses the will
+    closing: bool = False  # a Close is on its way (behind earlier commits): take no more packets
+    connacked: bool = False  # its CONNACK is out: nothing may be sent before it (MQTT: CONNACK comes first)
 
     def outbound_alias(self, topic: str) -> tuple[int, bool]:
         """(alias, first use) for `topic`, or (0, False) when we may not assign one."""

@@ -188,11 +188,32 @@ class MessageIdSeen:
     seen_at_ms: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessagesInflight:
+    """`MessageInflight` for several messages of one session at once (msg_ids[i] sent with packet_ids[i]):
+    one op for everything one pump sends. Applied item by item; applied only if every item is."""
+
+    TYPE = 19
+    client_id: str
+    msg_ids: tuple[int, ...]
+    packet_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessagesAcked:
+    """`MessageAcked` for several messages of one session at once: the acks of one read of its socket."""
+
+    TYPE = 20
+    client_id: str
+    msg_ids: tuple[int, ...]
+
+
 OP_TYPES: dict[int, type] = {cls.TYPE: cls for cls in (
     MessageStored, MessageQueued, MessageInflight, MessagePubrecReceived, MessageAcked, MessageDropped,
     SessionOpened, SessionDisconnected, SessionDeleted, Subscribed, Unsubscribed, RetainedSet, RetainedCleared,
-    InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen)}
+    InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen, MessagesInflight, MessagesAcked)}
 
 Op = (MessageStored | MessageQueued | MessageInflight | MessagePubrecReceived | MessageAcked | MessageDropped
       | SessionOpened | SessionDisconnected | SessionDeleted | Subscribed | Unsubscribed | RetainedSet
-      | RetainedCleared | InboundQos2Received | InboundQos2Released | WillSet | WillCleared | MessageIdSeen)
+      | RetainedCleared | InboundQos2Received | InboundQos2Released | WillSet | WillCleared | MessageIdSeen
+      | MessagesInflight | MessagesAcked)

@@ -84,6 +84,13 @@ def read_meta(conn: sqlite3.Connection) -> tuple[ChainPoint, ChainPoint, int]:
     return ChainPoint(he, hs, hc), ChainPoint(be, bs, bc), stored
 
 
+_IN_CHUNK = 500  # ids in one "IN (...)" (SQLite allows 32766 parameters)
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
 class SqlApplier:
     """Applies ops to the open transaction of `conn` by the rules of state.py."""
 
@@ -206,6 +213,41 @@ class SqlApplier:
 
     def _MessageDropped(self, seq: int, op: o.MessageDropped, body: bytes) -> bool:
         return self._remove_entry(op.client_id, op.msg_id)
+
+    def _MessagesInflight(self, seq: int, op: o.MessagesInflight, body: bytes) -> bool:
+        cur = self.conn.executemany(
+            "UPDATE queue SET packet_id = ? WHERE client_id = ? AND msg_id = ? AND pubrec = 0",
+            [(p, op.client_id, m) for m, p in zip(op.msg_ids, op.packet_ids)])
+        return cur.rowcount == len(op.msg_ids)
+
+    def _MessagesAcked(self, seq: int, op: o.MessagesAcked, body: bytes) -> bool:
+        # A few statements per op, not two per message: the queue rows in one DELETE, the bodies in another.
+        ids = op.msg_ids
+        removed = 0
+        for at in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[at:at + _IN_CHUNK]
+            gone = self.conn.execute(f"DELETE FROM queue WHERE client_id = ? AND msg_id IN ({_marks(len(chunk))}) "
+                                     "RETURNING msg_id, pubrec", (op.client_id, *chunk)).fetchall()
+            removed += len(gone)
+            self._release_many([msg_id for msg_id, pubrec in gone if not pubrec])
+        return removed == len(ids)
+
+    def _release_many(self, msg_ids: list[int]) -> None:
+        """`_release` for each, with one DELETE (and one executemany UPDATE) for those not fresh."""
+        stored = []
+        for msg_id in msg_ids:
+            if msg_id in self._fresh:
+                self._release(msg_id)
+            else:
+                stored.append(msg_id)
+        if not stored:
+            return
+        gone = self.conn.execute(f"DELETE FROM messages WHERE refs = 1 AND msg_id IN ({_marks(len(stored))}) "
+                                 "RETURNING msg_id, size", stored).fetchall()
+        self.stored_bytes -= sum(size for _, size in gone)
+        left = set(stored).difference(msg_id for msg_id, _ in gone)
+        if left:
+            self.conn.executemany("UPDATE messages SET refs = refs - 1 WHERE msg_id = ?", [(m,) for m in left])
 
     def _SessionOpened(self, seq: int, op: o.SessionOpened, body: bytes) -> bool:
         self.conn.execute(

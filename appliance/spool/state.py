@@ -96,9 +96,24 @@ _DOMAINS: dict[type, tuple[tuple[str, range], ...]] = {
 }
 
 
+MAX_BATCH_ITEMS = 65535  # messages in one MessagesInflight / MessagesAcked (a window is at most 65535)
+
+
 def check_op(op: o.Op) -> None:
     """ValueError if a field is outside its domain (see the rules)."""
-    for name, domain in _DOMAINS.get(type(op), ()):
+    kind = type(op)
+    if kind is o.MessagesInflight or kind is o.MessagesAcked:
+        if len(op.msg_ids) > MAX_BATCH_ITEMS:
+            raise ValueError(f"{kind.__name__} of {len(op.msg_ids)} messages (at most {MAX_BATCH_ITEMS})")
+        if kind is o.MessagesInflight:
+            if len(op.packet_ids) != len(op.msg_ids):
+                raise ValueError(f"MessagesInflight has {len(op.msg_ids)} msg_ids but {len(op.packet_ids)} "
+                                 "packet_ids")
+            bad = [p for p in op.packet_ids if p not in PACKET_IDS]
+            if bad:
+                raise ValueError(f"MessagesInflight.packet_ids item {bad[0]!r} is outside 1..65535")
+        return
+    for name, domain in _DOMAINS.get(kind, ()):
         if getattr(op, name) not in domain:
             raise ValueError(f"{type(op).__name__}.{name} {getattr(op, name)!r} is outside "
                              f"{domain.start}..{domain.stop - 1}")
@@ -209,6 +224,14 @@ class StateModel:
 
     def _MessageDropped(self, seq: int, op: o.MessageDropped) -> bool:
         return self._remove_entry(op.client_id, op.msg_id)
+
+    def _MessagesInflight(self, seq: int, op: o.MessagesInflight) -> bool:
+        applied = [self._MessageInflight(seq, o.MessageInflight(op.client_id, m, p))
+                   for m, p in zip(op.msg_ids, op.packet_ids)]
+        return all(applied)
+
+    def _MessagesAcked(self, seq: int, op: o.MessagesAcked) -> bool:
+        return all([self._remove_entry(op.client_id, m) for m in op.msg_ids])
 
     def _SessionOpened(self, seq: int, op: o.SessionOpened) -> bool:
         record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True)
