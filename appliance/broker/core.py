@@ -175,6 +175,13 @@ class BrokerCore:
             if expiry_s != props.get(P.SESSION_EXPIRY_INTERVAL, 0):
                 ack_props[P.SESSION_EXPIRY_INTERVAL] = expiry_s
         connack = Send(conn_id, codec.Connack(RC.SUCCESS, present, ack_props))
+        if old is None and expiry_s == 0 and packet.will is None:
+            # Nothing of this session can outlive a crash (new, expiry 0, no will, nothing deleted), so its
+            # CONNACK need not wait for the commit: what a connection storm mostly is. Anything the client does
+            # next still waits behind that commit (commits finish in order).
+            effects.append(Persist(tuple(op_list)))
+            effects.append(connack)
+            return effects + self.connacked(Connacked(conn_id), now_ms)
         # The CONNACK waits for the session ops: a client told "session present" must find it after a crash.
         effects.append(Persist(tuple(op_list), (connack, Connacked(conn_id))))
         return effects
