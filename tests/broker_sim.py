@@ -27,11 +27,12 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from appliance.broker.core import BrokerCore, Close, Connacked, Durable, Limits, Persist, Send, restore
+from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
 from appliance.spool.chain import GENESIS
 from appliance.spool.state import StateModel
+from tests.broker_effects import EffectRunner
 
 EXPIRY = {P.SESSION_EXPIRY_INTERVAL: 3600}
 TOPICS = ("cars/1/door", "cars/2/door", "pay/eu", "pay/us")
@@ -63,7 +64,7 @@ class SimFailure(AssertionError):
     pass
 
 
-class BrokerSim:
+class BrokerSim(EffectRunner):
     def __init__(self, seed: int, *, clients: int = 4, limits: Limits = Limits()) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -83,38 +84,18 @@ class BrokerSim:
 
     # --- the adapter: effects in order, commits late -------------------------------------
 
-    def run(self, effects) -> None:
-        """Like the adapter: the effects, then (at the end of the outermost call) the core's flush."""
-        self._depth = getattr(self, "_depth", 0) + 1
-        try:
-            self._run(effects)
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            more = self.core.flush(self.now)
-            if more:
-                self.run(more)
+    def on_send(self, e: Send) -> None:
+        client = self._client_on(e.conn)
+        if client is not None:
+            client.inbox.append(e.packet)
 
-    def _run(self, effects) -> None:
-        for e in effects:
-            if isinstance(e, Send):
-                client = self._client_on(e.conn)
-                if client is not None:
-                    client.inbox.append(e.packet)
-            elif isinstance(e, Close):
-                client = self._client_on(e.conn)
-                if client is not None:
-                    self._gone(client)
-                if e.conn in self.core.connections:
-                    self.run(self.core.connection_lost(e.conn, self.now))
-            elif isinstance(e, Persist):
-                self.pending.append(e)
-            elif isinstance(e, Durable):
-                self.run(self.core.durable(e, self.now))
-            elif isinstance(e, Connacked):
-                self.run(self.core.connacked(e, self.now))
-            else:
-                raise SimFailure(f"unknown effect {e!r}")
+    def on_close(self, e: Close) -> None:
+        client = self._client_on(e.conn)
+        if client is not None:
+            self._gone(client)
+
+    def on_persist(self, e: Persist) -> None:
+        self.pending.append(e)
 
     def _client_on(self, conn: int) -> SimClient | None:
         return next((c for c in self.clients if c.conn == conn), None)

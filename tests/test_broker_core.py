@@ -9,14 +9,15 @@ from collections import defaultdict
 
 import pytest
 
-from appliance.broker.core import BrokerCore, Close, Connacked, Durable, Limits, Persist, Send
+from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
 from appliance.mqtt.wire import ReasonCode as RC
 from appliance.spool import ops
+from tests.broker_effects import EffectRunner
 
 
-class Harness:
+class Harness(EffectRunner):
     def __init__(self, *, auto_commit: bool = True, **kw) -> None:
         self.core = BrokerCore(**kw)
         self.auto_commit = auto_commit
@@ -26,38 +27,18 @@ class Harness:
         self.pending: list[Persist] = []
         self.now = 1_700_000_000_000
 
-    def run(self, effects) -> None:
-        """Like the adapter: the effects, then (at the end of the outermost call) the core's flush."""
-        self._depth = getattr(self, "_depth", 0) + 1
-        try:
-            self._run(effects)
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            more = self.core.flush(self.now)
-            if more:
-                self.run(more)
+    def on_send(self, e: Send) -> None:
+        self.sent[e.conn].append(e.packet)
 
-    def _run(self, effects) -> None:
-        for e in effects:
-            if isinstance(e, Send):
-                self.sent[e.conn].append(e.packet)
-            elif isinstance(e, Close):
-                self.closed[e.conn] = e
-                if e.conn in self.core.connections:
-                    self.run(self.core.connection_lost(e.conn, self.now))
-            elif isinstance(e, Persist):
-                self.ops.extend(e.ops)
-                if self.auto_commit:
-                    self.run(e.then)
-                else:
-                    self.pending.append(e)
-            elif isinstance(e, Durable):
-                self.run(self.core.durable(e, self.now))
-            elif isinstance(e, Connacked):
-                self.run(self.core.connacked(e, self.now))
-            else:
-                raise AssertionError(f"unknown effect {e!r}")
+    def on_close(self, e: Close) -> None:
+        self.closed[e.conn] = e
+
+    def on_persist(self, e: Persist) -> None:
+        self.ops.extend(e.ops)
+        if self.auto_commit:
+            self.run(e.then)
+        else:
+            self.pending.append(e)
 
     def commit(self) -> None:
         pending, self.pending = self.pending, []
