@@ -353,18 +353,15 @@ def mosquitto(*args, timeout=10) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
-def test_mosquitto_clients_with_passwords(group, version, topic_id):
-    topic = f"alice/{topic_id}/m"
-    sub = subprocess.Popen(["mosquitto_sub", "-h", HOST, "-p", str(PORT), "-V", version, "-u", "alice", "-P",
-                            "alice-pw", "-t", topic, "-C", "1", "-W", "10", "-q", "1", "-i", f"ms-{topic_id}"],
+def sub_gets_pub(common: list[str], topic: str, message: str, sub_extra: list[str] = ()) -> str:
+    """mosquitto_sub waits for one QoS 1 message while mosquitto_pub repeats `message` until it arrives
+    (the subscription is in place only once the first copy gets through); returns what the sub printed."""
+    sub = subprocess.Popen(["mosquitto_sub", *common, "-t", topic, "-C", "1", "-W", "10", "-q", "1", *sub_extra],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Wait for the subscription by publishing retained-free markers until one arrives.
         deadline = time.monotonic() + 8
         while sub.poll() is None and time.monotonic() < deadline:
-            pub = mosquitto("mosquitto_pub", "-h", HOST, "-p", str(PORT), "-V", version, "-u", "alice", "-P",
-                            "alice-pw", "-t", topic, "-m", "hello", "-q", "1")
+            pub = mosquitto("mosquitto_pub", *common, "-t", topic, "-m", message, "-q", "1")
             assert pub.returncode == 0, pub.stderr
             try:
                 sub.wait(0.3)
@@ -374,7 +371,15 @@ def test_mosquitto_clients_with_passwords(group, version, topic_id):
     finally:
         if sub.poll() is None:
             sub.kill()
-    assert sub.returncode == 0 and out.strip() == "hello", err
+    assert sub.returncode == 0, err
+    return out.strip()
+
+
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+def test_mosquitto_clients_with_passwords(group, version, topic_id):
+    topic = f"alice/{topic_id}/m"
+    common = ["-h", HOST, "-p", str(PORT), "-V", version, "-u", "alice", "-P", "alice-pw"]
+    assert sub_gets_pub(common, topic, "hello", ["-i", f"ms-{topic_id}"]) == "hello"
     bad = mosquitto("mosquitto_pub", "-h", HOST, "-p", str(PORT), "-V", version, "-u", "alice", "-P", "nope",
                     "-t", topic, "-m", "x")
     assert bad.returncode != 0
@@ -409,22 +414,7 @@ def test_tls_login_and_traffic_with_paho(group, clients, pki, version, topic_id)
 def test_tls_with_mosquitto_clients(group, pki, topic_id):
     topic = f"alice/{topic_id}/tls"
     common = ["-h", HOST, "-p", str(TLS_PORT), "--cafile", str(pki.ca_file), "-u", "alice", "-P", "alice-pw"]
-    sub = subprocess.Popen(["mosquitto_sub", *common, "-t", topic, "-C", "1", "-W", "10", "-q", "1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 8
-        while sub.poll() is None and time.monotonic() < deadline:
-            pub = mosquitto("mosquitto_pub", *common, "-t", topic, "-m", "secure", "-q", "1")
-            assert pub.returncode == 0, pub.stderr
-            try:
-                sub.wait(0.3)
-            except subprocess.TimeoutExpired:
-                pass
-        out, err = sub.communicate(timeout=5)
-    finally:
-        if sub.poll() is None:
-            sub.kill()
-    assert sub.returncode == 0 and out.strip() == "secure", err
+    assert sub_gets_pub(common, topic, "secure") == "secure"
 
 
 def test_a_client_that_does_not_trust_the_ca_is_refused_by_itself(group, tmp_path):
