@@ -7,7 +7,8 @@ Rules:
   far behind costs bounded memory. A snapshot is a batch of op bodies that rebuild the state as of
   a point, then the ops after that point follow as an incremental catch-up.
 - LIVE once everything up to our head was shipped: from then on every entry the writer gives a seq
-  (`local_submitted`, before its local commit even finishes) is shipped at once, in order.
+  (`local_submitted`, before its local commit even finishes) is shipped at once, in order, one
+  submission per OPS message (never split: the standby applies a message atomically).
   Log reads see committed ops only, so the last stretch of a catch-up comes from the entries the
   writer handed us recently (a bounded buffer), which bridges the read to the live stream.
 - `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
@@ -98,6 +99,7 @@ class ActiveLink(Endpoint):
         self.phase = Phase.AWAIT_JOIN
         self.shipped_seq = 0
         self.acked_seq = 0
+        self.live_from_seq = 0  # where the live stream (whole submissions only) began
         self.standby_incarnation = 0
         self.plan: ResyncPlan | None = None
         self.heard_at = now_ms
@@ -182,7 +184,7 @@ class ActiveLink(Endpoint):
         self._recent.extend(entries)
         if self.phase is Phase.LIVE:
             assert entries[0].seq == self.shipped_seq + 1, (entries[0].seq, self.shipped_seq)
-            self._ship(list(entries))
+            self._ship(list(entries), whole=True)
         elif self.phase is Phase.CATCHING_UP:
             self._continue_catchup()
 
@@ -208,7 +210,11 @@ class ActiveLink(Endpoint):
     # --- views --------------------------------------------------------------------------------
 
     def caught_up(self, now_ms: int) -> bool:
+        """LIVE, heard lately, within the lag bound, and the standby acknowledged everything up to where the
+        live stream began: from there on every OPS is a whole submission, so what it holds is never half of
+        one (catch-up batches from log reads may end anywhere)."""
         return (self.phase is Phase.LIVE and now_ms - self.heard_at <= self.limits.link_timeout_ms
+                and self.acked_seq >= self.live_from_seq
                 and self.head.seq - self.acked_seq <= self.limits.max_lag_ops)
 
     @property
@@ -229,11 +235,15 @@ class ActiveLink(Endpoint):
         if self.phase is Phase.CATCHING_UP:
             self._continue_catchup()
 
-    def _ship(self, entries: list[LogEntry]) -> None:
+    def _ship(self, entries: list[LogEntry], whole: bool = False) -> None:
+        """Batches of OPS; `whole` keeps them in one message: the standby applies a message atomically, and a
+        submission split across two could leave it, at a failover, holding half of one (a message queued
+        without the QoS 2 record that stops its retransmission from being routed again)."""
         batch: list[LogEntry] = []
         size = 0
         for e in entries:
-            if batch and (len(batch) >= self.limits.max_batch_ops or size + len(e.body) > self.limits.max_batch_bytes):
+            if batch and not whole and (len(batch) >= self.limits.max_batch_ops
+                                        or size + len(e.body) > self.limits.max_batch_bytes):
                 self._out.append(Ops(self.epoch, tuple(batch)))
                 batch, size = [], 0
             batch.append(e)
@@ -247,10 +257,11 @@ class ActiveLink(Endpoint):
     def _continue_catchup(self) -> None:
         if self._recent and self._recent[0].seq <= self.shipped_seq + 1 <= self._recent[-1].seq:
             bridge = [e for e in self._recent if e.seq > self.shipped_seq]
-            self._ship(bridge)
+            self._ship(bridge, whole=True)
             self.catchup_done_ops += len(bridge)
         if self.shipped_seq >= self.head.seq:
             self.phase = Phase.LIVE
+            self.live_from_seq = self.shipped_seq
             return
         room = self.limits.max_inflight_ops - (self.shipped_seq - self.acked_seq)
         if room > 0 and not self._reading:

@@ -2,6 +2,8 @@
 
 Rules:
 - The first message is our JOIN (head, incarnation); the first we accept is the active's PLAN.
+- A PLAN other than IN_STEP sets `resyncing`: the node must drop its in-sync lease at once, since
+  catch-up batches can end inside one of the active's submissions (found by tests/replication_sim.py).
 - Epoch fence: a message from an epoch lower than the highest we have seen is refused
   (`LinkFault`): a deposed active must not write into us.
 - The plan's catch-up must start at our head (INCREMENTAL after our seq, IN_STEP at our head);
@@ -52,6 +54,7 @@ class StandbyLink(Endpoint):
         self.highest_epoch = highest_epoch
         self.link_timeout_ms = link_timeout_ms
         self.plan: Plan | None = None
+        self.resyncing = False  # a catch-up PLAN came: our in-sync lease is void (see _on_plan)
         self.heard_at = now_ms
         self._in_snapshot = False
         self._snapshot_batches = 0
@@ -91,6 +94,10 @@ class StandbyLink(Endpoint):
             raise LinkFault(f"INCREMENTAL after op {m.after_seq}, but we are at op {self.head.seq}")
         self.plan = m
         self._in_snapshot = m.catchup is Catchup.SNAPSHOT
+        # A catch-up is applied in batches that may end inside one of the active's submissions: a standby
+        # taking over between two of them would hold half of one. So whoever needs catching up gives up its
+        # in-sync lease now (the node clears it) and earns it again only from the active's grant once caught up.
+        self.resyncing = m.catchup is not Catchup.IN_STEP
 
     def _on_snapshot(self, m: Snapshot) -> None:
         if not self._in_snapshot:
