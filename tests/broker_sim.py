@@ -268,6 +268,9 @@ class BrokerSim(EffectRunner):
                           f"sessions={self._status()}")
         del self.trace[:-40]  # the last steps are what a failure report needs
 
+    def status(self) -> str:
+        return f"{len(self.pending)} commits pending"
+
     def _status(self) -> str:
         return " ".join(f"{cid}:{len(s.queue)}q/{sum(1 for e in s.queue if e.packet_id)}f"
                         for cid, s in sorted(self.core.sessions.items()))
@@ -333,8 +336,9 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     return len(f) == len(t)
 
 
-def run_schedule(seed: int, steps: int = 400) -> BrokerSim:
-    sim = BrokerSim(seed)
+def run_schedule(seed: int, steps: int = 400, sim_class: type = None) -> BrokerSim:
+    """One seeded schedule of `sim_class` (BrokerSim by default); a failure names the seed and the last steps."""
+    sim = (sim_class or BrokerSim)(seed)
     try:
         sim.setup()
         for _ in range(steps):
@@ -343,5 +347,6 @@ def run_schedule(seed: int, steps: int = 400) -> BrokerSim:
         sim.check()
     except Exception as exc:
         trace = "\n".join(sim.trace)
-        raise SimFailure(f"seed {seed}, step {sim.steps}, crashes {sim.crashes}: {exc}\nlast steps:\n{trace}") from exc
+        raise SimFailure(f"seed {seed}, step {sim.steps}, crashes {sim.crashes}, {sim.status()}: {exc}\n"
+                         f"last steps:\n{trace}") from exc
     return sim

@@ -30,7 +30,7 @@ from mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Ph
 from mate_link.messages import decode, encode
 from mate_link.resync import plan_resync
 from mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
-from tests.broker_sim import BrokerSim, SimFailure
+from tests.broker_sim import BrokerSim, SimFailure, run_schedule
 
 LEASE_MS = 300
 LIMITS = LinkLimits(max_batch_ops=8, max_inflight_ops=40, link_timeout_ms=10**12)
@@ -56,6 +56,9 @@ class ReplicatedSim(BrokerSim):
         self.failovers = self.resyncs = self.local_releases = self.link_faults = 0
         self.released_seq = 0  # the highest op whose effects ran
         self.b_lease_void = False  # B gave its lease up (a catch-up began) and was not granted one since
+
+    def status(self) -> str:
+        return f"failovers {self.failovers}, resyncs {self.resyncs}, B at op {self.b_head.seq}"
 
     # --- A's adapter: ops get seqs at submit (and are shipped), effects wait for the release rule ----
 
@@ -265,15 +268,4 @@ class ReplicatedSim(BrokerSim):
 
 
 def run_replicated_schedule(seed: int, steps: int = 600) -> ReplicatedSim:
-    sim = ReplicatedSim(seed)
-    try:
-        sim.setup()
-        for _ in range(steps):
-            sim.step()
-        sim.heal()
-        sim.check()
-    except Exception as exc:
-        trace = "\n".join(sim.trace)
-        raise SimFailure(f"seed {seed}, step {sim.steps}, crashes {sim.crashes}, failovers {sim.failovers}: "
-                         f"{exc}\nlast steps:\n{trace}") from exc
-    return sim
+    return run_schedule(seed, steps, ReplicatedSim)
