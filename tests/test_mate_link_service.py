@@ -134,3 +134,63 @@ async def test_a_standby_without_the_secret_gets_nothing(tmp_path):
     await until("a refusal", lambda: standby.counters["bad_proof"] >= 1)
     assert active.link is None and state_of(sp).sessions == {}
     await stop(standby, active, ap, sp)
+
+
+class Recorder:
+    """A client connection as the broker service sees one: it records what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+        self.closed = None
+
+    def send_nowait(self, packet) -> None:
+        self.sent.append(packet)
+
+    def close_with(self, reason: int, why: str) -> None:
+        self.closed = (reason, why)
+
+
+def broker_port(directory: Path):
+    from appliance.broker.service import BrokerService
+
+    return BrokerService(directory, epoch=lambda: 4)
+
+
+@in_a_loop
+async def test_a_puback_waits_for_the_standbys_ack_and_the_standby_can_take_over_the_session(tmp_path):
+    """The release rule on a real broker service: nothing a client is told runs ahead of the standby's ack;
+    the standby's spool then rebuilds the same session (what a takeover does)."""
+    from appliance.mqtt import codec
+    from appliance.mqtt.properties import PropertyId as P
+
+    ap, sp = broker_port(tmp_path / "active"), broker_port(tmp_path / "standby")
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=ap, epoch=lambda: 4,
+                               may_serve=lambda: True, on_acked=lambda seq: ap.release_held())
+    ap.may_release = lambda seq: seq <= active.acked_seq
+    await active.start("127.0.0.1", 0)
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, port=sp,
+                                 active_address=lambda: ("127.0.0.1", active.bound_port), incarnation=1,
+                                 highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
+    sub, pub = Recorder(), Recorder()
+    persistent = {P.SESSION_EXPIRY_INTERVAL: 3600}
+    s = ap.connect(sub, codec.Connect(5, "fleet", False, 60, None, None, None, persistent))
+    ap.packet(s, codec.Subscribe(1, (codec.Subscription("cars/+/door", 1),), {}))
+    p = ap.connect(pub, codec.Connect(5, "car-7", True, 60, None, None, None, {}))
+    ap.lost(s)  # the subscriber goes offline: its message waits in its queue
+    ap.packet(p, codec.Publish("cars/7/door", b"open", qos=1, packet_id=9))
+    await until("the commits", lambda: ap.held_commits > 0 and ap.writer.pending_ops == 0)
+    await asyncio.sleep(0.2)
+    assert not any(isinstance(x, codec.Puback) for x in pub.sent), "no PUBACK before the standby has the message"
+    assert [type(x) for x in pub.sent] == [codec.Connack], "only a clean session's CONNACK (nothing to replicate)"
+    assert sub.sent == [], "a persistent session's CONNACK waits for the standby too"
+
+    await standby.start()
+    await until("the PUBACK", lambda: codec.Puback(9) in pub.sent)
+    assert ap.held_commits == 0 and active.acked_seq >= 1
+
+    await standby.stop()
+    sp.rebuild_core()  # the standby takes activity
+    fleet = sp.core.sessions["fleet"]
+    assert [sp.core.router.messages[e.msg_id].payload for e in fleet.queue] == [b"open"]
+    assert "cars/+/door" in fleet.subscriptions
+    await stop(active, ap, sp)

@@ -16,6 +16,9 @@ Rules:
   that submission the core's `flush` runs: the acks and pumps of the callback.
 - Sends are coalesced too: the packets for one connection during one callback
   go out in one write at its end (a Close writes what was before it first).
+- With a standby (`may_release`, docs/mate_link.md), the effects behind a commit
+  also wait for the release rule (the standby's ack, or its lease surely over),
+  in commit order; `release_held` runs what it allows.
 - Writes never wait for the socket to drain here; the listener stops reading a
   client whose output backs up or whose in-flight window is full. `packet`
   returns a future that resolves once the effects it queued behind a commit
@@ -25,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -73,6 +77,10 @@ class BrokerService:
         self._flush_scheduled = False
         self._last: asyncio.Future | None = None  # the latest submission's future
         self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
+        # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
+        # run now? None: they run at local durability (no standby). What it refuses waits here, in commit order.
+        self.may_release: Callable[[int], bool] | None = None
+        self._held: collections.deque = collections.deque()  # (last op seq, then, core)
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -208,6 +216,8 @@ class BrokerService:
         elif self._last is not None and not self._last.done():
             core = self.core
             self._last.add_done_callback(lambda fut: self._committed(fut, then, core))
+        elif self._held:
+            self._held.append((self._held[-1][0], then, self.core))  # behind what the release rule holds
         else:
             self.execute(then)
 
@@ -218,8 +228,48 @@ class BrokerService:
         if exc is not None:
             self._commit_failed(exc)
             return
+        entries = fut.result()
+        seq = entries[-1].seq if entries else self.writer.durable.seq
+        if self._held or (self.may_release is not None and not self.may_release(seq)):
+            self._held.append((seq, then, core))
+            return
         self.execute(then)
         self._schedule()  # Durable effects leave pumps for the core's flush
+
+    def release_held(self) -> int:
+        """The release rule may allow more now (the standby acknowledged, or its lease ran out): run it, in
+        commit order. Returns how many commits' effects ran."""
+        ran = 0
+        while self._held and (self.may_release is None or self.may_release(self._held[0][0])):
+            _, then, core = self._held.popleft()
+            if core is self.core:
+                self.execute(then)
+                ran += 1
+        if ran:
+            self._schedule()
+        return ran
+
+    @property
+    def held_commits(self) -> int:
+        return len(self._held)
+
+    # --- a standby's spool (the mate link writes it; the broker core is rebuilt from it on activation) ---
+
+    def replace_spool(self, builder) -> None:
+        """A full resync (the mate link calls it off the event loop): swap in the spool `builder` made."""
+        limits, directory = self.writer.limits, self.spool.path.parent
+        self.spool.close()  # closes the writer too, after what it holds
+        builder.swap_into(directory)
+        self.spool = Spool.open(directory)
+        self.writer = SpoolWriter(self.spool, limits)
+
+    def rebuild_core(self) -> None:
+        """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
+        counters = self.core.counters
+        self._held.clear()
+        self.conns.clear()
+        self.core = self._fresh_core()
+        self.core.counters = counters
 
     def _commit_failed(self, exc: BaseException) -> None:
         self._ops, self._thens = [], []  # they belong to the core being replaced
