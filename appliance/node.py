@@ -104,6 +104,7 @@ class Node:
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
                                         core_factory=new_core, spool_max_bytes=config.limits.spool_max_bytes)
+            self.broker.serving = self.may_serve
         self.heartbeats = HeartbeatThread(
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],

@@ -194,3 +194,22 @@ async def test_a_puback_waits_for_the_standbys_ack_and_the_standby_can_take_over
     assert [sp.core.router.messages[e.msg_id].payload for e in fleet.queue] == [b"open"]
     assert "cars/+/door" in fleet.subscriptions
     await stop(active, ap, sp)
+
+
+@in_a_loop
+async def test_a_standbys_broker_core_is_inert_until_it_serves(tmp_path):
+    """Session expiry, delayed wills and message expiry run only on the serving node: a standby's stale core
+    must not write its own ops into the spool the mate link keeps."""
+    before = Port(tmp_path / "spool")
+    await write(before, [[o.SessionOpened("gone", 5, 1, 1000), o.SessionDisconnected("gone", 1000, 1)]])
+    before.close()
+    broker = broker_port(tmp_path / "spool")
+    serving = False
+    broker.serving = lambda: serving
+    await broker.start()
+    await asyncio.sleep(1.3)  # past one tick
+    assert "gone" in broker.core.sessions and broker.writer.metrics().ops == 0, "a standby expired a session"
+    serving = True
+    await until("the expiry on the serving node", lambda: "gone" not in broker.core.sessions)
+    await until("its op", lambda: broker.writer.metrics().ops > 0)
+    await broker.stop()

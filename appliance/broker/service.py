@@ -80,6 +80,9 @@ class BrokerService:
         # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
         # run now? None: they run at local durability (no standby). What it refuses waits here, in commit order.
         self.may_release: Callable[[int], bool] | None = None
+        # Session expiry, delayed wills and message expiry run only while this node serves: a standby expiring
+        # sessions or publishing wills from its stale core would write its own ops into its spool.
+        self.serving: Callable[[], bool] = lambda: True
         self._held: collections.deque = collections.deque()  # (last op seq, then, core)
 
     def _fresh_core(self) -> BrokerCore:
@@ -98,7 +101,8 @@ class BrokerService:
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            self.execute(self.core.tick(wall_ms()))
+            if self.serving():  # a standby's core is inert: its spool is the mate link's to write
+                self.execute(self.core.tick(wall_ms()))
 
     # --- called by the listener's connections ---------------------------------------------
 
