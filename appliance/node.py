@@ -82,6 +82,7 @@ class Node:
         self.listener = None
         self.tls_listener = None
         self.broker = None
+        self.replication = None
         self.authn = None
         if role.routes_messages:
             from .broker.authn import Authenticator
@@ -105,6 +106,9 @@ class Node:
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
                                         core_factory=new_core, spool_max_bytes=config.limits.spool_max_bytes)
             self.broker.serving = self.may_serve
+            from .replication import Replication
+
+            self.replication = Replication(self, secret)
         self.heartbeats = HeartbeatThread(
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
@@ -119,8 +123,10 @@ class Node:
     # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
 
     def may_serve(self) -> bool:
+        """The lease, and (routing nodes) a broker core rebuilt for this epoch from the replicated spool."""
         with self.heartbeats.lock:
-            return self.core.may_serve(now_ms())
+            serving, epoch = self.core.may_serve(now_ms()), self.core.active_epoch
+        return serving and (self.replication is None or self.replication.ready(epoch))
 
     def active_server_reference(self) -> str | None:
         with self.heartbeats.lock:
@@ -156,6 +162,7 @@ class Node:
                                                      on_event=self._mqtt_event, broker=self.broker,
                                                      credential_check=check, ssl=server_context(self.config.tls))
                 await self.broker.start()
+                await self.replication.start()
                 await self.listener.start()
                 if self.tls_listener is not None:
                     await self.tls_listener.start()
@@ -188,6 +195,9 @@ class Node:
             self.authn.close()
         with contextlib.suppress(Exception):
             await self.management.stop()
+        if self.replication is not None:
+            with contextlib.suppress(Exception):
+                await self.replication.stop()
         if self.broker is not None:
             with contextlib.suppress(Exception):
                 await self.broker.stop()

@@ -2,8 +2,9 @@
 
 Rules:
 - The first message is our JOIN (head, incarnation); the first we accept is the active's PLAN.
-- A PLAN other than IN_STEP sets `resyncing`: the node must drop its in-sync lease at once, since
-  catch-up batches can end inside one of the active's submissions (found by tests/replication_sim.py).
+- A PLAN other than IN_STEP makes us `resyncing` until we hold its target: the node drops its
+  in-sync lease at once, since catch-up batches can end inside one of the active's submissions
+  (found by tests/replication_sim.py); a new lease comes only from the active's grant.
 - Epoch fence: a message from an epoch lower than the highest we have seen is refused
   (`LinkFault`): a deposed active must not write into us.
 - The plan's catch-up must start at our head (INCREMENTAL after our seq, IN_STEP at our head);
@@ -54,12 +55,17 @@ class StandbyLink(Endpoint):
         self.highest_epoch = highest_epoch
         self.link_timeout_ms = link_timeout_ms
         self.plan: Plan | None = None
-        self.resyncing = False  # a catch-up PLAN came: our in-sync lease is void (see _on_plan)
+        self._resync_until = 0  # a catch-up PLAN's target: until we hold it, our in-sync lease is void
         self.heard_at = now_ms
         self._in_snapshot = False
         self._snapshot_batches = 0
         self._acked = head.seq
         self._out.append(Join(highest_epoch, head, incarnation))
+
+    @property
+    def resyncing(self) -> bool:
+        """A catch-up is under way (see _on_plan): the node must not hold an in-sync lease meanwhile."""
+        return self._in_snapshot or self.durable.seq < self._resync_until
 
     @property
     def caught_up_to(self) -> int:
@@ -96,8 +102,9 @@ class StandbyLink(Endpoint):
         self._in_snapshot = m.catchup is Catchup.SNAPSHOT
         # A catch-up is applied in batches that may end inside one of the active's submissions: a standby
         # taking over between two of them would hold half of one. So whoever needs catching up gives up its
-        # in-sync lease now (the node clears it) and earns it again only from the active's grant once caught up.
-        self.resyncing = m.catchup is not Catchup.IN_STEP
+        # in-sync lease now (the node clears it) and earns it again only from the active's grant, which waits
+        # until the standby acknowledged the whole catch-up (ActiveLink.caught_up).
+        self._resync_until = m.target.seq if m.catchup is not Catchup.IN_STEP else 0
 
     def _on_snapshot(self, m: Snapshot) -> None:
         if not self._in_snapshot:

@@ -180,6 +180,11 @@ class Group:
                 latest = (ds[-1]["epoch"], role)
         return latest[1] if latest else None
 
+    def backup_in_sync(self) -> bool:
+        """The backup's latest in-sync decision says it holds the active's data (its mate link caught up)."""
+        syncs = [d for d in self.decisions(Role.BACKUP, "sync") if "in sync" in d["reason"]]
+        return bool(syncs) and "out of sync" not in syncs[-1]["reason"]
+
     def probe_once(self) -> dict[Role, int | None]:
         """One simultaneous CONNECT to primary and backup: {role: CONNACK code or None}."""
         hosts = [self.address(Role.PRIMARY), self.address(Role.BACKUP)]
@@ -236,4 +241,5 @@ def active_group(directory: Path, timeout_s: float = 20.0, **kwargs):
     with Group(directory, **kwargs) as g:
         g.start()
         g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=timeout_s)
+        g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=timeout_s)
         yield g

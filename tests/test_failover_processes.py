@@ -28,6 +28,7 @@ def group(tmp_path):
     with Group(tmp_path / "group") as g:
         g.start()
         g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0)
+        g.wait_for("the backup to be in sync", g.backup_in_sync)
         yield g
         assert g.accept_order_violations() == []
 

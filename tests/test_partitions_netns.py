@@ -32,6 +32,7 @@ def group(hosts, tmp_path):  # noqa: F811
     with Group(tmp_path / "group", addresses, hosts=hosts) as g:
         g.start()
         g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0)
+        g.wait_for("the backup to be in sync", g.backup_in_sync)
         g.sampler_out = tmp_path / "samples.jsonl"
         yield g
         assert g.accept_order_violations() == []

@@ -84,6 +84,7 @@ class BrokerService:
         # sessions or publishing wills from its stale core would write its own ops into its spool.
         self.serving: Callable[[], bool] = lambda: True
         self._held: collections.deque = collections.deque()  # (last op seq, then, core)
+        self.released_seq = 0  # the last op whose effects ran: what a re-admitted standby must hold
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -237,6 +238,7 @@ class BrokerService:
         if self._held or (self.may_release is not None and not self.may_release(seq)):
             self._held.append((seq, then, core))
             return
+        self.released_seq = max(self.released_seq, seq)
         self.execute(then)
         self._schedule()  # Durable effects leave pumps for the core's flush
 
@@ -245,7 +247,8 @@ class BrokerService:
         commit order. Returns how many commits' effects ran."""
         ran = 0
         while self._held and (self.may_release is None or self.may_release(self._held[0][0])):
-            _, then, core = self._held.popleft()
+            seq, then, core = self._held.popleft()
+            self.released_seq = max(self.released_seq, seq)
             if core is self.core:
                 self.execute(then)
                 ran += 1

@@ -213,6 +213,32 @@ class QuorumCore:
         age = now_ms - self._broker_alive_at
         return age if age >= self.timing.broker_stall_ms else 0
 
+    def mate_link(self, now_ms: int, caught_up: bool) -> None:
+        """The mate link's word (active side): live, and the mate acknowledged every op whose effects were
+        released. Losing it drops the mate from sync; regaining it re-admits the mate (docs/mate_link.md)."""
+        self.mate_sync.caught_up = caught_up
+        if self.activity is not Activity.ACTIVE:
+            return
+        mate = self.role.mate()
+        hb = self.peers[mate].hb
+        if caught_up and not self.mate_sync.synced and hb is not None and self.sees(mate, now_ms):
+            self.mate_sync.readmit(hb.incarnation)
+            self._decide(now_ms, "sync", f"{self.role.value}: {mate.value} caught up on the mate link → in sync, "
+                                         f"epoch {self.active_epoch}")
+        else:
+            self._check_mate_sync(now_ms)
+
+    def acks_need_mate(self, now_ms: int) -> bool:
+        """Must acknowledgements wait for the mate's ack? While it is in sync, and until the in-sync lease
+        it may still hold has surely ended (DESIGN §4)."""
+        return self.activity is Activity.ACTIVE and (self.mate_sync.synced or now_ms < self.mate_sync.grant_bound)
+
+    def void_insync_lease(self, now_ms: int, why: str) -> None:
+        """Standby side: give our in-sync lease up at once (a catch-up began: docs/mate_link.md rule 4)."""
+        if self.insync.holds(now_ms):
+            self.insync.clear()
+            self._decide(now_ms, "sync", f"{self.role.value}: {why} → out of sync until the active grants again")
+
     def set_spool_position(self, epoch: int, seq: int) -> None:
         if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
             self.state.spool_epoch, self.state.spool_seq = epoch, seq

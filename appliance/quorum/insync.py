@@ -7,8 +7,10 @@ Rules:
   (when it received that heartbeat) + insync_ms: its `grant_bound`.
 - The active may acknowledge on local durability alone only after
   `grant_bound`. From that instant the mate misses data of this epoch, so the
-  active drops it from sync for the rest of the epoch. So does a mate restart
-  (new incarnation) or the mate link's word that the mate fell behind.
+  active drops it from sync. So does a mate restart (new incarnation) or the
+  mate link's word that the mate fell behind. Only the mate link's word that
+  it caught up again (it acknowledged every op whose effects were released)
+  re-admits it (`readmit`).
 - At activation the mate counts as synced only if it is seen and either holds
   an in-sync lease or has exactly our data position.
 - An active that steps down with its mate still synced says so in its standby
@@ -62,6 +64,11 @@ class MateSync:
         if why:
             self.synced = False
         return why
+
+    def readmit(self, incarnation: int) -> None:
+        """The mate link's word: the mate caught up again and holds every op whose effects were released."""
+        self.synced = True
+        self.incarnation = incarnation
 
     def granted(self, mate_heard_at: int) -> None:
         """We are about to echo the mate's latest heartbeat (received at `mate_heard_at`) with a grant."""

@@ -1,0 +1,106 @@
+"""The node's mate link: serve it while active, follow the active while standby, and tell the quorum
+core and the broker what the link knows (docs/mate_link.md).
+
+Rules (every 50 ms, on the broker loop):
+- Active: the quorum core hears whether the mate is caught up (the link is live and the mate
+  acknowledged every op whose effects were released); the broker releases what the release rule
+  now allows: an op the mate acknowledged, or anything once acknowledgements no longer need the
+  mate (`QuorumCore.acks_need_mate`: the mate is out of sync and its lease has surely ended).
+- Standby: dial the active and apply what it ships; a catch-up voids our in-sync lease at once.
+- Taking activity: the standby link is closed first, then the broker core is rebuilt from the spool
+  the link kept, and only then does the node serve (`ready`). A node serves the epoch it rebuilt for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from mate_link.service import ActiveReplication, StandbyReplication
+
+log = logging.getLogger("pairmq.replication")
+SYNC_S = 0.05
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Replication:
+    def __init__(self, node, secret: bytes) -> None:
+        self.node = node
+        self._secret = secret
+        broker = node.broker
+        self.active = ActiveReplication(secret=secret, group=node.config.name, me=node.role, port=broker,
+                                        epoch=node.current_epoch, may_serve=node.may_serve,
+                                        on_acked=lambda seq: broker.release_held())
+        self.standby: StandbyReplication | None = None
+        self._need_mate = True  # until the quorum core says otherwise: the safe side
+        self.ready_epoch = 0  # the epoch the broker core was rebuilt for
+        self._task: asyncio.Task | None = None
+        broker.may_release = self._may_release
+
+    def ready(self, epoch: int) -> bool:
+        return epoch != 0 and epoch == self.ready_epoch
+
+    async def start(self) -> None:
+        await self.active.start(self.node.spec.address, self.node.config.ports.mate_link)
+        self._task = asyncio.get_running_loop().create_task(self._sync_forever())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.standby is not None:
+            await self.standby.stop()
+        await self.active.stop()
+
+    def _may_release(self, seq: int) -> bool:
+        return seq <= self.active.acked_seq or not self._need_mate
+
+    async def _sync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                await self._sync()
+            except Exception:  # a bug here must not stop replication silently forever
+                log.exception("%s: mate link sync failed", self.node.role.value)
+
+    async def _sync(self) -> None:
+        node, broker, now = self.node, self.node.broker, now_ms()
+        caught_up = self.active.caught_up(now) and self.active.acked_seq >= broker.released_seq
+        resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
+        with node.heartbeats.lock:
+            node.core.mate_link(now, caught_up)
+            self._need_mate = node.core.acks_need_mate(now)
+            if resyncing:
+                node.core.void_insync_lease(now, "catching up on the mate link")
+            serving = node.core.may_serve(now)
+            epoch = node.core.active_epoch
+            mate_active = node.core.active_role(now) is node.role.mate()
+        broker.release_held()
+        if serving and not self.ready(epoch):
+            await self._take_over(epoch)
+        elif not serving and mate_active and self.standby is None:
+            self._follow()
+
+    def _follow(self) -> None:
+        node = self.node
+        mate = node.config.node(node.role.mate())
+        self.standby = StandbyReplication(
+            secret=self._secret, group=node.config.name, me=node.role, port=node.broker,
+            active_address=lambda: (mate.address, node.config.ports.mate_link) if not node.may_serve() else None,
+            incarnation=node.core.state.incarnation, highest_epoch=node.current_epoch,
+            incoming_dir=node.spec.data_dir / "spool.incoming")
+        asyncio.get_running_loop().create_task(self.standby.start())
+
+    async def _take_over(self, epoch: int) -> None:
+        if self.standby is not None:
+            standby, self.standby = self.standby, None
+            with contextlib.suppress(Exception):
+                await standby.stop()
+        self.node.broker.rebuild_core()
+        self.ready_epoch = epoch
+        log.info("%s: broker core rebuilt from the spool for epoch %d", self.node.role.value, epoch)
