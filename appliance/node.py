@@ -376,7 +376,8 @@ class Node:
             "role": self.role.value,
             "address": self.spec.address,
             "activity": self.activity_label(now),
-            "serving": core.may_serve(now),
+            # What the MQTT gate answers: the lease, and a broker core rebuilt for this epoch (replication.py).
+            "serving": core.may_serve(now) and (self.replication is None or self.replication.ready(core.active_epoch)),
             "epoch": core.state.epoch,
             "active_role": active.value if active else None,
             "redundancy_status": core.redundancy_status(now).value,
