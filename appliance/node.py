@@ -257,6 +257,8 @@ class Node:
                           core_ms=decision.at_ms)
         if decision.kind == "step_down" and self.listener is not None:
             self._post(self._drop_clients_after_step_down)
+        if decision.kind == "activate" and self.replication is not None:
+            self._post(self.replication.poke)  # rebuild the broker core now, not at the next 50 ms sync
         if decision.kind in ("activate", "step_down"):
             sd_notify.notify(f"STATUS={decision.reason}")
 

@@ -40,6 +40,7 @@ class Replication:
         self._need_mate = True  # until the quorum core says otherwise: the safe side
         self.ready_epoch = 0  # the epoch the broker core was rebuilt for
         self._task: asyncio.Task | None = None
+        self._syncing = asyncio.Lock()  # one sync at a time: a take-over awaits the standby link's stop
         broker.may_release = self._may_release
 
     def ready(self, epoch: int) -> bool:
@@ -57,16 +58,24 @@ class Replication:
             await self.standby.stop()
         await self.active.stop()
 
+    def poke(self) -> None:
+        """Sync now (on the broker loop): e.g. right after an activation, so serving starts at once."""
+        asyncio.get_running_loop().create_task(self._sync_once())
+
+    async def _sync_once(self) -> None:
+        async with self._syncing:
+            try:
+                await self._sync()
+            except Exception:
+                log.exception("%s: mate link sync failed", self.node.role.value)
+
     def _may_release(self, seq: int) -> bool:
         return seq <= self.active.acked_seq or not self._need_mate
 
     async def _sync_forever(self) -> None:
         while True:
             await asyncio.sleep(SYNC_S)
-            try:
-                await self._sync()
-            except Exception:  # a bug here must not stop replication silently forever
-                log.exception("%s: mate link sync failed", self.node.role.value)
+            await self._sync_once()  # a bug in one sync is logged; the next one still runs
 
     async def _sync(self) -> None:
         node, broker, now = self.node, self.node.broker, now_ms()
