@@ -84,3 +84,50 @@ def test_acknowledged_messages_survive_kill_9_of_the_active(group):
     assert not missing, f"acknowledged but lost at failover: {missing[:10]}"
     firsts = [int(x) for i, x in enumerate(received) if x not in received[:i]]
     assert firsts == sorted(firsts), "per-publisher order"
+
+
+def test_the_old_primary_resyncs_as_standby_then_takes_over_with_everything(group):
+    """kill -9 the primary; the backup serves more traffic; the primary restarts, resyncs from the backup
+    (its unacknowledged tail, if any, discarded) and stands by in sync; kill -9 the backup: the primary
+    serves every message acknowledged by either."""
+    sub, _ = client("fleet", group.address(P), persistent=True)
+    assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
+    time.sleep(0.5)
+    sub.disconnect()
+    sub.loop_stop()
+
+    def publish(host: str, first: int, count: int) -> list[bytes]:
+        pub, _ = client(f"car-{first}", host, persistent=False)
+        infos = [(pub.publish("cars/7/door", f"{i}".encode(), qos=1), f"{i}".encode()) for i in range(first, first + count)]
+        for info, _payload in infos:
+            info.wait_for_publish(10)
+        pub.disconnect()
+        pub.loop_stop()
+        return [payload for info, payload in infos if info.is_published()]
+
+    acknowledged = publish(group.address(P), 0, 50)
+    group.kill(P)
+    group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+    acknowledged += publish(group.address(B), 50, 50)
+    group.start(P)
+    group.wait_for("the old primary to resync and stand by in sync", lambda: any(
+        "in sync with backup" in d["reason"] for d in group.decisions(P, "sync")), timeout_s=20)
+    acknowledged += publish(group.address(B), 100, 50)
+    time.sleep(0.5)
+    group.kill(B)
+    group.wait_for("the primary to take over again", lambda: group.probe_once()[P] == 0, timeout_s=10)
+
+    sub, got = client("fleet", group.address(P), persistent=True)
+    received = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not set(acknowledged) <= set(received):
+        try:
+            received.append(got.get(timeout=0.5))
+        except queue.Empty:
+            pass
+    sub.disconnect()
+    sub.loop_stop()
+    missing = sorted(set(acknowledged) - set(received), key=int)
+    print(f"{len(acknowledged)} acknowledged across two failovers and a resync, {len(received)} received, "
+          f"{len(missing)} missing")
+    assert len(acknowledged) == 150 and not missing, f"lost: {missing[:10]}"
