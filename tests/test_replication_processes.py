@@ -39,6 +39,30 @@ def client(client_id: str, host: str, *, persistent: bool) -> tuple[mqtt.Client,
     return c, got
 
 
+def subscribe_then_go_offline(host: str) -> None:
+    """The persistent subscriber "fleet" subscribes, then disconnects: its messages queue in its session."""
+    sub, _ = client("fleet", host, persistent=True)
+    assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
+    time.sleep(0.5)  # the SUBACK (and its replication) before the subscriber goes away
+    sub.disconnect()
+    sub.loop_stop()
+
+
+def resume_and_collect(host: str, acknowledged: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """"fleet" resumes its session on `host`: (what it received, which acknowledged messages are missing)."""
+    sub, got = client("fleet", host, persistent=True)
+    received: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not set(acknowledged) <= set(received):
+        try:
+            received.append(got.get(timeout=0.5))
+        except queue.Empty:
+            pass
+    sub.disconnect()
+    sub.loop_stop()
+    return received, sorted(set(acknowledged) - set(received), key=int)
+
+
 @pytest.fixture
 def group(tmp_path):
     with active_group(tmp_path / "group") as g:
@@ -46,11 +70,7 @@ def group(tmp_path):
 
 
 def test_acknowledged_messages_survive_kill_9_of_the_active(group):
-    sub, _ = client("fleet", group.address(P), persistent=True)
-    assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
-    time.sleep(0.5)  # the SUBACK (and its replication) before the subscriber goes away
-    sub.disconnect()
-    sub.loop_stop()
+    subscribe_then_go_offline(group.address(P))
 
     pub, _ = client("car-7", group.address(P), persistent=False)
     acked: list[bytes] = []
@@ -68,17 +88,7 @@ def test_acknowledged_messages_survive_kill_9_of_the_active(group):
     pub.loop_stop()
 
     group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
-    sub, got = client("fleet", group.address(B), persistent=True)
-    received = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not set(acknowledged) <= set(received):
-        try:
-            received.append(got.get(timeout=0.5))
-        except queue.Empty:
-            pass
-    sub.disconnect()
-    sub.loop_stop()
-    missing = sorted(set(acknowledged) - set(received), key=int)
+    received, missing = resume_and_collect(group.address(B), acknowledged)
     print(f"{len(acknowledged)} acknowledged by the primary before kill -9, {len(received)} received from the "
           f"backup, {len(missing)} missing")
     assert not missing, f"acknowledged but lost at failover: {missing[:10]}"
@@ -90,11 +100,7 @@ def test_the_old_primary_resyncs_as_standby_then_takes_over_with_everything(grou
     """kill -9 the primary; the backup serves more traffic; the primary restarts, resyncs from the backup
     (its unacknowledged tail, if any, discarded) and stands by in sync; kill -9 the backup: the primary
     serves every message acknowledged by either."""
-    sub, _ = client("fleet", group.address(P), persistent=True)
-    assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
-    time.sleep(0.5)
-    sub.disconnect()
-    sub.loop_stop()
+    subscribe_then_go_offline(group.address(P))
 
     def publish(host: str, first: int, count: int) -> list[bytes]:
         pub, _ = client(f"car-{first}", host, persistent=False)
@@ -117,17 +123,7 @@ def test_the_old_primary_resyncs_as_standby_then_takes_over_with_everything(grou
     group.kill(B)
     group.wait_for("the primary to take over again", lambda: group.probe_once()[P] == 0, timeout_s=10)
 
-    sub, got = client("fleet", group.address(P), persistent=True)
-    received = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not set(acknowledged) <= set(received):
-        try:
-            received.append(got.get(timeout=0.5))
-        except queue.Empty:
-            pass
-    sub.disconnect()
-    sub.loop_stop()
-    missing = sorted(set(acknowledged) - set(received), key=int)
+    received, missing = resume_and_collect(group.address(P), acknowledged)
     print(f"{len(acknowledged)} acknowledged across two failovers and a resync, {len(received)} received, "
           f"{len(missing)} missing")
     assert len(acknowledged) == 150 and not missing, f"lost: {missing[:10]}"
