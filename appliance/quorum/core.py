@@ -46,6 +46,9 @@ R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
 
 R5 every transition yields a `Decision` with a sentence saying why.
 
+R7 planned handover: the active stops serving, waits until its mate holds every op, then yields;
+   an authenticated "yielded at epoch E" ends its claims at once (rules H1-H7 in handover.py).
+
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
    serving nobody. The adapter reports when the broker loop last proved it was
@@ -64,73 +67,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
-from typing import Protocol
 
 from ..errors import LocalProtocolError
 from ..roles import Role
 from .auth import HeartbeatAuth, Rejected
+from .handover import HandoverState
 from .insync import InSyncLease, MateSync
-from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, NEVER_MS, Activity,
+from .state import Decision, PersistentState, RedundancyStatus, StableStore, Timing  # noqa: F401 (re-exported)
+from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, FLAG_YIELDED, NEVER_MS,
+                   Activity,
                    Heartbeat, PeerView)
 
 SENT_HISTORY = 512  # our own send times kept for echo lookups (512 x 50 ms = 25 s)
 DECISION_HISTORY = 64
-
-
-class RedundancyStatus(enum.Enum):
-    UP = "Up"
-    DOWN = "Down"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Timing:
-    heartbeat_interval_ms: int
-    lease_ms: int
-    takeover_margin_ms: int
-    insync_ms: int
-    broker_stall_ms: int = 5000
-
-    @classmethod
-    def from_timers(cls, timers) -> "Timing":
-        return cls(timers.heartbeat_interval_ms, timers.lease_ms, timers.takeover_margin_ms, timers.insync_ms,
-                   timers.broker_stall_ms)
-
-    @property
-    def quiet_ms(self) -> int:
-        """Silence from a claimant after which none of its leases can be live."""
-        return self.lease_ms + self.takeover_margin_ms
-
-
-@dataclasses.dataclass(slots=True)
-class PersistentState:
-    """What must survive a crash; saved durably before it is acted on."""
-
-    incarnation: int = 0
-    epoch: int = 0  # highest epoch known (activated, granted, or seen)
-    voted_epoch: int = 0  # highest epoch we granted a vote in (ourselves included)
-    voted_for: Role | None = None
-    spool_epoch: int = 0  # how up to date our data is (until the spool exists: the epoch we last served or synced)
-    spool_seq: int = 0
-
-
-class StableStore(Protocol):
-    def load(self) -> PersistentState: ...
-
-    def save(self, state: PersistentState) -> None:
-        """Durable when it returns."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    at_ms: int
-    role: Role
-    kind: str  # "activate", "step_down", "bid", "vote", "epoch", "boot", "refuse"
-    epoch: int
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 @dataclasses.dataclass(slots=True)
@@ -163,6 +112,8 @@ class QuorumCore:
         self._bid_forced = False
         self._force_until = 0
         self.config_version = 0
+        self.handover = HandoverState()
+        self.auto_revert = False  # group.auto_revert (H7)
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -260,6 +211,55 @@ class QuorumCore:
         self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
         self._evaluate(now_ms)
 
+    def begin_handover(self, now_ms: int, why: str, *, force: bool = False) -> None:
+        """H2: close the gate and drain (or, forced without an in-sync mate, step down). Raises
+        LocalProtocolError with one sentence when refused; nothing changes then."""
+        self._now = now_ms
+        self._expire(now_ms)
+        mate = self.role.mate() if self.role.routes_messages else None
+        active = self.activity is Activity.ACTIVE
+        refusal = self.handover.refusal(
+            active=active, mate=mate.value if mate else "mate", force=force,
+            mate_synced=active and self.mate_sync.synced, sees_mate=mate is not None and self.sees(mate, now_ms))
+        if refusal:
+            raise LocalProtocolError(refusal)
+        if force and not (self.mate_sync.synced and self.sees(mate, now_ms)):
+            self._step_down(now_ms, f"{why} (forced, {mate.value} not in sync) → stepping down")
+            self.handover.no_bid_until = now_ms + self.timing.quiet_ms
+            return
+        self.handover.begin(now_ms, why)
+        self._decide(now_ms, "handover", f"{self.role.value}: {why} → stopped taking client packets, waiting "
+                                         f"for the {mate.value} to hold every op, epoch {self.active_epoch}")
+
+    def finish_handover(self, now_ms: int, final_seq: int) -> bool:
+        """H3/H4: the mate acknowledged every op through `final_seq`: yield. False if the handover ended."""
+        self._now = now_ms
+        self._expire(now_ms)
+        drain = self.handover.draining
+        if drain is None or self.activity is not Activity.ACTIVE:
+            return False
+        mate = self.role.mate()
+        self._check_mate_sync(now_ms)
+        if not (self.mate_sync.synced and self.sees(mate, now_ms)):
+            self.abort_handover(now_ms, f"the {mate.value} fell out of sync")
+            return False
+        epoch = self.active_epoch
+        self.set_spool_position(epoch, final_seq)
+        self.handover.yielded(now_ms, epoch, self.timing.quiet_ms)
+        self._step_down(now_ms, f"{drain.why}: the {mate.value} holds every op through {final_seq} "
+                                f"→ handing activity over")
+        return True
+
+    def abort_handover(self, now_ms: int, why: str) -> None:
+        """H3: the handover ends without a yield; the node serves again if its lease still runs."""
+        if self.handover.draining is None:
+            return
+        self.handover.draining = None
+        self.handover.aborted += 1
+        again = "serving again" if self.may_serve(now_ms) else "not serving"
+        self._decide(now_ms, "handover_aborted", f"{self.role.value}: handover aborted: {why} → {again}, "
+                                                 f"epoch {self.active_epoch or self.state.epoch}")
+
     # --- outputs --------------------------------------------------------------
 
     def datagrams_to_send(self) -> list[bytes]:
@@ -277,7 +277,7 @@ class QuorumCore:
         The heartbeat deadline always moves forward when it fires; the others only
         count while still ahead of us, so a passed one cannot spin the caller.
         """
-        others = []
+        others = self.handover.timers()
         if self.activity is Activity.ACTIVE:
             others.append(self.lease_expiry)
         else:
@@ -288,7 +288,7 @@ class QuorumCore:
         return min([self._next_heartbeat_at] + [d for d in others if d > self._now])
 
     def may_serve(self, now_ms: int) -> bool:
-        return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry
+        return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry and self.handover.draining is None
 
     def sees(self, role: Role, now_ms: int) -> bool:
         """Mutual visibility: a round trip completed within the lease."""
@@ -326,6 +326,10 @@ class QuorumCore:
             ago = now_ms - (self.lease_expiry - self.timing.lease_ms)
             self._step_down(now_ms, f"lease expired: no peer echoed a heartbeat sent in the last "
                                     f"{_secs(ago)} → stopping service")
+        drain = self.handover.draining
+        if drain is not None and now_ms >= drain.deadline:
+            self.abort_handover(now_ms, f"the {self.role.mate().value} did not acknowledge every op within "
+                                        f"{_secs(drain.deadline - drain.started_at)}")
         stalled = self.broker_stalled_ms(now_ms)
         if self.activity is Activity.ACTIVE and stalled:
             self._step_down(now_ms, f"broker event loop stalled {_secs(stalled)} → releasing activity")
@@ -352,6 +356,8 @@ class QuorumCore:
             hb.bid_epoch and self.state.voted_for is hb.sender and hb.bid_epoch == self.state.voted_epoch)
         if claims:
             peer.claim_at, peer.claimed = now_ms, True
+        elif self._yield_from(hb):  # H5: X ended its activity itself; no lease of its can still serve
+            peer.claim_at, peer.claimed = now_ms - self.timing.quiet_ms - 1, True
 
         if self.activity is Activity.ACTIVE:
             if hb.activity is Activity.ACTIVE and hb.epoch >= self.active_epoch:
@@ -364,6 +370,10 @@ class QuorumCore:
                 self._activate(hb, echo_at, now_ms)
         elif self.role.routes_messages and hb.sender is self.role.mate():
             self._track_insync(hb, echo_at, now_ms)
+
+    def _yield_from(self, hb: Heartbeat) -> bool:
+        return (hb.has(FLAG_YIELDED) and hb.activity is Activity.STANDBY and not hb.bid_epoch
+                and hb.epoch == self.state.epoch)
 
     def _track_insync(self, hb: Heartbeat, echo_at: int | None, now_ms: int) -> None:
         news = self.insync.on_mate(hb, echo_at, now_ms, epoch=self.state.epoch, me=self.role,
@@ -378,6 +388,7 @@ class QuorumCore:
     def _evaluate(self, now_ms: int) -> None:
         if self.activity is Activity.ACTIVE:
             self._check_mate_sync(now_ms)
+            self._consider_auto_revert(now_ms)
             return
         self._consider_votes(now_ms)
         if self.role.routes_messages:
@@ -402,10 +413,21 @@ class QuorumCore:
                                     f"→ asking for epoch {self.bid_epoch}")
         self._send_heartbeat(now_ms)
 
+    def _consider_auto_revert(self, now_ms: int) -> None:
+        if not self.auto_revert or self.role is not Role.BACKUP:
+            return
+        mate = self.role.mate()
+        ready = self.mate_sync.synced and self.sees(mate, now_ms) and self.may_serve(now_ms)
+        if self.handover.revert_due(now_ms, ready):
+            self._decide(now_ms, "auto_revert", f"{self.role.value}: auto-revert: {mate.value} in sync and seen "
+                                                f"→ handing activity back to the {mate.value}")
+
     def _bid_obstacle(self, now_ms: int) -> str:
         mate = self.role.mate()
         if now_ms < self._hold_until:
             return "holding after boot"
+        if now_ms < self.handover.no_bid_until:
+            return f"handed activity over; leaving it to the {mate.value}"
         stalled = self.broker_stalled_ms(now_ms)
         if stalled:
             return f"broker event loop stalled {_secs(stalled)}"
@@ -426,6 +448,8 @@ class QuorumCore:
     def _eligible_reason(self, now_ms: int) -> tuple[bool, str]:
         if self.in_sync(now_ms):
             return True, "in sync"
+        if self.handover.holds_yield(self.state.epoch):
+            return True, f"yielded epoch {self.state.epoch} and nobody took it"
         mine = (self.state.spool_epoch, self.state.spool_seq, self.role is Role.PRIMARY)
         theirs = self._mate_position(now_ms)
         if theirs is None:
@@ -529,6 +553,9 @@ class QuorumCore:
         epoch = self.active_epoch
         self._check_mate_sync(now_ms)
         self.mate_sync.step_down()
+        if self.handover.draining is not None:
+            self.handover.draining = None
+            self.handover.aborted += 1
         self.activity = Activity.STANDBY
         self.active_epoch = 0
         self.lease_expiry = 0
@@ -547,6 +574,8 @@ class QuorumCore:
         peer = self.peers.get(role)
         if peer is None or not peer.claimed:
             return "nobody active"
+        if peer.hb is not None and self._yield_from(peer.hb) and now_ms - peer.heard_at < self.timing.lease_ms:
+            return f"{role.value} handed activity over (yielded epoch {peer.hb.epoch})"
         if peer.hb is not None and peer.hb.activity is not Activity.ACTIVE and now_ms - peer.heard_at < self.timing.lease_ms:
             return f"{role.value} gave up activity {_secs(now_ms - peer.claim_at)} ago"
         return f"{role.value} unseen {_secs(now_ms - peer.claim_at)}"
@@ -583,6 +612,10 @@ class QuorumCore:
             flags |= FLAG_SELF_IN_SYNC
         if self.bid_epoch and self._bid_forced:
             flags |= FLAG_BID_FORCED
+        if self.activity is Activity.STANDBY and self.handover.holds_yield(self.state.epoch, bool(self.bid_epoch)):
+            flags |= FLAG_YIELDED | FLAG_MATE_IN_SYNC
+        elif self.bid_epoch and self.handover.holds_yield(self.state.epoch):
+            flags |= FLAG_SELF_IN_SYNC  # H6: we hold every op of the last epoch anyone served
         if self.redundancy_status(now_ms) is RedundancyStatus.UP:
             flags |= FLAG_REDUNDANCY_UP
         vote_open = self._vote_open()
