@@ -71,7 +71,7 @@ import dataclasses
 from ..errors import LocalProtocolError
 from ..roles import Role
 from .auth import HeartbeatAuth, Rejected
-from .handover import HandoverState
+from .handover import HandoverRules, HandoverState
 from .insync import InSyncLease, MateSync
 from .state import Decision, PersistentState, RedundancyStatus, StableStore, Timing  # noqa: F401 (re-exported)
 from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, FLAG_YIELDED, NEVER_MS,
@@ -92,7 +92,7 @@ class _Peer:
     echo_sent_at: int | None = None  # send time of our latest seq this peer echoed
 
 
-class QuorumCore:
+class QuorumCore(HandoverRules):
     def __init__(self, role: Role, auth: HeartbeatAuth, timing: Timing, store: StableStore, now_ms: int) -> None:
         self.role = role
         self.auth = auth
@@ -211,55 +211,6 @@ class QuorumCore:
         self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
         self._evaluate(now_ms)
 
-    def begin_handover(self, now_ms: int, why: str, *, force: bool = False) -> None:
-        """H2: close the gate and drain (or, forced without an in-sync mate, step down). Raises
-        LocalProtocolError with one sentence when refused; nothing changes then."""
-        self._now = now_ms
-        self._expire(now_ms)
-        mate = self.role.mate() if self.role.routes_messages else None
-        active = self.activity is Activity.ACTIVE
-        refusal = self.handover.refusal(
-            active=active, mate=mate.value if mate else "mate", force=force,
-            mate_synced=active and self.mate_sync.synced, sees_mate=mate is not None and self.sees(mate, now_ms))
-        if refusal:
-            raise LocalProtocolError(refusal)
-        if force and not (self.mate_sync.synced and self.sees(mate, now_ms)):
-            self._step_down(now_ms, f"{why} (forced, {mate.value} not in sync) → stepping down")
-            self.handover.no_bid_until = now_ms + self.timing.quiet_ms
-            return
-        self.handover.begin(now_ms, why)
-        self._decide(now_ms, "handover", f"{self.role.value}: {why} → stopped taking client packets, waiting "
-                                         f"for the {mate.value} to hold every op, epoch {self.active_epoch}")
-
-    def finish_handover(self, now_ms: int, final_seq: int) -> bool:
-        """H3/H4: the mate acknowledged every op through `final_seq`: yield. False if the handover ended."""
-        self._now = now_ms
-        self._expire(now_ms)
-        drain = self.handover.draining
-        if drain is None or self.activity is not Activity.ACTIVE:
-            return False
-        mate = self.role.mate()
-        self._check_mate_sync(now_ms)
-        if not (self.mate_sync.synced and self.sees(mate, now_ms)):
-            self.abort_handover(now_ms, f"the {mate.value} fell out of sync")
-            return False
-        epoch = self.active_epoch
-        self.set_spool_position(epoch, final_seq)
-        self.handover.yielded(now_ms, epoch, self.timing.quiet_ms)
-        self._step_down(now_ms, f"{drain.why}: the {mate.value} holds every op through {final_seq} "
-                                f"→ handing activity over")
-        return True
-
-    def abort_handover(self, now_ms: int, why: str) -> None:
-        """H3: the handover ends without a yield; the node serves again if its lease still runs."""
-        if self.handover.draining is None:
-            return
-        self.handover.draining = None
-        self.handover.aborted += 1
-        again = "serving again" if self.may_serve(now_ms) else "not serving"
-        self._decide(now_ms, "handover_aborted", f"{self.role.value}: handover aborted: {why} → {again}, "
-                                                 f"epoch {self.active_epoch or self.state.epoch}")
-
     # --- outputs --------------------------------------------------------------
 
     def datagrams_to_send(self) -> list[bytes]:
@@ -371,10 +322,6 @@ class QuorumCore:
         elif self.role.routes_messages and hb.sender is self.role.mate():
             self._track_insync(hb, echo_at, now_ms)
 
-    def _yield_from(self, hb: Heartbeat) -> bool:
-        return (hb.has(FLAG_YIELDED) and hb.activity is Activity.STANDBY and not hb.bid_epoch
-                and hb.epoch == self.state.epoch)
-
     def _track_insync(self, hb: Heartbeat, echo_at: int | None, now_ms: int) -> None:
         news = self.insync.on_mate(hb, echo_at, now_ms, epoch=self.state.epoch, me=self.role,
                                    incarnation=self.state.incarnation)
@@ -412,15 +359,6 @@ class QuorumCore:
         self._decide(now_ms, "bid", f"{self.role.value}: {self._bid_story}, {self._bid_eligibility} "
                                     f"→ asking for epoch {self.bid_epoch}")
         self._send_heartbeat(now_ms)
-
-    def _consider_auto_revert(self, now_ms: int) -> None:
-        if not self.auto_revert or self.role is not Role.BACKUP:
-            return
-        mate = self.role.mate()
-        ready = self.mate_sync.synced and self.sees(mate, now_ms) and self.may_serve(now_ms)
-        if self.handover.revert_due(now_ms, ready):
-            self._decide(now_ms, "auto_revert", f"{self.role.value}: auto-revert: {mate.value} in sync and seen "
-                                                f"→ handing activity back to the {mate.value}")
 
     def _bid_obstacle(self, now_ms: int) -> str:
         mate = self.role.mate()

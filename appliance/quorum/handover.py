@@ -37,6 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..errors import LocalProtocolError
+from ..roles import Role
+from .wire import FLAG_YIELDED, Activity, Heartbeat
+
 DRAIN_MS = 2_000  # the longest a handover keeps clients waiting for the mate's acks before serving again
 REVERT_SETTLE_MS = 1_000  # the primary in sync this long before auto-revert moves activity back to it
 REVERT_RETRY_MS = 5_000
@@ -110,3 +114,74 @@ class HandoverState:
         if self.revert_synced_since is not None:
             out += [self.revert_synced_since + REVERT_SETTLE_MS, self.revert_next_at]
         return out
+
+
+class HandoverRules:
+    """QuorumCore's handover rules (H2-H5, H7), kept here beside their state; they use the core's own
+    lease, mate-sync, step-down and decision machinery."""
+
+    def begin_handover(self, now_ms: int, why: str, *, force: bool = False) -> None:
+        """H2: close the gate and drain (or, forced without an in-sync mate, step down). Raises
+        LocalProtocolError with one sentence when refused; nothing changes then."""
+        self._now = now_ms
+        self._expire(now_ms)
+        mate = self.role.mate() if self.role.routes_messages else None
+        active = self.activity is Activity.ACTIVE
+        refusal = self.handover.refusal(
+            active=active, mate=mate.value if mate else "mate", force=force,
+            mate_synced=active and self.mate_sync.synced, sees_mate=mate is not None and self.sees(mate, now_ms))
+        if refusal:
+            raise LocalProtocolError(refusal)
+        if force and not (self.mate_sync.synced and self.sees(mate, now_ms)):
+            self._step_down(now_ms, f"{why} (forced, {mate.value} not in sync) → stepping down")
+            self.handover.no_bid_until = now_ms + self.timing.quiet_ms
+            return
+        self.handover.begin(now_ms, why)
+        self._decide(now_ms, "handover", f"{self.role.value}: {why} → stopped taking client packets, waiting "
+                                         f"for the {mate.value} to hold every op, epoch {self.active_epoch}")
+
+    def finish_handover(self, now_ms: int, final_seq: int) -> bool:
+        """H3/H4: the mate acknowledged every op through `final_seq`: yield. False if the handover ended."""
+        self._now = now_ms
+        self._expire(now_ms)
+        drain = self.handover.draining
+        if drain is None or self.activity is not Activity.ACTIVE:
+            return False
+        mate = self.role.mate()
+        self._check_mate_sync(now_ms)
+        if not (self.mate_sync.synced and self.sees(mate, now_ms)):
+            self.abort_handover(now_ms, f"the {mate.value} fell out of sync")
+            return False
+        epoch = self.active_epoch
+        self.set_spool_position(epoch, final_seq)
+        self.handover.yielded(now_ms, epoch, self.timing.quiet_ms)
+        self._step_down(now_ms, f"{drain.why}: the {mate.value} holds every op through {final_seq} "
+                                f"→ handing activity over")
+        return True
+
+    def abort_handover(self, now_ms: int, why: str) -> None:
+        """H3: the handover ends without a yield; the node serves again if its lease still runs."""
+        if self.handover.draining is None:
+            return
+        self.handover.draining = None
+        self.handover.aborted += 1
+        again = "serving again" if self.may_serve(now_ms) else "not serving"
+        self._decide(now_ms, "handover_aborted", f"{self.role.value}: handover aborted: {why} → {again}, "
+                                                 f"epoch {self.active_epoch or self.state.epoch}")
+
+    def _yield_from(self, hb: Heartbeat) -> bool:
+        return (hb.has(FLAG_YIELDED) and hb.activity is Activity.STANDBY and not hb.bid_epoch
+                and hb.epoch == self.state.epoch)
+
+    def _consider_auto_revert(self, now_ms: int) -> None:
+        if not self.auto_revert or self.role is not Role.BACKUP:
+            return
+        mate = self.role.mate()
+        ready = self.mate_sync.synced and self.sees(mate, now_ms) and self.may_serve(now_ms)
+        if self.handover.revert_due(now_ms, ready):
+            self._decide(now_ms, "auto_revert", f"{self.role.value}: auto-revert: {mate.value} in sync and seen "
+                                                f"→ handing activity back to the {mate.value}")
+
+
+def _secs(ms: int) -> str:
+    return f"{ms / 1000:.2f} s"
