@@ -23,8 +23,6 @@ def force_activity(term: Terminal, config: GroupConfig, role: Role, *, understoo
         raise PairMQError(DATA_LOSS_REFUSAL)
     if role is Role.MONITOR:
         raise PairMQError("the monitor never holds activity; force the primary or the backup")
-    from appliance.node import management_token
-
     result = api.force_activity(config, role, _token(config))
     term.note(f"{role.value}: {result.get('result', 'forced bid started')}; "
               f"follow it with `pairmq show redundancy --watch`")
@@ -56,7 +54,7 @@ def _report(term: Terminal, role: Role, result: dict) -> int:
         term.note(f"{role.value}: handed activity over in {result.get('drain_ms', 0)} ms at op "
                   f"{result.get('final_op', 0)}; {now}")
     else:
-        term.note(f"{role.value}: {result.get('reason', result.get('result', 'done'))}")
+        term.note(str(result.get("reason") or f"{role.value}: {result.get('result', 'done')}"))
     return 0
 
 
