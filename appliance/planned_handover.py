@@ -74,6 +74,11 @@ class HandoverRunner:
         try:
             self._listeners("hold_clients")
             final_seq = await self._drain()
+        except BaseException:  # our bug or a cancellation: never leave the clients held and the gate shut
+            with node.heartbeats.lock:
+                node.core.abort_handover(now_ms(), "the handover failed on this node")
+            self._listeners("unhold_clients")
+            raise
         finally:
             self._running = False
         drain_ms = now_ms() - started
@@ -101,7 +106,7 @@ class HandoverRunner:
             broker.release_held()
             writer = broker.writer
             head = writer.head.seq
-            done = writer.pending_ops == 0 and active_link.acked_seq >= head and broker.held_commits() == 0
+            done = writer.pending_ops == 0 and active_link.acked_seq >= head and broker.held_commits == 0
             with node.heartbeats.lock:
                 if node.core.handover.draining is None:
                     return None

@@ -81,9 +81,13 @@ class HostListPublisher:
             c.connect(host, self.port, keepalive=30, clean_start=True)
         except OSError:
             return False
-        c.loop_start()
-        if not done.wait(2.0) or result.get("rc") != 0:
-            c.loop_stop()
+        # Wait for the CONNACK on this thread: paho's network thread would retry a refused connection
+        # after its 1 s reconnect delay, and stopping it waits that long.
+        deadline = time.monotonic() + 2.0
+        while not done.is_set() and time.monotonic() < deadline:
+            if c.loop(timeout=0.005) != mqtt.MQTT_ERR_SUCCESS and not done.is_set():
+                break
+        if result.get("rc") != 0:
             c.disconnect()
             if "rc" in result:
                 self.refusals.append((host, result["rc"]))
@@ -91,14 +95,16 @@ class HostListPublisher:
                     self._prefer = result["ref"].split(":")[0]
             return False
         self._lost.clear()
+        c.loop_start()
         self._client, self._host = c, host
         self.connections.append(Connection(host, result["at"]))
         return True
 
     def _reconnect(self) -> None:
         if self._client is not None:
-            self._client.loop_stop()
-            self._client = None
+            old, self._client = self._client, None
+            old.disconnect()  # no automatic reconnect; its thread ends on its own
+            threading.Thread(target=old.loop_stop, daemon=True).start()
         last = self.disconnects[-1] if self.disconnects else None
         if last is not None and last.server_reference:
             self._prefer = last.server_reference.split(":")[0]

@@ -99,7 +99,7 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
     stream = Stream(group)
     stream.wait_acked(group, 100)
     released = pairmq(group, "release-activity")
-    assert released.returncode == 0, released.stderr
+    assert released.returncode == 0, released.stderr + group.logs_tail(40)
     assert "primary: handed activity over in" in released.stderr and "the backup is active" in released.stderr
     assert group.active() is B
     group.wait_for("the old primary to stand by in sync", lambda: in_sync_with(group, P, B), timeout_s=20)
@@ -111,7 +111,7 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
 
     stream.wait_acked(group, len(stream.pub.acked) + 100)
     reverted = pairmq(group, "revert-activity")
-    assert reverted.returncode == 0, reverted.stderr
+    assert reverted.returncode == 0, reverted.stderr + group.logs_tail(40)
     assert "backup: handed activity over in" in reverted.stderr and "the primary is active" in reverted.stderr
     assert group.active() is P
     stream.wait_acked(group, len(stream.pub.acked) + 100)
@@ -150,7 +150,7 @@ def test_release_without_the_backup_is_refused_unless_forced(group):
     assert group.active() is P and group.probe_once()[P] == 0
 
     forced = pairmq(group, "release-activity", "--force")
-    assert forced.returncode == 0, forced.stderr
+    assert forced.returncode == 0, forced.stderr + group.logs_tail(40)
     assert "stepped down without an in-sync backup" in forced.stderr
     step_downs = [d["reason"] for d in group.decisions(P, "step_down")]
     assert step_downs[-1] == "primary: operator released activity (forced, backup not in sync) → stepping down, epoch 1"
