@@ -21,6 +21,8 @@ def build_app(node) -> web.Application:
     app.router.add_get("/api/v1/redundancy", _redundancy)
     app.router.add_get("/api/v1/message-spool", _message_spool)
     app.router.add_post("/api/v1/redundancy/force-activity", _force_activity)
+    app.router.add_post("/api/v1/redundancy/release-activity", _release_activity)
+    app.router.add_post("/api/v1/redundancy/revert-activity", _revert_activity)
     return app
 
 
@@ -49,21 +51,55 @@ async def _message_spool(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
-async def _force_activity(request: web.Request) -> web.Response:
-    node = request.app["node"]
-    if not _authorized(request, node.management_token):
+async def _change_body(request: web.Request, flag: str) -> dict | web.Response:
+    """An authorized change's JSON object whose optional `flag` is a boolean, or the error to answer."""
+    if not _authorized(request, request.app["node"].management_token):
         return _error(401, "a valid management token is required for changes")
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error(400, "the request body must be JSON")
-    if not isinstance(body, dict) or not isinstance(body.get("acknowledge_data_loss", False), bool):
-        return _error(400, "acknowledge_data_loss must be true or false")
+    if not isinstance(body, dict) or not isinstance(body.get(flag, False), bool):
+        return _error(400, f"{flag} must be true or false")
+    return body
+
+
+async def _force_activity(request: web.Request) -> web.Response:
+    node = request.app["node"]
+    body = await _change_body(request, "acknowledge_data_loss")
+    if isinstance(body, web.Response):
+        return body
     try:
         node.force_activity(body.get("acknowledge_data_loss", False))
     except LocalProtocolError as exc:
         return _error(409, str(exc))
     return web.json_response({"result": "forced bid started", "role": node.role.value})
+
+
+async def _release_activity(request: web.Request) -> web.Response:
+    """A planned handover to the mate (appliance/planned_handover.py); answers once it is over."""
+    body = await _change_body(request, "force")
+    if isinstance(body, web.Response):
+        return body
+    return await _handover(request, "operator released activity", force=body.get("force", False))
+
+
+async def _revert_activity(request: web.Request) -> web.Response:
+    body = await _change_body(request, "force")
+    if isinstance(body, web.Response):
+        return body
+    return await _handover(request, "operator reverted activity to the primary", revert=True)
+
+
+async def _handover(request: web.Request, why: str, **kw) -> web.Response:
+    node = request.app["node"]
+    try:
+        outcome = await node.handover(why, **kw)
+    except LocalProtocolError as exc:
+        return _error(409, str(exc))
+    if outcome.result == "aborted":
+        return _error(409, outcome.sentence)
+    return web.json_response(outcome.json(node.role))
 
 
 def _authorized(request: web.Request, token: str) -> bool:

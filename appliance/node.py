@@ -3,7 +3,9 @@
 Start-up is an explicit sequence: load the group file and secret, open the
 stable store (bumping the boot incarnation), start the heartbeat thread (it
 binds the heartbeat socket), the MQTT listener and the management API, then
-run until SIGTERM/SIGINT; shutdown runs the same list backwards.
+run until SIGTERM/SIGINT; shutdown runs the same list backwards. SIGTERM on
+the active hands activity over first when the mate is in sync (bounded by the
+handover's own 2 s drain bound), so `systemctl stop` is a planned handover.
 
 Two threads:
 - the heartbeat thread (appliance/heartbeats.py) runs the quorum core's I/O
@@ -32,10 +34,11 @@ from . import sd_notify
 from .access_file import access_path, load_access, signature
 from .broker.access import AccessPolicy
 from .config import GroupConfig, load_secret
-from .errors import ConfigError, PairMQError
+from .errors import ConfigError, LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
 from .management import ManagementServer
+from .planned_handover import HandoverRunner
 from .quorum.auth import HeartbeatAuth
 from .quorum.core import QuorumCore, Timing
 from .quorum.wire import Activity
@@ -78,6 +81,8 @@ class Node:
         self.store = FileStore(self.spec.data_dir / "quorum.json")
         self.core = QuorumCore(role, HeartbeatAuth(secret, config.name, role), Timing.from_timers(config.timers),
                                self.store, now_ms())
+        self.core.auto_revert = config.auto_revert
+        self.handovers = HandoverRunner(self)
         self.started_at = now_ms()
         self.listener = None
         self.tls_listener = None
@@ -143,8 +148,8 @@ class Node:
 
     async def run(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        loop.add_signal_handler(signal.SIGINT, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_access)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
         try:
@@ -208,6 +213,35 @@ class Node:
     def stop(self) -> None:
         self._stopping.set()
 
+    def _on_sigterm(self) -> None:
+        """Hand activity over first if we hold it and the mate is in sync; stop in any case."""
+        with self.heartbeats.lock:
+            active = self.core.activity is Activity.ACTIVE and self.core.handover.draining is None
+        if not active or self.replication is None:
+            self._stopping.set()
+            return
+        log.info("%s: SIGTERM while active: handing activity over before stopping", self.role.value)
+        self._loop.create_task(self._handover_then_stop())
+
+    async def _handover_then_stop(self) -> None:
+        try:
+            outcome = await self.handovers.run("SIGTERM")
+            log.warning("%s: %s", self.role.value, outcome.sentence)
+        except LocalProtocolError as exc:
+            log.warning("%s: SIGTERM: no handover (%s); stopping", self.role.value, exc)
+        except Exception:
+            log.exception("%s: SIGTERM: the handover failed; stopping", self.role.value)
+        self._stopping.set()
+
+    async def handover(self, why: str, *, force: bool = False, revert: bool = False):
+        """release-activity / revert-activity (management API). Raises LocalProtocolError when refused."""
+        if revert and self.role is Role.PRIMARY:
+            with self.heartbeats.lock:
+                serving = self.core.may_serve(now_ms())
+            raise LocalProtocolError("the primary already holds activity; there is nothing to revert" if serving
+                                     else "revert-activity runs on the active backup")
+        return await self.handovers.run(why, force=force)
+
     async def _stamp_alive(self) -> None:
         """R6's input: proof that this loop still runs. Heartbeats no longer do, they have their own thread."""
         while True:
@@ -257,10 +291,22 @@ class Node:
                           core_ms=decision.at_ms)
         if decision.kind == "step_down" and self.listener is not None:
             self._post(self._drop_clients_after_step_down)
+        if decision.kind == "auto_revert":
+            self._post(self._auto_revert)
         if decision.kind == "activate" and self.replication is not None:
             self._post(self.replication.poke)  # rebuild the broker core now, not at the next 50 ms sync
         if decision.kind in ("activate", "step_down"):
             sd_notify.notify(f"STATUS={decision.reason}")
+
+    def _auto_revert(self) -> None:
+        async def revert() -> None:
+            try:
+                outcome = await self.handovers.run("auto-revert")
+                log.warning("%s: %s", self.role.value, outcome.sentence)
+            except LocalProtocolError as exc:  # the core asks again later (handover.REVERT_RETRY_MS)
+                log.info("%s: auto-revert not now: %s", self.role.value, exc)
+
+        self._loop.create_task(revert())
 
     def _quorum_ready(self) -> None:
         self._mark_ready("quorum")
@@ -273,9 +319,14 @@ class Node:
                 sd_notify.notify("READY=1")
 
     def _drop_clients_after_step_down(self) -> None:
+        reference = self.active_server_reference()
+        with self.heartbeats.lock:
+            yielded = self.core.handover.holds_yield(self.core.state.epoch)
+        if reference is None and yielded:  # we handed over: the mate is the only node that can take activity
+            reference = self.config.mqtt_reference(self.role.mate())
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
-                listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, self.active_server_reference())
+                listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, reference)
 
     def _on_lag(self, max_ms: int, timer_late_ms: int) -> None:
         """On the heartbeat thread, when the broker loop's stamps resume after a gap."""

@@ -127,9 +127,16 @@ def require_one_reachable(config: GroupConfig, nodes: list[dict]) -> None:
 
 
 def force_activity(config: GroupConfig, role: Role, token: str, *, timeout_s: float = 5.0) -> dict:
-    url = f"{base_url(config, role)}/api/v1/redundancy/force-activity"
+    return redundancy_action(config, role, "force-activity", {"acknowledge_data_loss": True}, token,
+                             timeout_s=timeout_s)
+
+
+def redundancy_action(config: GroupConfig, role: Role, action: str, body: dict, token: str, *,
+                      timeout_s: float = 5.0) -> dict:
+    """POST /api/v1/redundancy/<action> on one node; a refusal is the node's own sentence."""
+    url = f"{base_url(config, role)}/api/v1/redundancy/{action}"
     try:
-        return post_json(url, {"acknowledge_data_loss": True}, token=token, timeout_s=timeout_s)
+        return post_json(url, body, token=token, timeout_s=timeout_s)
     except NodeUnreachable as exc:
         raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
     except ApiError as exc:

@@ -178,6 +178,25 @@ def _redundancy_parser(commands) -> None:
                    help="acknowledge that acknowledged messages may be lost")
     _add_group(p)
     p.set_defaults(handler=_cmd_force_activity)
+    p = actions.add_parser(
+        "release-activity", help="hand activity over to the in-sync mate (a planned handover)",
+        description="The active node stops taking client packets, waits until its mate holds every op, and "
+                    "hands activity over with the next epoch; MQTT 5 clients are sent to the new active. "
+                    "Refused when the mate is not in sync, unless --force (then a plain step-down).",
+        epilog=_examples("pairmq redundancy release-activity", "pairmq redundancy release-activity --role backup",
+                         "pairmq redundancy release-activity --force"))
+    p.add_argument("--role", choices=[r.value for r in Role if r.routes_messages],
+                   help="the node to release (default: whichever is active)")
+    p.add_argument("--force", action="store_true", help="step down even without an in-sync mate")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_release_activity)
+    p = actions.add_parser(
+        "revert-activity", help="move activity back to the primary (a planned handover from the backup)",
+        description="Hand activity from the active backup back to the primary. Refused when the primary already "
+                    "holds activity or is not in sync.",
+        epilog=_examples("pairmq redundancy revert-activity"))
+    _add_group(p)
+    p.set_defaults(handler=_cmd_revert_activity)
 
 
 # --- handlers: each returns an exit code ---------------------------------------------
@@ -227,6 +246,19 @@ def _cmd_force_activity(args: argparse.Namespace, term: Terminal) -> int:
     if not args.understood:  # refuse before touching any file
         raise PairMQError(DATA_LOSS_REFUSAL)
     return force_activity(term, load_group(group_path(args)), Role(args.role), understood=True)
+
+
+def _cmd_release_activity(args: argparse.Namespace, term: Terminal) -> int:
+    from .redundancy import release_activity
+
+    return release_activity(term, load_group(group_path(args)), Role(args.role) if args.role else None,
+                            force=args.force)
+
+
+def _cmd_revert_activity(args: argparse.Namespace, term: Terminal) -> int:
+    from .redundancy import revert_activity
+
+    return revert_activity(term, load_group(group_path(args)))
 
 
 def main(argv: list[str] | None = None, term: Terminal | None = None) -> int:

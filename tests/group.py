@@ -77,12 +77,13 @@ def fixed_ports():
 class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
-                 tls: TlsConfig | None = None, limits: Limits = Limits()) -> None:
+                 tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
-        config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits)
+        config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits,
+                             auto_revert=auto_revert)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:

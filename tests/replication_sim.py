@@ -14,6 +14,13 @@ while that lease holds. So whatever a client was told reached B first, or B cann
 A crash of A while B holds the lease is a failover: B's spool becomes the active one (a new core
 restored from it) and every client reconnects to B. Otherwise A restarts from its own spool and B
 resyncs. The checks are BrokerSim's: S2, QoS 2 exactly once, per-publisher order, CONNACK first.
+
+A planned handover (appliance/planned_handover.py) moves activity between the two spools: A stops
+taking packets, ships and commits everything, waits until B acknowledged its head (the final op),
+runs the effects that waited for those acks (the last PUBACKs), drops every client, and B takes
+activity with the next epoch serving from *its own* spool; A becomes the standby (the two slots
+swap spools) and rejoins over a new link, in step. A handover back is the same step again.
+Refused (nothing happens) when B is not in sync.
 """
 
 from __future__ import annotations
@@ -53,12 +60,13 @@ class ReplicatedSim(BrokerSim):
         self.a2b: collections.deque = collections.deque()
         self.b2a: collections.deque = collections.deque()
         self.grant_at = -(10**12)
-        self.failovers = self.resyncs = self.local_releases = self.link_faults = 0
+        self.failovers = self.resyncs = self.local_releases = self.link_faults = self.handovers = 0
         self.released_seq = 0  # the highest op whose effects ran
         self.b_lease_void = False  # B gave its lease up (a catch-up began) and was not granted one since
 
     def status(self) -> str:
-        return f"failovers {self.failovers}, resyncs {self.resyncs}, B at op {self.b_head.seq}"
+        return (f"failovers {self.failovers}, handovers {self.handovers}, resyncs {self.resyncs}, "
+                f"B at op {self.b_head.seq}")
 
     # --- A's adapter: ops get seqs at submit (and are shipped), effects wait for the release rule ----
 
@@ -212,6 +220,40 @@ class ReplicatedSim(BrokerSim):
         self.core = BrokerCore(limits=self.limits)
         restore(self.core, self.committed.state(dataclasses.replace(GENESIS, seq=self.head.seq)), self.now)
 
+    def handover(self) -> bool:
+        """The planned handover described above; False when refused (B not in sync)."""
+        if self.failovers or not self.in_sync():
+            return False
+        for _ in range(10_000):  # drain: no client packet is taken meanwhile
+            self.commit(len(self.pending))
+            self.deliver_to_b(), self.b_apply(), self.deliver_to_a()
+            if self.link is None:
+                return False  # the link broke: aborted, A serves on
+            if not self.pending and self.b_acked >= self.head.seq and not self.a2b and not self.b2a:
+                break
+        else:
+            raise SimFailure("the handover's drain never finished")
+        self.release()
+        if self.held:
+            raise SimFailure(f"effects still held after the drain: {[seq for seq, _ in self.held]}")
+        if self.b_head != self.head:
+            raise SimFailure(f"B acknowledged through {self.b_acked} but holds {self.b_head}, A's head {self.head}")
+        for c in self.clients:
+            self._gone(c)
+        self.cut()
+        self.handovers += 1
+        self.epoch += 1
+        # B serves from its own spool; A's spool becomes the standby's. Their op logs are one chain.
+        self.committed, self.b_state = self.b_state, self.committed
+        self.log = self.log[:self.b_head.seq]
+        self.durable_seq = self.head.seq
+        self.b_acked = self.released_seq = self.head.seq
+        self.core = BrokerCore(limits=self.limits)
+        restore(self.core, self.committed.state(dataclasses.replace(GENESIS, seq=self.head.seq)), self.now)
+        self.dial()
+        self._settle_link()
+        return True
+
     # --- schedules ------------------------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -244,8 +286,10 @@ class ReplicatedSim(BrokerSim):
                 self.b_apply()
             elif roll < 0.35:
                 self.deliver_to_a()
-            elif roll < 0.36:
+            elif roll < 0.355:
                 self.cut()
+            elif roll < 0.36:
+                self.handover()
             elif roll < 0.45:
                 self.now += self.rng.randint(1, 150)
                 self.run(self.core.tick(self.now))

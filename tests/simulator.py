@@ -10,6 +10,15 @@ drift, and the fault schedule. After every step the invariants are checked:
   E   epochs of successive activations strictly increase, and no node's
       durable epoch ever goes backwards.
 
+Planned handovers (appliance/quorum/handover.py) join the faults: `release`
+(the operator's release-activity, forced or not), `revert` (revert-activity on
+an active backup) and auto-revert (`auto_revert=True`: a node asked to hand
+back by its core does so). The node adapter's drain is a delay: the core is
+told the mate holds every op `drain_ms` later, when it may or may not still be
+true (the core re-checks). With `mate_link=True` the active's timer also
+passes on the mate link's word "caught up" (the quorum model has no data, so
+a seen mate is caught up), which re-admits a restarted mate to sync.
+
 A violation raises `InvariantViolation` with the seed and the trace: one line
 per node per step for the last steps, enough to replay and read the failure.
 """
@@ -22,6 +31,7 @@ import random
 from collections import deque
 
 from appliance.config import Timers
+from appliance.errors import LocalProtocolError
 from appliance.quorum.auth import HeartbeatAuth
 from appliance.quorum.core import PersistentState, QuorumCore, Timing
 from appliance.roles import Role
@@ -84,7 +94,8 @@ class SimNode:
 
 
 class Simulation:
-    def __init__(self, seed: int, *, timers: Timers = Timers(), drift_ppm: int = 200, trace: bool = True) -> None:
+    def __init__(self, seed: int, *, timers: Timers = Timers(), drift_ppm: int = 200, trace: bool = True,
+                 auto_revert: bool = False, mate_link: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.timing = Timing.from_timers(timers)
@@ -99,6 +110,9 @@ class Simulation:
         self.decisions: list[tuple[int, object]] = []
         self.trace: deque[str] = deque(maxlen=TRACE_LINES) if trace else deque(maxlen=0)
         self.steps = 0
+        self.auto_revert = auto_revert
+        self.mate_link = mate_link
+        self.handovers: list[tuple[int, Role, str]] = []  # (t, role, "begun" | "refused: ...")
         for role in Role:
             self._boot(role)
 
@@ -168,6 +182,29 @@ class Simulation:
         node.core.request_force(node.local(self.t), acknowledge_data_loss=True)
         self._after(node)
 
+    def release(self, role: Role, *, force: bool = False, why: str = "operator released activity",
+                drain_ms: int = 5) -> bool:
+        """The operator's release-activity on `role` (or revert/auto-revert/SIGTERM: one handover)."""
+        node = self.nodes[role]
+        if node.core is None or node.paused:
+            return False
+        self._stamp(node)
+        try:
+            node.core.begin_handover(node.local(self.t), why, force=force)
+        except LocalProtocolError as exc:
+            self.handovers.append((self.t, role, f"refused: {exc}"))
+            self._after(node)
+            return False
+        self.handovers.append((self.t, role, "begun"))
+        self._log(f"RELEASE {role.value}{' forced' if force else ''}")
+        self._push(self.t + drain_ms, "drained", (role, node.core))
+        self._after(node)
+        return True
+
+    def revert(self, drain_ms: int = 5) -> bool:
+        """revert-activity: the active backup hands activity to the primary."""
+        return self.release(Role.BACKUP, why="operator reverted activity to the primary", drain_ms=drain_ms)
+
     # --- running ------------------------------------------------------------------
 
     def run_until(self, t_end: int) -> None:
@@ -180,6 +217,8 @@ class Simulation:
                 if node.core is None or node.paused or gen != node.timer_gen:
                     continue
                 self._stamp(node)
+                if self.mate_link and node.core.may_serve(node.local(self.t)):
+                    node.core.mate_link(node.local(self.t), True)
                 node.core.handle_timer(node.local(self.t))
                 self._after(node)
             elif kind == "deliver":
@@ -192,6 +231,19 @@ class Simulation:
                         node.inbox.append(data)
                     continue
                 self._deliver(node, data)
+            elif kind == "auto_revert":
+                self.release(payload, why="auto-revert")
+            elif kind == "drained":
+                role, core = payload
+                node = self.nodes[role]
+                if node.core is not core:
+                    continue
+                if node.paused:  # the adapter's drain loop is stopped too; it finishes after resume
+                    self._push(self.t + 10, kind, payload)
+                    continue
+                self._stamp(node)
+                node.core.finish_handover(node.local(self.t), final_seq=0)
+                self._after(node)
             self.steps += 1
             self.check()
         self.t = max(self.t, t_end)
@@ -255,6 +307,7 @@ class Simulation:
         node = self.nodes[role]
         auth = HeartbeatAuth(SECRET, GROUP, role)
         node.core = QuorumCore(role, auth, self.timing, node.store, node.local(self.t))
+        node.core.auto_revert = self.auto_revert
         node.paused = False
         node.last_rx_global = None
         self._after(node)
@@ -277,7 +330,9 @@ class Simulation:
             self._history.append((node.role, data))
             for peer in node.role.peers():
                 self._send(node.role, peer, data)
+        revert = False
         for d in core.decisions():
+            revert |= d.kind == "auto_revert"
             self.decisions.append((self.t, d))
             self._log(f"{d.kind.upper()} {d.reason}")
             if d.kind == "activate":
@@ -285,6 +340,8 @@ class Simulation:
                     self._fail(f"epoch did not increase: {node.role.value} activated at {d.epoch} after "
                                f"{self.activations}")
                 self.activations.append((self.t, node.role, d.epoch))
+        if revert:
+            self._push(self.t + 1, "auto_revert", node.role)
         self._arm(node)
 
     def _arm(self, node: SimNode) -> None:
@@ -323,18 +380,29 @@ class Simulation:
 
 FAULTS = ("cut", "cut_one_way", "isolate", "heal", "crash", "restart", "pause", "resume", "network", "replay",
           "stall_broker", "unstall_broker")
+HANDOVERS = ("release", "release", "release_forced", "revert")
 
 
-def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True) -> Simulation:
-    """Run one random fault schedule to the end, checking invariants at every step."""
-    sim = Simulation(seed, drift_ppm=300, trace=trace)
+def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True,
+                    handovers: bool = False) -> Simulation:
+    """Run one random fault schedule to the end, checking invariants at every step. With `handovers`,
+    releases, reverts and auto-revert (on in half the schedules) are mixed with the faults."""
     rng = random.Random(seed ^ 0x5EED)
+    sim = Simulation(seed, drift_ppm=300, trace=trace, auto_revert=handovers and rng.random() < 0.5,
+                     mate_link=handovers)
     roles = list(Role)
     sim.run_until(rng.randint(500, 1500))
+    choices = FAULTS + HANDOVERS * 3 if handovers else FAULTS
     while sim.t < duration_ms:
-        fault = rng.choice(FAULTS)
+        fault = rng.choice(choices)
         a, b = rng.sample(roles, 2)
-        if fault == "cut":
+        if fault in ("release", "release_forced"):
+            active = sim.serving()
+            sim.release(active[0] if active and rng.random() < 0.9 else a, force=fault == "release_forced",
+                        drain_ms=rng.choice((1, 5, 40, 300, 2500)))
+        elif fault == "revert":
+            sim.revert(drain_ms=rng.choice((1, 5, 40)))
+        elif fault == "cut":
             sim.cut(a, b)
         elif fault == "cut_one_way":
             sim.cut_one_way(a, b)

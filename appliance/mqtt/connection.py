@@ -43,6 +43,7 @@ _CONNECTING = 1
 _WINDOW = 2
 _OUTPUT = 4
 _TURN = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
+_HANDOVER = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
 # One 256 KiB read holds ~2,500 small PUBLISHes (~40 ms of work): other clients, timers and heartbeats get the loop
 # back after this many.
 PACKETS_PER_TURN = 256
@@ -416,6 +417,13 @@ class MqttConnection(asyncio.Protocol):
         conn_id, self.conn_id = self.conn_id, None
         if conn_id is not None:
             self._l.broker.lost(conn_id, disconnect)
+
+    def hold(self) -> None:
+        """Called by hold_clients: stop taking packets (they wait in the socket) until `unhold` or a drop."""
+        self._pause(_HANDOVER)
+
+    def unhold(self) -> None:
+        self._resume(_HANDOVER)
 
     def drop(self, reason: ReasonCode, server_reference: str | None) -> bool:
         """Called by drop_clients."""

@@ -221,6 +221,16 @@ class MqttListener:
         except TimeoutError:
             log.warning("MQTT listener on %s:%s did not close in time", self.host, self.requested_port)
 
+    def hold_clients(self) -> None:
+        """A handover begins: stop reading every client (nothing more is taken or acknowledged by us)."""
+        for conn in list(self._conns):
+            conn.hold()
+
+    def unhold_clients(self) -> None:
+        """The handover was aborted and this node serves again: read the clients again."""
+        for conn in list(self._conns):
+            conn.unhold()
+
     def drop_clients(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
                      server_reference: str | None = None) -> int:
         """Disconnect everyone now; v5 clients are told why. Returns how many."""

@@ -46,6 +46,9 @@ R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
 
 R5 every transition yields a `Decision` with a sentence saying why.
 
+R7 planned handover: the active stops serving, waits until its mate holds every op, then yields;
+   an authenticated "yielded at epoch E" ends its claims at once (rules H1-H7 in handover.py).
+
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
    serving nobody. The adapter reports when the broker loop last proved it was
@@ -64,73 +67,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
-from typing import Protocol
 
 from ..errors import LocalProtocolError
 from ..roles import Role
 from .auth import HeartbeatAuth, Rejected
+from .handover import HandoverRules, HandoverState
 from .insync import InSyncLease, MateSync
-from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, NEVER_MS, Activity,
+from .state import Decision, PersistentState, RedundancyStatus, StableStore, Timing  # noqa: F401 (re-exported)
+from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_SELF_IN_SYNC, FLAG_YIELDED, NEVER_MS,
+                   Activity,
                    Heartbeat, PeerView)
 
 SENT_HISTORY = 512  # our own send times kept for echo lookups (512 x 50 ms = 25 s)
 DECISION_HISTORY = 64
-
-
-class RedundancyStatus(enum.Enum):
-    UP = "Up"
-    DOWN = "Down"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Timing:
-    heartbeat_interval_ms: int
-    lease_ms: int
-    takeover_margin_ms: int
-    insync_ms: int
-    broker_stall_ms: int = 5000
-
-    @classmethod
-    def from_timers(cls, timers) -> "Timing":
-        return cls(timers.heartbeat_interval_ms, timers.lease_ms, timers.takeover_margin_ms, timers.insync_ms,
-                   timers.broker_stall_ms)
-
-    @property
-    def quiet_ms(self) -> int:
-        """Silence from a claimant after which none of its leases can be live."""
-        return self.lease_ms + self.takeover_margin_ms
-
-
-@dataclasses.dataclass(slots=True)
-class PersistentState:
-    """What must survive a crash; saved durably before it is acted on."""
-
-    incarnation: int = 0
-    epoch: int = 0  # highest epoch known (activated, granted, or seen)
-    voted_epoch: int = 0  # highest epoch we granted a vote in (ourselves included)
-    voted_for: Role | None = None
-    spool_epoch: int = 0  # how up to date our data is (until the spool exists: the epoch we last served or synced)
-    spool_seq: int = 0
-
-
-class StableStore(Protocol):
-    def load(self) -> PersistentState: ...
-
-    def save(self, state: PersistentState) -> None:
-        """Durable when it returns."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    at_ms: int
-    role: Role
-    kind: str  # "activate", "step_down", "bid", "vote", "epoch", "boot", "refuse"
-    epoch: int
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 @dataclasses.dataclass(slots=True)
@@ -143,7 +92,7 @@ class _Peer:
     echo_sent_at: int | None = None  # send time of our latest seq this peer echoed
 
 
-class QuorumCore:
+class QuorumCore(HandoverRules):
     def __init__(self, role: Role, auth: HeartbeatAuth, timing: Timing, store: StableStore, now_ms: int) -> None:
         self.role = role
         self.auth = auth
@@ -163,6 +112,8 @@ class QuorumCore:
         self._bid_forced = False
         self._force_until = 0
         self.config_version = 0
+        self.handover = HandoverState()
+        self.auto_revert = False  # group.auto_revert (H7)
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -277,7 +228,7 @@ class QuorumCore:
         The heartbeat deadline always moves forward when it fires; the others only
         count while still ahead of us, so a passed one cannot spin the caller.
         """
-        others = []
+        others = self.handover.timers()
         if self.activity is Activity.ACTIVE:
             others.append(self.lease_expiry)
         else:
@@ -288,7 +239,7 @@ class QuorumCore:
         return min([self._next_heartbeat_at] + [d for d in others if d > self._now])
 
     def may_serve(self, now_ms: int) -> bool:
-        return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry
+        return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry and self.handover.draining is None
 
     def sees(self, role: Role, now_ms: int) -> bool:
         """Mutual visibility: a round trip completed within the lease."""
@@ -326,6 +277,10 @@ class QuorumCore:
             ago = now_ms - (self.lease_expiry - self.timing.lease_ms)
             self._step_down(now_ms, f"lease expired: no peer echoed a heartbeat sent in the last "
                                     f"{_secs(ago)} → stopping service")
+        drain = self.handover.draining
+        if drain is not None and now_ms >= drain.deadline:
+            self.abort_handover(now_ms, f"the {self.role.mate().value} did not acknowledge every op within "
+                                        f"{_secs(drain.deadline - drain.started_at)}")
         stalled = self.broker_stalled_ms(now_ms)
         if self.activity is Activity.ACTIVE and stalled:
             self._step_down(now_ms, f"broker event loop stalled {_secs(stalled)} → releasing activity")
@@ -352,6 +307,8 @@ class QuorumCore:
             hb.bid_epoch and self.state.voted_for is hb.sender and hb.bid_epoch == self.state.voted_epoch)
         if claims:
             peer.claim_at, peer.claimed = now_ms, True
+        elif self._yield_from(hb):  # H5: X ended its activity itself; no lease of its can still serve
+            peer.claim_at, peer.claimed = now_ms - self.timing.quiet_ms - 1, True
 
         if self.activity is Activity.ACTIVE:
             if hb.activity is Activity.ACTIVE and hb.epoch >= self.active_epoch:
@@ -378,6 +335,7 @@ class QuorumCore:
     def _evaluate(self, now_ms: int) -> None:
         if self.activity is Activity.ACTIVE:
             self._check_mate_sync(now_ms)
+            self._consider_auto_revert(now_ms)
             return
         self._consider_votes(now_ms)
         if self.role.routes_messages:
@@ -406,6 +364,8 @@ class QuorumCore:
         mate = self.role.mate()
         if now_ms < self._hold_until:
             return "holding after boot"
+        if now_ms < self.handover.no_bid_until:
+            return f"handed activity over; leaving it to the {mate.value}"
         stalled = self.broker_stalled_ms(now_ms)
         if stalled:
             return f"broker event loop stalled {_secs(stalled)}"
@@ -426,6 +386,8 @@ class QuorumCore:
     def _eligible_reason(self, now_ms: int) -> tuple[bool, str]:
         if self.in_sync(now_ms):
             return True, "in sync"
+        if self.handover.holds_yield(self.state.epoch):
+            return True, f"yielded epoch {self.state.epoch} and nobody took it"
         mine = (self.state.spool_epoch, self.state.spool_seq, self.role is Role.PRIMARY)
         theirs = self._mate_position(now_ms)
         if theirs is None:
@@ -529,6 +491,9 @@ class QuorumCore:
         epoch = self.active_epoch
         self._check_mate_sync(now_ms)
         self.mate_sync.step_down()
+        if self.handover.draining is not None:
+            self.handover.draining = None
+            self.handover.aborted += 1
         self.activity = Activity.STANDBY
         self.active_epoch = 0
         self.lease_expiry = 0
@@ -547,6 +512,8 @@ class QuorumCore:
         peer = self.peers.get(role)
         if peer is None or not peer.claimed:
             return "nobody active"
+        if peer.hb is not None and self._yield_from(peer.hb) and now_ms - peer.heard_at < self.timing.lease_ms:
+            return f"{role.value} handed activity over (yielded epoch {peer.hb.epoch})"
         if peer.hb is not None and peer.hb.activity is not Activity.ACTIVE and now_ms - peer.heard_at < self.timing.lease_ms:
             return f"{role.value} gave up activity {_secs(now_ms - peer.claim_at)} ago"
         return f"{role.value} unseen {_secs(now_ms - peer.claim_at)}"
@@ -583,6 +550,10 @@ class QuorumCore:
             flags |= FLAG_SELF_IN_SYNC
         if self.bid_epoch and self._bid_forced:
             flags |= FLAG_BID_FORCED
+        if self.activity is Activity.STANDBY and self.handover.holds_yield(self.state.epoch, bool(self.bid_epoch)):
+            flags |= FLAG_YIELDED | FLAG_MATE_IN_SYNC
+        elif self.bid_epoch and self.handover.holds_yield(self.state.epoch):
+            flags |= FLAG_SELF_IN_SYNC  # H6: we hold every op of the last epoch anyone served
         if self.redundancy_status(now_ms) is RedundancyStatus.UP:
             flags |= FLAG_REDUNDANCY_UP
         vote_open = self._vote_open()

@@ -35,7 +35,8 @@ FLAG_MATE_IN_SYNC = 0x01  # active -> standby: you are in sync (echo-based lease
 FLAG_SELF_IN_SYNC = 0x02  # standby: I hold an in-sync lease from the active
 FLAG_BID_FORCED = 0x04  # the bid skips the up-to-date proof (operator acknowledged data loss)
 FLAG_REDUNDANCY_UP = 0x08
-_KNOWN_FLAGS = 0x0F
+FLAG_YIELDED = 0x10  # a standby that handed its activity over at this epoch (appliance/quorum/handover.py)
+_KNOWN_FLAGS = 0x1F
 
 
 class Activity(enum.Enum):

@@ -1,0 +1,139 @@
+"""A planned handover on a node: the adapter around the quorum core's rules (appliance/quorum/handover.py).
+
+Sequence, on the broker loop (every core call holds the heartbeat lock):
+1. Begin: the core closes the MQTT gate or refuses with one sentence; in the same loop turn the
+   listeners stop reading every client, so no packet is taken and no acknowledgement is produced
+   after this instant (what the clients already sent waits in their sockets).
+2. Drain, polled every DRAIN_POLL_S: release what the mate acknowledged; done once the spool writer
+   has nothing pending, the mate acknowledged every op through the writer's head (the final op), and
+   no commit's effects are held any more (the last PUBACKs are written).
+3. Yield: the core steps down with the final op; the clients are dropped at once: MQTT 5 DISCONNECT
+   0x9C with the mate's MQTT address as Server Reference, MQTT 3.1.1 a plain close.
+4. Wait, at most TAKEOVER_WAIT_S, until the mate claims activity (the API's answer names it; SIGTERM
+   exits only then, so its vote is not missed).
+Abort (the core's 2 s drain bound, the mate out of sync, a lease that ran out): the clients are read
+again and the node serves on if its lease still runs. A forced release without an in-sync mate is a
+plain step-down (the core decides; the step-down path drops the clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from .errors import LocalProtocolError
+from .roles import Role
+
+log = logging.getLogger("pairmq.handover")
+DRAIN_POLL_S = 0.002
+TAKEOVER_WAIT_S = 1.0
+MQTT_REASON_USE_ANOTHER_SERVER = 0x9C
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    result: str  # "handed over", "stepped down", "aborted"
+    sentence: str
+    final_seq: int = 0
+    drain_ms: int = 0
+    new_active: str | None = None
+
+    def json(self, role: Role) -> dict:
+        return {"result": self.result, "role": role.value, "reason": self.sentence, "final_op": self.final_seq,
+                "drain_ms": self.drain_ms, "active": self.new_active}
+
+
+class HandoverRunner:
+    def __init__(self, node) -> None:
+        self.node = node
+        self._running = False
+
+    async def run(self, why: str, *, force: bool = False) -> Outcome:
+        """One handover (release, revert, auto-revert, SIGTERM). Raises LocalProtocolError when refused."""
+        node = self.node
+        if node.replication is None:
+            raise LocalProtocolError("the monitor never holds activity")
+        if self._running:
+            raise LocalProtocolError("a handover is already under way")
+        mate = node.role.mate()
+        started = now_ms()
+        with node.heartbeats.lock:
+            node.core.begin_handover(now_ms(), why, force=force)
+            draining = node.core.handover.draining is not None
+        node.heartbeats.wake()
+        if not draining:
+            return Outcome("stepped down", f"{node.role.value}: {why} (forced): stepped down without an in-sync "
+                                           f"{mate.value}")
+        self._running = True
+        try:
+            self._listeners("hold_clients")
+            final_seq = await self._drain()
+        except BaseException:  # our bug or a cancellation: never leave the clients held and the gate shut
+            with node.heartbeats.lock:
+                node.core.abort_handover(now_ms(), "the handover failed on this node")
+            self._listeners("unhold_clients")
+            raise
+        finally:
+            self._running = False
+        drain_ms = now_ms() - started
+        if final_seq is None:
+            self._listeners("unhold_clients")
+            with node.heartbeats.lock:
+                last = [d.reason for d in node.core.history if d.kind == "handover_aborted"]
+            return Outcome("aborted", last[-1] if last else "handover aborted", drain_ms=drain_ms)
+        reference = node.config.mqtt_reference(mate)
+        dropped = sum(listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, reference)
+                      for listener in self._live_listeners())
+        log.info("%s: handed over at op %d after %d ms; %d clients sent to %s", node.role.value, final_seq,
+                 drain_ms, dropped, reference)
+        node.events.write("handover", why=why, final_op=final_seq, drain_ms=drain_ms, clients_dropped=dropped)
+        active = await self._await_mate(mate)
+        return Outcome("handed over", f"{node.role.value}: {why}: the {mate.value} holds every op through "
+                                      f"{final_seq}; activity handed over", final_seq, drain_ms,
+                       active.value if active else None)
+
+    async def _drain(self) -> int | None:
+        """The final op once the mate holds everything and the last acknowledgements are out; None if aborted."""
+        node = self.node
+        broker, active_link = node.broker, node.replication.active
+        while True:
+            broker.release_held()
+            writer = broker.writer
+            head = writer.head.seq
+            done = writer.pending_ops == 0 and active_link.acked_seq >= head and broker.held_commits == 0
+            with node.heartbeats.lock:
+                if node.core.handover.draining is None:
+                    return None
+                if done and node.core.finish_handover(now_ms(), head):
+                    yielded = True
+                else:
+                    yielded = False
+                    node.core.handle_timer(now_ms())  # the drain bound is the core's rule
+            node.heartbeats.wake()
+            if yielded:
+                return head
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    async def _await_mate(self, mate: Role) -> Role | None:
+        node = self.node
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while time.monotonic() < deadline:
+            with node.heartbeats.lock:
+                active = node.core.active_role(now_ms())
+            if active is mate:
+                return mate
+            await asyncio.sleep(0.01)
+        return None
+
+    def _live_listeners(self):
+        return [lst for lst in (self.node.listener, self.node.tls_listener) if lst is not None]
+
+    def _listeners(self, method: str) -> None:
+        for listener in self._live_listeners():
+            getattr(listener, method)()
