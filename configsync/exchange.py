@@ -255,7 +255,7 @@ class StandbyEnd:
                     parse_change(entry.change, f"change {entry.version}")
                 except ConfigChangeError as exc:
                     raise ConfigLinkFault(f"refused a malformed change from the active: {exc}") from None
-            return [ApplyEntries(entries)] if entries else []
+            return [ApplyEntries(entries)]  # even none: the ack tells the active we are at its head
         if kind == "snapshot":
             if not _is_count(message["version"]) or not isinstance(message["chain"], str) \
                     or not isinstance(message["common"], int) or not isinstance(message["reason"], str):
