@@ -301,6 +301,9 @@ class Node:
         log.info("%s: SIGHUP: nothing to reload; users, ACLs, limits and overload settings are changed with "
                  "`pairmq config ...` on the active node and config-synced", self.role.value)
 
+    def config_mate_joined(self) -> bool:
+        return self.configuration is None or self.configuration.sync.mate_joined()
+
     def apply_limits(self, limits) -> None:
         """New limits from config-sync, on the broker core now and on every core rebuilt later."""
         from .broker.core import limits_from_config

@@ -131,6 +131,7 @@ class ActiveEnd:
     pinged_ms: int = 0
     joins: int = 0
     plan: str = ""  # how the last join caught up, for the status view
+    join_version: int | None = None  # our head when the standby joined
 
     def __post_init__(self) -> None:
         self.heard_ms = self.pinged_ms = self.now_ms
@@ -168,6 +169,11 @@ class ActiveEnd:
     def expired(self, now_ms: int) -> bool:
         return now_ms - self.heard_ms > LINK_TIMEOUT_MS
 
+    def joined(self) -> bool:
+        """The standby caught up with what we had when it joined: from then on it may stand by (a change
+        made since then that it has not acked yet does not undo that; a broken link does)."""
+        return self.acked is not None and self.join_version is not None and self.acked.version >= self.join_version
+
     def status(self) -> SyncStatus:
         head = self.history.head
         if self.acked is not None and self.acked.version == head.version and self.acked.digest == head.digest:
@@ -180,8 +186,9 @@ class ActiveEnd:
                 isinstance(p, list) and len(p) == 2 and _is_count(p[0]) and isinstance(p[1], str) for p in recent):
             raise ConfigLinkFault(f"a hello must list at most {MAX_RECENT} [version, chain] pairs")
         self.joins += 1
-        self.acked = Head(hello["version"], "", hello["digest"]) if _is_count(hello["version"]) else None
+        self.acked = None  # what the standby had before counts for nothing: its ack after the catch-up does
         head = self.history.head
+        self.join_version = head.version
         common = next((v for v, ch in recent if v <= head.version and self.history.chain_at(v) == ch), None)
         theirs = recent[0][0] if recent else None
         if common is not None and common == theirs:
@@ -194,6 +201,8 @@ class ActiveEnd:
             reason = f"our history no longer reaches back to version {common}"
         elif theirs is not None and theirs > head.version and common == head.version:
             reason = f"the standby is ahead of us (version {theirs} > {head.version})"
+        elif common is None and theirs is not None and theirs < head.version and self.history.chain_at(theirs) is None:
+            reason = f"our history no longer reaches back to version {theirs}"
         elif common is None:
             reason = "no version in common"
         else:

@@ -126,6 +126,10 @@ class ConfigSync:
 
     # --- status ---
 
+    def mate_joined(self) -> bool:
+        """On the active: the standby's config-sync link is up and it caught up when it joined (it may stand by)."""
+        return self.end is not None and self.conn is not None and not self.conn.closed and self.end.joined()
+
     def status(self) -> SyncStatus:
         if self._is_active():
             if self.end is None or self.conn is None or self.conn.closed:
