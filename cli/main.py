@@ -81,6 +81,9 @@ def build_parser() -> Parser:
     from .config_cmd import add_parsers as _config_parsers
 
     _config_parsers(commands, _add_group, _examples)
+    from .pubsub import add_parsers as _pubsub_parsers
+
+    _pubsub_parsers(commands, _add_group, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 

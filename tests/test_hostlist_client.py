@@ -93,3 +93,29 @@ def test_no_host_answering_is_a_clear_error():
     with pytest.raises(ClientError, match="no host of 127.0.9.1:1883,127.0.9.2:1883 accepted 'nobody' within 1 s"):
         client.start(timeout_s=1)
     client.stop()
+
+
+@pytest.mark.processes
+def test_pairmq_pub_and_sub_like_mosquitto(group):
+    import subprocess
+    import sys
+
+    from tests.test_cli_commands import REPO, assert_one_sentence
+
+    host_list = ",".join(reversed(hosts(group)))  # the standby first: both commands follow its server reference
+    cli = [sys.executable, "-m", "cli.main"]
+    sub = subprocess.Popen([*cli, "sub", "--hosts", host_list, "-t", "cli/#", "-v", "-C", "3", "-W", "20", "-q", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    time.sleep(1.5)  # subscribed
+    one = subprocess.run([*cli, "pub", "--hosts", host_list, "-t", "cli/a", "-m", "hello"], capture_output=True,
+                         text=True, cwd=REPO, timeout=30)
+    assert one.returncode == 0, one.stderr
+    lines = subprocess.run([*cli, "pub", "--hosts", host_list, "-t", "cli/b", "-l", "-q", "2"], input="x\ny\n",
+                           capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert lines.returncode == 0, lines.stderr
+    out, err = sub.communicate(timeout=30)
+    assert sub.returncode == 0, err
+    assert out.splitlines() == ["cli/a hello", "cli/b x", "cli/b y"]
+    nobody = subprocess.run([*cli, "pub", "--hosts", "127.0.9.1", "-t", "t", "-m", "x", "--timeout", "1"],
+                            capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert_one_sentence(nobody, "no host of 127.0.9.1:1883 accepted", code=1)
