@@ -7,6 +7,7 @@ This is the redundancy slice of the API; the operations work adds the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 
@@ -23,6 +24,10 @@ def build_app(node) -> web.Application:
     app.router.add_post("/api/v1/redundancy/force-activity", _force_activity)
     app.router.add_post("/api/v1/redundancy/release-activity", _release_activity)
     app.router.add_post("/api/v1/redundancy/revert-activity", _revert_activity)
+    app.router.add_get("/api/v1/config-sync", _config_sync)
+    app.router.add_get("/api/v1/config", _config)
+    app.router.add_get("/api/v1/config/document", _config_document)
+    app.router.add_post("/api/v1/config/changes", _config_changes)
     return app
 
 
@@ -100,6 +105,85 @@ async def _handover(request: web.Request, why: str, **kw) -> web.Response:
     if outcome.result == "aborted":
         return _error(409, outcome.sentence)
     return web.json_response(outcome.json(node.role))
+# --- configuration (config-sync) ------------------------------------------------------------------
+
+
+def _configuration(request: web.Request):
+    configuration = request.app["node"].configuration
+    if configuration is None:
+        raise web.HTTPNotFound(reason=f"the {request.app['node'].role.value} holds no replicated configuration")
+    return configuration
+
+
+async def _config_sync(request: web.Request) -> web.Response:
+    node = request.app["node"]
+    return web.json_response({"role": node.role.value, **_configuration(request).sync.view()})
+
+
+async def _config(request: web.Request) -> web.Response:
+    """What is in force here, without password hashes; the latest changes, newest first."""
+    from configsync.changes import describe
+
+    configuration = _configuration(request)
+    doc, head = configuration.document, configuration.store.head
+    return web.json_response({
+        "version": head.version, "digest": head.digest,
+        "users": sorted(doc.access.users), "allow_anonymous": doc.access.allow_anonymous,
+        "acl": [dict(rule.to_document(), index=i) for i, rule in enumerate(doc.access.rules)],
+        "limits": {"effective": dataclasses.asdict(configuration.limits()), "set": doc.limits},
+        "overload": {"effective": dataclasses.asdict(doc.effective_overload()), "set": doc.overload},
+        "auto_revert": {"effective": configuration.auto_revert(), "set": doc.auto_revert},
+        "history": [{"version": e.version, "at_ms": e.at_ms, "what": describe(e.change)}
+                    for e in configuration.store.history(20)]})
+
+
+async def _config_document(request: web.Request) -> web.Response:
+    """The whole document, password records included: for `pairmq config assert` (token only)."""
+    node = request.app["node"]
+    if not _authorized(request, node.management_token):
+        return _error(401, "a valid management token is required to read the configuration document")
+    configuration = _configuration(request)
+    return web.json_response({"version": configuration.store.head.version,
+                              "digest": configuration.store.head.digest,
+                              "document": configuration.document.to_json()})
+
+
+async def _config_changes(request: web.Request) -> web.Response:
+    """Apply changes in order on the active: all of them are checked first, so none or all apply."""
+    from configsync.changes import apply_change, describe, parse_change
+    from configsync.document import ConfigChangeError
+    from configsync.service import NotActive
+
+    node = request.app["node"]
+    if not _authorized(request, node.management_token):
+        return _error(401, "a valid management token is required for changes")
+    configuration = _configuration(request)
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "the request body must be JSON")
+    changes = body.get("changes") if isinstance(body, dict) else None
+    if not isinstance(changes, list) or not 1 <= len(changes) <= 1000:
+        return _error(400, "the body must be {\"changes\": [change, ...]} with 1 to 1000 changes")
+    if not node.may_serve():
+        refusal = NotActive(configuration.sync._active_name())
+        return web.json_response({"error": str(refusal), "active": refusal.active}, status=409)
+    try:
+        doc = configuration.document
+        for i, change in enumerate(changes):
+            where = f"changes[{i}]"
+            doc = apply_change(doc, parse_change(change, where), where)
+        applied = [configuration.sync.apply(change) for change in changes]
+    except ConfigChangeError as exc:
+        return _error(400, str(exc))
+    except NotActive as exc:
+        return web.json_response({"error": str(exc), "active": exc.active}, status=409)
+    confirmed = await configuration.sync.confirm(applied[-1].version)
+    head = configuration.store.head
+    return web.json_response({
+        "applied": [{"version": e.version, "what": describe(e.change)} for e in applied],
+        "version": head.version, "digest": head.digest, "confirmed_by_standby": confirmed,
+        "config_sync": configuration.sync.status().value})
 
 
 def _authorized(request: web.Request, token: str) -> bool:

@@ -31,10 +31,8 @@ import signal
 import time
 
 from . import sd_notify
-from .access_file import access_path, load_access, signature
-from .broker.access import AccessPolicy
 from .config import GroupConfig, load_secret
-from .errors import ConfigError, LocalProtocolError, PairMQError
+from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
 from .management import ManagementServer
@@ -89,27 +87,30 @@ class Node:
         self.broker = None
         self.replication = None
         self.authn = None
+        self.configuration = None
         if role.routes_messages:
             from .broker.authn import Authenticator
+            from .configuration import NodeConfiguration
 
-            # A malformed access file stops the node here with a ConfigError sentence: never guess a policy.
-            self.access_path = access_path(self.spec.data_dir)
-            self._access_signature = signature(self.access_path)
-            policy = load_access(self.access_path)
-            self.authn = Authenticator(policy or AccessPolicy(), note=self._access_note(policy))
+            # A corrupt configuration store or a malformed access file to import stops the node here with
+            # one sentence: never guess a policy.
+            self.configuration = NodeConfiguration(self, secret)
+            self.core.auto_revert = self.configuration.auto_revert()  # config-sync's, else the group file's
+            self.authn = Authenticator(self.configuration.document.access)
             from .broker.core import BrokerCore, limits_from_config
             from .broker.service import BrokerService
 
-            core_limits = limits_from_config(config.limits)
+            limits = self.configuration.limits()
+            self._core_limits = limits_from_config(limits)
 
             def new_core() -> BrokerCore:
-                return BrokerCore(node_name=role.value, limits=core_limits,
+                return BrokerCore(node_name=role.value, limits=self._core_limits,
                                   id_source=lambda: "pairmq-" + secrets.token_hex(8),
                                   authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
-                                        core_factory=new_core, spool_max_bytes=config.limits.spool_max_bytes)
+                                        core_factory=new_core, spool_max_bytes=limits.spool_max_bytes)
             self.broker.serving = self.may_serve
             from .replication import Replication
 
@@ -150,7 +151,7 @@ class Node:
         loop = self._loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self._stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload_access)  # `systemctl reload`; never fatal, even on a monitor
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
         try:
             self.heartbeats.start()
@@ -158,16 +159,18 @@ class Node:
                 from .mqtt.listener import MqttListener
 
                 check = self._credential_check
-                self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self,
+                overload = self.configuration.document.effective_overload()
+                self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, overload=overload,
                                              on_event=self._mqtt_event, broker=self.broker, credential_check=check)
                 if self.config.tls is not None:
                     from .tls import server_context
 
-                    self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self,
+                    self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self, overload=overload,
                                                      on_event=self._mqtt_event, broker=self.broker,
                                                      credential_check=check, ssl=server_context(self.config.tls))
                 await self.broker.start()
                 await self.replication.start()
+                await self.configuration.start()
                 await self.listener.start()
                 if self.tls_listener is not None:
                     await self.tls_listener.start()
@@ -203,6 +206,9 @@ class Node:
         if self.replication is not None:
             with contextlib.suppress(Exception):
                 await self.replication.stop()
+        if self.configuration is not None:
+            with contextlib.suppress(Exception):
+                await self.configuration.stop()
         if self.broker is not None:
             with contextlib.suppress(Exception):
                 await self.broker.stop()
@@ -257,8 +263,6 @@ class Node:
         while True:
             sd_notify.notify("WATCHDOG=1")
             if self.authn is not None:
-                if signature(self.access_path) != self._access_signature:
-                    self.reload_access()
                 denied_logged = self._log_denials(denied_logged)
             with self.heartbeats.lock:
                 rejected = dict(self.core.auth.rejected)
@@ -345,28 +349,20 @@ class Node:
     async def _credential_check(self, connect, peer: str):
         return await self.authn.check(connect)
 
-    def _access_note(self, policy) -> str:
-        return "" if policy is not None else f"no access file at {self.access_path}"
+    def _on_sighup(self) -> None:
+        log.info("%s: SIGHUP: nothing to reload; users, ACLs, limits and overload settings are changed with "
+                 "`pairmq config ...` on the active node and config-synced", self.role.value)
 
-    def reload_access(self) -> None:
-        """Re-read the access file (SIGHUP, or it changed). A bad file keeps the policy we have."""
-        if self.authn is None:
-            log.info("%s: SIGHUP: a monitor has no access file to reload", self.role.value)
-            return
-        self._access_signature = signature(self.access_path)
-        try:
-            policy = load_access(self.access_path)
-        except ConfigError as exc:
-            log.error("%s: keeping the current access policy: %s", self.role.value, exc)
-            self.events.write("access_reload_failed", reason=str(exc))
-            return
-        self.authn.policy = policy or AccessPolicy()
-        self.authn.note = self._access_note(policy)
-        view = self.authn.view()
-        log.info("%s: access policy reloaded from %s: %d users, %d ACL rules, anonymous %s", self.role.value,
-                 self.access_path, view["users"], view["acl_rules"], "allowed" if view["allow_anonymous"] else "refused")
-        self.events.write("access_reloaded", path=str(self.access_path), present=policy is not None,
-                          users=view["users"], acl_rules=view["acl_rules"], allow_anonymous=view["allow_anonymous"])
+    def config_mate_joined(self) -> bool:
+        return self.configuration is None or self.configuration.sync.mate_joined()
+
+    def apply_limits(self, limits) -> None:
+        """New limits from config-sync, on the broker core now and on every core rebuilt later."""
+        from .broker.core import limits_from_config
+
+        self._core_limits = limits_from_config(limits)
+        self.broker.core.limits = self._core_limits
+        self.broker.core.router.limits = self._core_limits
 
     def _log_denials(self, logged: dict) -> dict:
         """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed

@@ -79,7 +79,8 @@ class Replication:
 
     async def _sync(self) -> None:
         node, broker, now = self.node, self.node.broker, now_ms()
-        caught_up = self.active.caught_up(now) and self.active.acked_seq >= broker.released_seq
+        caught_up = self.active.caught_up(now) and self.active.acked_seq >= broker.released_seq \
+            and node.config_mate_joined()  # a standby stands by with our configuration too (issue 5)
         resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
         with node.heartbeats.lock:
             node.core.mate_link(now, caught_up)

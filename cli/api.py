@@ -38,8 +38,9 @@ def base_url(config: GroupConfig, role: Role) -> str:
     return f"http://{host}:{config.ports.management}"
 
 
-def get_json(url: str, *, timeout_s: float = READ_TIMEOUT_S) -> dict:
-    return _call(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout_s)
+def get_json(url: str, *, timeout_s: float = READ_TIMEOUT_S, token: str | None = None) -> dict:
+    headers = {"Accept": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    return _call(urllib.request.Request(url, headers=headers), timeout_s)
 
 
 def post_json(url: str, body: dict, *, token: str, timeout_s: float = READ_TIMEOUT_S) -> dict:

@@ -78,9 +78,12 @@ def build_parser() -> Parser:
     _local_parser(commands)
     _show_parser(commands)
     _redundancy_parser(commands)
-    from .access_cmd import add_parsers as _config_parsers
+    from .config_cmd import add_parsers as _config_parsers
 
     _config_parsers(commands, _add_group, _examples)
+    from .pubsub import add_parsers as _pubsub_parsers
+
+    _pubsub_parsers(commands, _add_group, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 
@@ -156,6 +159,13 @@ def _show_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
     p.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
     _add_group(p)
+    c = things.add_parser(
+        "config-sync", help="each routing node's configuration version, digest and sync status",
+        description="In-Sync / Syncing / Out-Of-Sync per routing node, with versions and digests.",
+        epilog=_examples("pairmq show config-sync", "pairmq show config-sync --json"))
+    c.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
+    _add_group(c)
+    c.set_defaults(handler=_cmd_show_config_sync)
     p.set_defaults(handler=_cmd_show_redundancy)
 
 
@@ -238,6 +248,12 @@ def _cmd_show_redundancy(args: argparse.Namespace, term: Terminal) -> int:
     from .show import show_redundancy
 
     return show_redundancy(term, load_group(group_path(args)), as_json=args.json, watch=args.watch)
+
+
+def _cmd_show_config_sync(args: argparse.Namespace, term: Terminal) -> int:
+    from .config_cmd import show_config_sync
+
+    return show_config_sync(term, load_group(group_path(args)), as_json=args.json)
 
 
 def _cmd_force_activity(args: argparse.Namespace, term: Terminal) -> int:

@@ -34,11 +34,14 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 def run(group_path: Path, role: Role) -> int:
     config = load_group(group_path)
-    load_secret(config)  # a bad group file, secret or access file is one sentence, before any log line
+    load_secret(config)  # a bad group file, secret, access file or config store is one sentence, before any log line
     if role.routes_messages:
         from appliance.access_file import access_path, load_access
+        from configsync.store import ConfigStore, store_path
 
         load_access(access_path(config.node(role).data_dir))
+        if store_path(config.node(role).data_dir).exists():
+            ConfigStore(store_path(config.node(role).data_dir)).close()
     configure_logging()
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

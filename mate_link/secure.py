@@ -71,8 +71,8 @@ class Stage(enum.Enum):
     FAILED = "failed"
 
 
-def _auth_key(secret: bytes, group: str) -> bytes:
-    info = b"pairmq/mate-link/v%d/auth/%s" % (VERSION, group.encode())
+def _auth_key(secret: bytes, group: str, purpose: str) -> bytes:
+    info = b"pairmq/%s/v%d/auth/%s" % (purpose.encode(), VERSION, group.encode())
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret", info=info).derive(secret)
 
 
@@ -92,7 +92,7 @@ def _framed(body: bytes) -> bytes:
 class Handshake:
     """What both ends share: buffering of length-prefixed handshake messages and the outcome."""
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
         if me not in _ROLE_CODES:
             raise ValueError(f"only primary and backup have a mate link, not {me.value}")
         if len(nonce) != NONCE_BYTES:
@@ -104,7 +104,7 @@ class Handshake:
         self.nonce = nonce
         self.stage = Stage.WAITING
         self.channel: SecureChannel | None = None
-        self._key = _auth_key(secret, group)
+        self._key = _auth_key(secret, group, purpose)  # config-sync (8302) uses the same handshake, other keys
         self._in = bytearray()
         self._out = bytearray()
 
@@ -161,8 +161,8 @@ class Handshake:
 class StandbyHandshake(Handshake):
     """The connecting side (the standby dials the active)."""
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
-        super().__init__(secret, group, me, nonce)
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+        super().__init__(secret, group, me, nonce, purpose)
         g = group.encode()
         self._hello = MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me]]) + nonce
         self._out += _framed(self._hello)
@@ -183,8 +183,8 @@ class StandbyHandshake(Handshake):
 class ActiveHandshake(Handshake):
     """The accepting side. Established once the standby's PROOF verifies."""
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes) -> None:
-        super().__init__(secret, group, me, nonce)
+    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+        super().__init__(secret, group, me, nonce, purpose)
         self._hello: bytes | None = None
         self._challenge = b""
         self.peer: Role | None = None

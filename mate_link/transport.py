@@ -39,7 +39,8 @@ class MateConnection(asyncio.Protocol):
                  on_message: Callable[["MateConnection", Message], None],
                  on_closed: Callable[["MateConnection", str], None],
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                 max_write_buffer_bytes: int = MAX_WRITE_BUFFER_BYTES) -> None:
+                 max_write_buffer_bytes: int = MAX_WRITE_BUFFER_BYTES,
+                 codec: tuple[Callable, Callable] = (encode, decode)) -> None:
         self.handshake = handshake
         self.counters = counters
         self._on_established = on_established
@@ -47,6 +48,7 @@ class MateConnection(asyncio.Protocol):
         self._on_closed = on_closed
         self._handshake_timeout_s = handshake_timeout_s
         self._max_write_buffer = max_write_buffer_bytes
+        self._encode, self._decode = codec  # config-sync's messages ride the same sealed frames
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.closed = False
@@ -77,7 +79,7 @@ class MateConnection(asyncio.Protocol):
             if self.handshake.stage is Stage.ESTABLISHED:
                 channel = self.handshake.channel
                 while not self.closed and (frame := channel.next_frame()) is not None:
-                    self._on_message(self, decode(frame))
+                    self._on_message(self, self._decode(frame))
         except HandshakeFailed as exc:
             self._refuse(exc.reason, str(exc))
         except RemoteProtocolError as exc:
@@ -109,7 +111,7 @@ class MateConnection(asyncio.Protocol):
             return
         assert self.handshake.stage is Stage.ESTABLISHED, "send() before on_established"
         channel = self.handshake.channel
-        self.transport.writelines([channel.seal(encode(m)) for m in messages])
+        self.transport.writelines([channel.seal(self._encode(m)) for m in messages])
         if self.transport.get_write_buffer_size() > self._max_write_buffer:
             self.transport.pause_reading()  # the peer reads nothing: stop taking its input meanwhile
 

@@ -26,11 +26,16 @@ from appliance.broker.access import AccessPolicy
 from appliance.config import GroupConfig, Limits, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
 from appliance.roles import Role
 
-LOOPBACK = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
+# PAIRMQ_TEST_LOOPBACK=127.0.0.11 moves groups to .11-.13 with a lock of their own, so that several
+# developers' work trees can run tests side by side (tests that name 127.0.0.1 itself still need the default).
+_FIRST = os.environ.get("PAIRMQ_TEST_LOOPBACK", "127.0.0.1")
+_BASE, _LAST = _FIRST.rsplit(".", 1)
+LOOPBACK = {role: f"{_BASE}.{int(_LAST) + i}" for i, role in enumerate((Role.PRIMARY, Role.BACKUP, Role.MONITOR))}
 REPO = Path(__file__).resolve().parent.parent
 
 
-PORTS_LOCK = Path(tempfile.gettempdir()) / "pairmq-fixed-ports.lock"
+PORTS_LOCK = Path(tempfile.gettempdir()) / ("pairmq-fixed-ports.lock" if _FIRST == "127.0.0.1"
+                                            else f"pairmq-fixed-ports-{_FIRST}.lock")
 PORTS_FREE_WAIT_S = 120
 
 
@@ -68,7 +73,7 @@ def fixed_ports():
                 time.sleep(0.2)
         while not ports_free():
             if time.monotonic() > deadline:
-                raise AssertionError(f"the fixed ports on 127.0.0.1-3 stayed busy for {PORTS_FREE_WAIT_S} s "
+                raise AssertionError(f"the fixed ports on {', '.join(LOOPBACK.values())} stayed busy for {PORTS_FREE_WAIT_S} s "
                                      f"(another group is running: see `ss -lunp | grep 8300`)")
             time.sleep(0.2)
         yield

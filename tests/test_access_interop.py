@@ -2,7 +2,7 @@
 
 One group for the module: the primary serves MQTT on 127.0.0.1:1883 and, with
 a certificate from a test CA made here, MQTT over TLS on 127.0.0.1:8883. Its
-access file holds two users and this ACL (first match wins):
+configuration holds two users and this ACL (first match wins):
 
     0 deny  publish   secret/#  all
     1 allow both      alice/#   user:alice
@@ -11,7 +11,7 @@ access file holds two users and this ACL (first match wins):
     4 allow subscribe secret/#  user:bob
 
 Anonymous clients are refused, except in the tests that switch that on (and
-off again) by rewriting the file, which the node notices within a second.
+off again) through the configuration API on the active (config-sync).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.access_file import access_path, load_access, write_access
 from appliance.broker.access import AccessPolicy, Action, Effect, Rule, hash_password
 from appliance.roles import Role
+from tests import config_api
 from tests.certs import make_pki
-from tests.group import Group
+from tests.group import LOOPBACK, Group
 
-HOST, PORT, TLS_PORT = "127.0.0.1", 1883, 8883
+HOST, PORT, TLS_PORT = LOOPBACK[Role.PRIMARY], 1883, 8883
 WAIT_S = 5.0
 V311, V5 = 4, 5
 VERSIONS = pytest.mark.parametrize("version", [V311, V5], ids=["v311", "v5"])
@@ -57,7 +57,7 @@ def the_policy(anonymous: bool = False) -> AccessPolicy:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
+    return make_pki(tmp_path_factory.mktemp("pki"), (LOOPBACK[Role.PRIMARY], LOOPBACK[Role.BACKUP]))
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +84,9 @@ def node_view(g: Group) -> dict:
         return json.load(r)
 
 
-def access_file(g: Group):
-    return access_path(g.config.node(Role.PRIMARY).data_dir)
-
-
-def set_policy(g: Group, policy: AccessPolicy | None) -> None:
-    """Rewrite (or delete) the primary's access file and wait until the node has reloaded it."""
-    before = len([e for e in g.events(Role.PRIMARY) if e["event"] == "access_reloaded"])
-    if policy is None:
-        access_file(g).unlink()
-    else:
-        write_access(access_file(g), policy)
-    g.wait_for("the node to reload its access file",
-               lambda: len([e for e in g.events(Role.PRIMARY) if e["event"] == "access_reloaded"]) > before)
+def set_policy(g: Group, policy: AccessPolicy) -> None:
+    """Replace the access policy on the active primary (config-sync); it is in force when this returns."""
+    config_api.set_policy(g, policy)
 
 
 @pytest.fixture
@@ -123,6 +113,8 @@ class Client:
             self.c.will_set(**will)
         self.port = port
         self.connacks, self.messages, self.acks = queue.Queue(), queue.Queue(), queue.Queue()
+        self.disconnects = queue.Queue()
+        self.c.on_disconnect = lambda _c, _u, flags, rc, p: self.disconnects.put(rc.value)
         self.c.on_connect = lambda _c, _u, flags, rc, p: self.connacks.put((rc.value, p))
         self.c.on_message = lambda _c, _u, m: self.messages.put((m.topic, m.payload))
         self.c.on_publish = lambda _c, _u, mid, rc, p: self.acks.put((mid, rc.value))
@@ -221,63 +213,50 @@ def test_anonymous_allowed_when_configured_then_refused_again(group, clients):
     finally:
         set_policy(group, the_policy(anonymous=False))
     assert clients(V5).connect()[0] == 0x87
-    # Already connected: the next packet meets the new policy (v5 §3.3.4: 0x87).
-    assert anon.publish("public/x", b"p", 1) == 0x87
-    assert anon.subscribe("public/a") == [0x87]
+    # Already connected anonymously: turning anonymous access off disconnects it, telling it why.
+    assert anon.disconnects.get(timeout=WAIT_S) == 0x87
 
 
-def test_without_an_access_file_anonymous_is_refused_and_says_why(group, clients):
-    saved = load_access(access_file(group))
-    set_policy(group, None)
+def test_an_acl_change_meets_a_connected_client_at_its_next_packet(group, clients):
+    alice = clients(V5, user="alice", password="alice-pw")
+    assert alice.connect()[0] == 0
+    assert alice.publish("alice/x", b"p", 1) in (0, 0x10)  # success (0x10: no subscriber yet)
+    without_rule_1 = the_policy()
+    without_rule_1 = AccessPolicy(False, without_rule_1.users, without_rule_1.rules[:1] + without_rule_1.rules[2:])
+    set_policy(group, without_rule_1)
+    try:
+        assert alice.publish("alice/x", b"p", 1) == 0x87  # v5 §3.3.4: the next packet meets the new policy
+        assert alice.subscribe("alice/a") == [0x87]
+    finally:
+        set_policy(group, the_policy())
+
+
+def test_without_users_and_anonymous_off_everyone_is_refused_and_told_why(group, clients):
+    set_policy(group, AccessPolicy())
     try:
         code, props = clients(V5).connect()
         assert code == 0x87
-        assert f"no access file at {access_file(group)}" in props.ReasonString
+        assert "anonymous connections are not allowed" in props.ReasonString
+        assert clients(V5, user="alice", password="alice-pw").connect()[0] == 0x86
     finally:
-        set_policy(group, saved)
-
-
-def test_a_broken_access_file_keeps_the_policy_and_is_reported(group, clients):
-    saved = load_access(access_file(group))
-    path = access_file(group)
-    failures = len([e for e in group.events(Role.PRIMARY) if e["event"] == "access_reload_failed"])
-    try:
-        path.write_text('{"version": 1, "allow_anonymous": "yes"}')
-        event = group.wait_for("the failed reload event", lambda: [
-            e for e in group.events(Role.PRIMARY) if e["event"] == "access_reload_failed"][failures:])[0]
-        assert "allow_anonymous must be true or false" in event["reason"]
-        assert clients(V5, user="alice", password="alice-pw").connect()[0] == 0  # the old policy holds
-    finally:
-        set_policy(group, saved)
-
-
-def test_sighup_reloads_at_once(group, clients):
-    """An edit the once-a-second check cannot see (same inode, size and mtime): only SIGHUP picks it up."""
-    path = access_file(group)
-    saved = path.read_bytes()
-    stat = path.stat()
-    edited = saved.replace(b'"allow_anonymous": false', b'"allow_anonymous": true ')
-    assert len(edited) == len(saved) and edited != saved
-    try:
-        with open(path, "r+b") as f:
-            f.write(edited)
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        time.sleep(1.5)  # two watchdog rounds: the change stays unseen
-        assert clients(V5).connect()[0] == 0x87
-        before = len([e for e in group.events(Role.PRIMARY) if e["event"] == "access_reloaded"])
-        group.signal(Role.PRIMARY, signal.SIGHUP)
-        group.wait_for("the SIGHUP reload", lambda: len(
-            [e for e in group.events(Role.PRIMARY) if e["event"] == "access_reloaded"]) > before)
-        assert clients(V5).connect()[0] == 0
-        group.signal(Role.MONITOR, signal.SIGHUP)  # `systemctl reload` on the monitor: harmless
-        group.signal(Role.BACKUP, signal.SIGHUP)
-        time.sleep(0.5)
-        assert group.procs[Role.MONITOR].poll() is None and group.procs[Role.BACKUP].poll() is None
-    finally:
-        with open(path, "r+b") as f:
-            f.write(saved)
-        group.signal(Role.PRIMARY, signal.SIGHUP)
         set_policy(group, the_policy())
+
+
+def test_a_malformed_change_keeps_the_policy_and_names_the_field(group, clients):
+    status, reply = config_api.call(group, Role.PRIMARY, "/api/v1/config/changes", {"changes": [
+        {"kind": "document.replace", "document": {"version": 1, "access": {"version": 1, "allow_anonymous": "yes"}}}]})
+    assert status == 400 and "allow_anonymous must be true or false" in reply["error"], reply
+    assert clients(V5, user="alice", password="alice-pw").connect()[0] == 0  # the policy holds
+
+
+def test_sighup_is_harmless_on_every_node(group, clients):
+    """`systemctl reload`: configuration is changed through the API now, so SIGHUP only says so."""
+    for role in Role:
+        group.signal(role, signal.SIGHUP)
+    time.sleep(0.5)
+    assert all(group.procs[role].poll() is None for role in Role)
+    assert clients(V5, user="alice", password="alice-pw").connect()[0] == 0
+    assert "SIGHUP: nothing to reload" in (group.dir / "primary.log").read_text()
 
 
 # --- ACLs --------------------------------------------------------------------------------------

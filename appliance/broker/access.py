@@ -280,7 +280,7 @@ class AccessPolicy:
         return dataclasses.replace(self, allow_anonymous=allowed)
 
     def with_user(self, username: str, record: HashRecord) -> "AccessPolicy":
-        _check_username(username, "username")
+        check_username(username, "username")
         if username not in self.users and len(self.users) >= MAX_USERS:
             raise AccessDocumentError(f"users: at most {MAX_USERS} users")
         return dataclasses.replace(self, users={**self.users, username: record})
@@ -289,7 +289,7 @@ class AccessPolicy:
         return dataclasses.replace(self, users={k: v for k, v in self.users.items() if k != username})
 
     def with_rule(self, rule: Rule) -> "AccessPolicy":
-        checked = _rule_from_document(rule.to_document(), f"acl[{len(self.rules)}]")
+        checked = rule_from_document(rule.to_document(), f"acl[{len(self.rules)}]")
         if len(self.rules) >= MAX_RULES:
             raise AccessDocumentError(f"acl: at most {MAX_RULES} rules")
         return dataclasses.replace(self, rules=(*self.rules, checked))
@@ -326,25 +326,25 @@ class AccessPolicy:
             raise AccessDocumentError(f"users: at most {MAX_USERS} users, not {len(users_doc)}")
         users = {}
         for name, record in users_doc.items():
-            _check_username(name, f"users[{name!r}]")
-            users[name] = _record_from_document(record, f"users[{name!r}]")
+            check_username(name, f"users[{name!r}]")
+            users[name] = record_from_document(record, f"users[{name!r}]")
         acl_doc = doc.get("acl", [])
         if not isinstance(acl_doc, list):
             raise AccessDocumentError("acl must be a list of rules")
         if len(acl_doc) > MAX_RULES:
             raise AccessDocumentError(f"acl: at most {MAX_RULES} rules, not {len(acl_doc)}")
-        rules = tuple(_rule_from_document(rule, f"acl[{i}]") for i, rule in enumerate(acl_doc))
+        rules = tuple(rule_from_document(rule, f"acl[{i}]") for i, rule in enumerate(acl_doc))
         return cls(anonymous, users, rules)
 
 
-def _check_username(name: object, where: str) -> None:
+def check_username(name: object, where: str) -> None:
     if not isinstance(name, str) or not name or len(name) > MAX_USERNAME_CHARS:
         raise AccessDocumentError(f"{where}: a username must be 1..{MAX_USERNAME_CHARS} characters")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF for ch in name):
         raise AccessDocumentError(f"{where}: a username may not hold control characters or surrogates")
 
 
-def _record_from_document(record: object, where: str) -> HashRecord:
+def record_from_document(record: object, where: str) -> HashRecord:
     if not isinstance(record, dict):
         raise AccessDocumentError(f"{where} must be a scrypt record {{scheme, n, r, p, salt, hash}}")
     unknown = sorted(set(record) - {"scheme", "n", "r", "p", "salt", "hash"})
@@ -374,7 +374,7 @@ def _record_from_document(record: object, where: str) -> HashRecord:
     return HashRecord(raw["salt"], values["n"], values["r"], values["p"], raw["hash"])
 
 
-def _rule_from_document(rule: object, where: str) -> Rule:
+def rule_from_document(rule: object, where: str) -> Rule:
     if not isinstance(rule, dict):
         raise AccessDocumentError(f"{where} must be a rule {{effect, action, filter, who}}")
     unknown = sorted(set(rule) - {"effect", "action", "filter", "who"})
@@ -403,5 +403,5 @@ def _rule_from_document(rule: object, where: str) -> Rule:
     if not isinstance(who, str) or not (who in WHO_KINDS or who.startswith(WHO_USER_PREFIX)):
         raise AccessDocumentError(f"{where}.who must be all, users, anonymous or user:NAME, not {who!r}")
     if who.startswith(WHO_USER_PREFIX):
-        _check_username(who[len(WHO_USER_PREFIX):], f"{where}.who")
+        check_username(who[len(WHO_USER_PREFIX):], f"{where}.who")
     return Rule(effect, action, topic_filter, who)

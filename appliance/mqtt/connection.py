@@ -52,7 +52,7 @@ PACKETS_PER_TURN = 256
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "_packets", "peer", "accepted", "closing", "close_reason", "client_id",
-        "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "_paused", "_out", "_written",
+        "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
         "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted")
 
     def __init__(self, listener: MqttListener) -> None:
@@ -65,6 +65,7 @@ class MqttConnection(asyncio.Protocol):
         self.closing = False
         self.close_reason = ""
         self.client_id: str | None = None
+        self.username: str | None = None  # once accepted: config-sync drops a deleted user's clients
         self.keep_alive_s = 0
         self.peer_max_packet_size: int | None = None
         self.conn_id: int | None = None  # the broker's name for this connection once accepted
@@ -257,6 +258,7 @@ class MqttConnection(asyncio.Protocol):
         """CONNACK success (from the broker, or here without one), then read the client's packets."""
         self.keep_alive_s = c.keep_alive_s
         self.accepted = True  # before any write: a drop_clients from here on must DISCONNECT
+        self.username = c.username
         self._l.accepted_count += 1
         broker = self._l.broker
         if broker is not None:

@@ -232,12 +232,21 @@ class MqttListener:
             conn.unhold()
 
     def drop_clients(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
-                     server_reference: str | None = None) -> int:
-        """Disconnect everyone now; v5 clients are told why. Returns how many."""
+                     server_reference: str | None = None, only=None) -> int:
+        """Disconnect everyone now (or the accepted clients `only(conn)` picks); v5 clients are told why.
+        Returns how many."""
         if reason_code not in DISCONNECT_REASON_CODES or reason_code == ReasonCode.SUCCESS:
             raise ValueError(f"0x{reason_code:02X} is not a DISCONNECT error reason code")
+        if only is not None:
+            return sum(conn.drop(ReasonCode(reason_code), None) for conn in list(self._conns)
+                       if conn.accepted and only(conn))
         self._connects.clear()  # their connections are in _conns and are closed below
         return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
+
+    def set_overload(self, overload: OverloadLimits) -> None:
+        """New overload settings (config-sync): the window restarts from the new maximum."""
+        self.policy = WindowPolicy(overload)
+        self.window = self.policy.window
 
     # --- used by connections ---------------------------------------------------
 

@@ -1,0 +1,287 @@
+"""A host-list MQTT client for PairMQ groups (issue 6): an application sees no error across a failover.
+
+    from cli.hostlist import HostListClient
+
+    client = HostListClient(["10.0.0.1:1883", "10.0.0.2:1883"], client_id="door-controller")
+    client.start()                                   # returns once connected to the active node
+    handle = client.publish("cars/7/door", b"unlock", qos=1)
+    handle.wait(timeout_s=10)                        # True once the active acknowledged it (after replication)
+    client.subscribe("cars/7/state", qos=1, on_message=lambda topic, payload: ...)
+    client.stop()
+
+Rules:
+- One paho-mqtt client (MQTT 5), one thread that drives its network loop and its connections: no
+  races between a reconnect and the loop.
+- Connecting walks the host list in order. A CONNACK "use another server" (0x9C) or "server moved"
+  (0x9D) with a Server Reference, and a DISCONNECT carrying one (a handover), send it to that host
+  next; any other failure tries the next host, with a short bounded back-off once every host failed.
+- The session is persistent (clean start off, `session_expiry_s`): the group replicates it, so after a
+  failover the new active still holds the subscriptions, queued messages and QoS 2 state. When a
+  server has no session for us (session present = 0), the client subscribes again.
+- Publishes are never refused by the client for lack of a connection: they wait in the client's own
+  FIFO, which feeds paho only while fewer than `WINDOW` messages are unacknowledged (the server's
+  Receive Maximum is 100). paho resends its unacknowledged messages (DUP) on the next connection,
+  whichever host it is, and nothing newer can overtake them: per-publisher order holds across a
+  failover (paho alone would send a new publish ahead of its own queued backlog). Each QoS 1/2
+  publish carries a message id (user property `MESSAGE_ID_PROPERTY`) so the group can drop the
+  copy a retransmit after failover would otherwise create (docs/broker.md, duplicate suppression).
+- Bounded: at most `max_queued` unacknowledged messages (paho's queue); beyond, publish raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import MessageState
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from appliance.errors import PairMQError
+
+MESSAGE_ID_PROPERTY = "pairmq-msg-id"
+USE_ANOTHER_SERVER, SERVER_MOVED = 0x9C, 0x9D
+LOOP_STEP_S = 0.005
+WINDOW = 100  # at most this many handed to paho and unacknowledged: PairMQ's Receive Maximum
+
+
+class ClientError(PairMQError):
+    """The client cannot do what was asked (no host reachable in time, queue full, bad host list)."""
+
+
+def parse_hosts(hosts: list[str] | str, default_port: int = 1883) -> list[tuple[str, int]]:
+    items = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    parsed = []
+    for item in (i.strip() for i in items):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", str(default_port))
+        try:
+            number = int(port)
+        except ValueError:
+            number = -1
+        if not host or not 1 <= number <= 65535:
+            raise ClientError(f"{item!r} is not HOST[:PORT] (a port from 1 to 65535)")
+        parsed.append((host, number))
+    if not parsed:
+        raise ClientError("the host list is empty")
+    return parsed
+
+
+class PublishHandle:
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, properties, message_id: str | None):
+        self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
+        self.properties, self.message_id = properties, message_id
+        self.acknowledged = threading.Event()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the server acknowledged the message (PUBACK / PUBCOMP; QoS 0: once written)."""
+        return self.acknowledged.wait(timeout_s)
+
+
+class HostListClient:
+    def __init__(self, hosts: list[str] | str, client_id: str, *, session_expiry_s: int = 3600,
+                 keepalive_s: int = 10, username: str | None = None, password: str | None = None,
+                 connect_timeout_s: float = 2.0, max_backoff_s: float = 0.5, max_queued: int = 100_000,
+                 message_ids: bool = True) -> None:
+        self.hosts = parse_hosts(hosts)
+        self.client_id = client_id
+        self.session_expiry_s = session_expiry_s
+        self.keepalive_s = keepalive_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.message_ids = message_ids
+        self.paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                                reconnect_on_failure=False)
+        self.paho.max_inflight_messages_set(WINDOW)
+        self.paho.connect_timeout = connect_timeout_s
+        if username is not None:
+            self.paho.username_pw_set(username, password)
+        self.paho.on_connect = self._on_connect
+        self.paho.on_disconnect = self._on_disconnect
+        self.paho.on_message = self._on_message
+        self.paho.on_publish = self._on_publish
+        self._pending: collections.deque[PublishHandle] = collections.deque()
+        self._handed: dict[int, PublishHandle] = {}  # paho's mid -> handle, until acknowledged
+        self.max_queued = max_queued
+        self.connected = threading.Event()
+        self.current: tuple[str, int] | None = None
+        self.connects = self.failovers = 0
+        self.history: list[str] = []  # one line per connection event, for tests and `pairmq sub -v`
+        self._subscriptions: dict[str, tuple[int, Callable | None]] = {}
+        self._redirect: tuple[str, int] | None = None
+        self._answer: threading.Event = threading.Event()
+        self._answer_code: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- the application's side ---
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"hostlist-{self.client_id}", daemon=True)
+        self._thread.start()
+        if not self.connected.wait(timeout_s):
+            raise ClientError(f"no host of {self._hosts_text()} accepted {self.client_id!r} within {timeout_s:g} s "
+                              f"({self.history[-1] if self.history else 'no answer'})")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        try:
+            self.paho.disconnect()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> PublishHandle:
+        """Queue a message; it is sent in order, on whichever node is active. Never fails for lack of a
+        connection; raises ClientError only when `max_queued` messages are already waiting."""
+        props, message_id = None, None
+        if qos > 0 and self.message_ids:
+            message_id = uuid.uuid4().hex
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = [(MESSAGE_ID_PROPERTY, message_id)]
+        handle = PublishHandle(topic, payload, qos, retain, props, message_id)
+        with self._lock:
+            if len(self._pending) + len(self._handed) >= self.max_queued:
+                raise ClientError(f"{self.max_queued} messages are waiting for acknowledgement; wait for some "
+                                  f"before publishing more")
+            self._pending.append(handle)
+        return handle
+
+    def subscribe(self, topic_filter: str, qos: int = 1, on_message: Callable[[str, bytes], None] | None = None):
+        with self._lock:
+            self._subscriptions[topic_filter] = (qos, on_message)
+        if self.connected.is_set():
+            self.paho.subscribe(topic_filter, qos)
+
+    # --- the connection thread ---
+
+    def _run(self) -> None:
+        index, failures = 0, 0
+        while not self._stop.is_set():
+            target = self._redirect or self.hosts[index % len(self.hosts)]
+            self._redirect = None
+            if self._connect_once(target):
+                failures = 0
+                self._serve()
+                continue
+            if self._redirect is None:
+                index += 1
+                failures += 1
+                if failures % len(self.hosts) == 0:
+                    self._stop.wait(min(self.max_backoff_s, 0.05 * failures))
+
+    def _connect_once(self, target: tuple[str, int]) -> bool:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.session_expiry_s
+        self._answer.clear()
+        self._answer_code = None
+        self._keep_pubrel_states()
+        try:
+            self.paho.connect(target[0], target[1], keepalive=self.keepalive_s, clean_start=False, properties=props)
+        except OSError as exc:
+            self.history.append(f"{target[0]}:{target[1]}: {exc.strerror or exc}")
+            return False
+        deadline = time.monotonic() + self.connect_timeout_s
+        while not self._answer.is_set() and time.monotonic() < deadline and not self._stop.is_set():
+            self.paho.loop(LOOP_STEP_S)
+        if self._answer_code == 0:
+            if self.current is not None and self.current != target:
+                self.failovers += 1
+            self.current = target
+            self.connects += 1
+            return True
+        self.paho.disconnect()
+        self.paho.loop(LOOP_STEP_S)
+        if self._answer_code is None:
+            self.history.append(f"{target[0]}:{target[1]}: no CONNACK within {self.connect_timeout_s:g} s")
+        return False
+
+    def _keep_pubrel_states(self) -> None:
+        """paho 2.2 resets a QoS 2 message waiting for PUBCOMP to "resend PUBREL" on each connect, but a
+        second connect before a CONNACK 0 (a refused host, a standby's 0x9C) turns that into "publish":
+        the message would be sent again as new after its PUBREL, and delivered twice. Undo that first."""
+        with self.paho._out_message_mutex:
+            for message in self.paho._out_messages.values():
+                if message.state == MessageState.MQTT_MS_RESEND_PUBREL:
+                    message.state = MessageState.MQTT_MS_WAIT_FOR_PUBCOMP
+
+    def _serve(self) -> None:
+        """Drive the network loop until the connection ends (or stop), feeding paho from our FIFO."""
+        while not self._stop.is_set() and self.connected.is_set():
+            self._feed()
+            rc = self.paho.loop(LOOP_STEP_S)
+            if rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_AGAIN) and self.connected.is_set():
+                self.connected.clear()
+                self.history.append(f"{self._here()}: connection lost ({mqtt.error_string(rc)})")
+
+    def _feed(self) -> None:
+        with self._lock:
+            while self._pending and len(self._handed) < WINDOW:
+                handle = self._pending.popleft()
+                info = self.paho.publish(handle.topic, handle.payload, qos=handle.qos, retain=handle.retain,
+                                         properties=handle.properties)
+                if handle.qos == 0:
+                    handle.acknowledged.set()
+                else:
+                    self._handed[info.mid] = handle
+
+    # --- paho callbacks (on the connection thread) ---
+
+    def _on_publish(self, client, userdata, mid, reason, props) -> None:
+        with self._lock:
+            handle = self._handed.pop(mid, None)
+        if handle is not None:
+            handle.acknowledged.set()
+
+
+    def _on_connect(self, client, userdata, flags, reason, props) -> None:
+        code = reason.value
+        self._answer_code = code
+        self._answer.set()
+        if code == 0:
+            self.history.append(f"{self._here()}: connected (session present: {bool(flags.session_present)})")
+            if not flags.session_present:
+                with self._lock:
+                    subscriptions = list(self._subscriptions.items())
+                for topic_filter, (qos, _callback) in subscriptions:
+                    client.subscribe(topic_filter, qos)
+            self.connected.set()
+            return
+        reference = getattr(props, "ServerReference", None) if props is not None else None
+        self.history.append(f"{self._here()}: refused 0x{code:02X}" + (f" → {reference}" if reference else ""))
+        if code in (USE_ANOTHER_SERVER, SERVER_MOVED) and reference:
+            self._follow(reference)
+
+    def _on_disconnect(self, client, userdata, flags, reason, props) -> None:
+        reference = getattr(props, "ServerReference", None) if props is not None else None
+        if self.connected.is_set():
+            self.history.append(f"{self._here()}: disconnected 0x{reason.value:02X}"
+                                + (f" → {reference}" if reference else ""))
+        self.connected.clear()
+        if reference:
+            self._follow(reference)
+
+    def _on_message(self, client, userdata, message) -> None:
+        with self._lock:
+            callbacks = [cb for f, (_q, cb) in self._subscriptions.items()
+                         if cb is not None and mqtt.topic_matches_sub(f, message.topic)]
+        for callback in callbacks[:1]:
+            callback(message.topic, message.payload)
+
+    def _follow(self, reference: str) -> None:
+        try:
+            self._redirect = parse_hosts(reference.split()[0])[0]
+        except ClientError:
+            self.history.append(f"ignored a server reference that is not HOST:PORT: {reference[:100]!r}")
+
+    def _here(self) -> str:
+        host = self.paho._host
+        return f"{host}:{self.paho._port}"
+
+    def _hosts_text(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.hosts)

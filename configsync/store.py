@@ -1,0 +1,211 @@
+"""The versioned configuration store: one SQLite file per routing node (`<data_dir>/config/config.db`).
+
+Rules:
+- The store holds the current document, its version and digest, and the history of the changes
+  that made it: version n's change with chain(n) (configsync/changes.py). Versions go up by one per
+  change, never skip, and are never reused within one history.
+- Every write is one transaction (WAL, synchronous=FULL): a change, its history row and the new
+  head together or not at all. A change is validated against the current document before it is
+  written; a bad one leaves the store untouched.
+- The history is bounded (`max_history` changes); a node further behind than that catches up by
+  snapshot. A snapshot replaces document and head and starts a new history at its version.
+- At open the store checks itself: the head's digest must be the document's, and the history must
+  chain up to the head. A store that fails is `ConfigStoreCorrupt`, with the file named and what to
+  do: the node refuses to start rather than serve a configuration it cannot trust.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+
+import sqlite_utils
+
+from appliance.errors import PairMQError
+
+from .changes import GENESIS, apply_change, chain, parse_change
+from .document import ConfigChangeError, ConfigDocument, canonical
+
+STORE_FILE = Path("config") / "config.db"
+MAX_HISTORY = 10_000
+
+
+class ConfigStoreCorrupt(PairMQError):
+    """The configuration store failed its integrity check at open."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    version: int
+    chain: str
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    version: int
+    change: dict
+    chain: str
+    at_ms: int = 0
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "change": self.change, "chain": self.chain, "at_ms": self.at_ms}
+
+
+def store_path(data_dir: Path) -> Path:
+    return Path(data_dir) / STORE_FILE
+
+
+class ConfigStore:
+    def __init__(self, path: Path, *, max_history: int = MAX_HISTORY) -> None:
+        self.path = Path(path)
+        self.max_history = max_history
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self.db = sqlite_utils.Database(conn)
+            self._create()
+            self.head, self.document = self._load()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigStoreCorrupt(f"configuration store {self.path} cannot be read ({exc}); "
+                                     f"move it aside and let the node take its mate's configuration") from None
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # --- writing ---
+
+    def apply(self, change: dict, at_ms: int) -> Entry:
+        """Validate `change` against the current document, then commit it as the next version."""
+        parse_change(change)
+        document = apply_change(self.document, change)
+        entry = Entry(self.head.version + 1, change, chain(self.head.chain, change), at_ms)
+        self._commit([entry], document)
+        return entry
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        """A mate's changes, all or none: each must follow the head and chain to it."""
+        head, document = self.head, self.document
+        for entry in entries:
+            where = f"change {entry.version}"
+            if entry.version != head.version + 1:
+                raise ConfigChangeError(f"{where}: expected version {head.version + 1}")
+            parse_change(entry.change, where)
+            if chain(head.chain, entry.change) != entry.chain:
+                raise ConfigChangeError(f"{where}: its chain does not follow version {head.version}'s")
+            document = apply_change(document, entry.change, where)
+            head = Head(entry.version, entry.chain, "")
+        if entries:
+            self._commit(entries, document)
+
+    def install(self, version: int, chain_value: str, document: ConfigDocument) -> None:
+        """Replace document, head and history by a snapshot (the caller reports what it discards)."""
+        head = Head(version, chain_value, document.digest())
+        with self.db.conn:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            self.db.conn.execute("DELETE FROM changes")
+            self._write_head(head, document)
+        self.head, self.document = head, document
+
+    # --- reading ---
+
+    def chain_at(self, version: int) -> str | None:
+        if version == self.head.version:
+            return self.head.chain
+        if version == 0 and (self._oldest_version() == 1 or self.head.version == 0):
+            return GENESIS
+        row = self.db.conn.execute("SELECT chain FROM changes WHERE version = ?", (version,)).fetchone()
+        return row[0] if row else None
+
+    def changes_after(self, version: int, limit: int | None = None) -> list[Entry] | None:
+        """Every change after `version` in order, or None when the history no longer reaches back there."""
+        if version >= self.head.version:
+            return []
+        oldest = self._oldest_version()
+        if oldest is None or oldest > version + 1:
+            return None
+        sql = "SELECT version, change, chain, at_ms FROM changes WHERE version > ? ORDER BY version"
+        rows = self.db.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (version,)).fetchall()
+        return [Entry(v, json.loads(c), ch, at) for v, c, ch, at in rows]
+
+    def recent_chains(self, count: int) -> list[tuple[int, str]]:
+        """(version, chain) of our newest `count` versions, newest first, for a rejoin."""
+        rows = self.db.conn.execute("SELECT version, chain FROM changes ORDER BY version DESC LIMIT ?",
+                                    (count,)).fetchall()
+        points = [(self.head.version, self.head.chain)] + [(v, c) for v, c in rows if v != self.head.version]
+        if len(points) < count and self.head.version != 0 and self.chain_at(0) == GENESIS:
+            points.append((0, GENESIS))
+        return points[:count]
+
+    def history(self, limit: int = 50) -> list[Entry]:
+        rows = self.db.conn.execute("SELECT version, change, chain, at_ms FROM changes ORDER BY version DESC "
+                                    "LIMIT ?", (limit,)).fetchall()
+        return [Entry(v, json.loads(c), ch, at) for v, c, ch, at in rows]
+
+    # --- internals ---
+
+    def _create(self) -> None:
+        self.db["changes"].create({"version": int, "change": str, "chain": str, "at_ms": int}, pk="version",
+                                  not_null={"change", "chain", "at_ms"}, if_not_exists=True)
+        self.db["head"].create({"id": int, "version": int, "chain": str, "digest": str, "document": str}, pk="id",
+                               not_null={"version", "chain", "digest", "document"}, if_not_exists=True)
+        if self.db["head"].count == 0:
+            empty = ConfigDocument()
+            with self.db.conn:
+                self.db.conn.execute("BEGIN IMMEDIATE")
+                self._write_head(Head(0, GENESIS, empty.digest()), empty)
+
+    def _load(self) -> tuple[Head, ConfigDocument]:
+        version, chain_value, digest, text = self.db.conn.execute(
+            "SELECT version, chain, digest, document FROM head WHERE id = 1").fetchone()
+        where = f"configuration store {self.path}"
+        try:
+            document = ConfigDocument.from_json(json.loads(text))
+        except (ValueError, ConfigChangeError) as exc:
+            raise ConfigStoreCorrupt(f"{where}: the document does not parse ({exc}); move the file aside and "
+                                     f"let the node take its mate's configuration") from None
+        if document.digest() != digest:
+            raise ConfigStoreCorrupt(f"{where}: the document's digest does not match the one recorded "
+                                     f"(the file was altered or damaged); move it aside and let the node take "
+                                     f"its mate's configuration")
+        self._check_history(version, chain_value, where)
+        return Head(version, chain_value, digest), document
+
+    def _check_history(self, version: int, head_chain: str, where: str) -> None:
+        rows = self.db.conn.execute("SELECT version, change, chain FROM changes ORDER BY version").fetchall()
+        previous = None
+        for v, text, ch in rows:
+            try:
+                change = json.loads(text)
+            except ValueError:
+                raise ConfigStoreCorrupt(f"{where}: change {v} does not parse") from None
+            if previous is not None and (v != previous[0] + 1 or chain(previous[1], change) != ch):
+                raise ConfigStoreCorrupt(f"{where}: change {v} does not chain to change {previous[0]}")
+            if previous is None and v == 1 and chain(GENESIS, change) != ch:
+                raise ConfigStoreCorrupt(f"{where}: change 1 does not chain to the start")
+            previous = (v, ch)
+        if previous is not None and previous != (version, head_chain):
+            raise ConfigStoreCorrupt(f"{where}: the history ends at version {previous[0]}, the head says {version}")
+
+    def _commit(self, entries: list[Entry], document: ConfigDocument) -> None:
+        last = entries[-1]
+        head = Head(last.version, last.chain, document.digest())
+        with self.db.conn:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            self.db.conn.executemany("INSERT INTO changes (version, change, chain, at_ms) VALUES (?, ?, ?, ?)",
+                                     [(e.version, canonical(e.change).decode(), e.chain, e.at_ms) for e in entries])
+            self.db.conn.execute("DELETE FROM changes WHERE version <= ?", (last.version - self.max_history,))
+            self._write_head(head, document)
+        self.head, self.document = head, document
+
+    def _write_head(self, head: Head, document: ConfigDocument) -> None:
+        self.db.conn.execute("INSERT OR REPLACE INTO head (id, version, chain, digest, document) VALUES (1, ?, ?, ?, ?)",
+                             (head.version, head.chain, head.digest, document.canonical().decode()))
+
+    def _oldest_version(self) -> int | None:
+        row = self.db.conn.execute("SELECT min(version) FROM changes").fetchone()
+        return row[0]

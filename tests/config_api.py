@@ -1,0 +1,61 @@
+"""Talking to a node's configuration API from tests: changes, views and waiting for the standby."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from appliance.broker.access import AccessPolicy
+from appliance.config import load_secret
+from appliance.node import management_token
+from appliance.roles import Role
+from configsync.document import ConfigDocument
+
+
+def call(g, role: Role, path: str, body: dict | None = None, *, token: bool = True) -> tuple[int, dict]:
+    url = f"http://{g.config.node(role).address}:{g.config.ports.management}{path}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
+    if token:
+        request.add_header("Authorization", f"Bearer {management_token(load_secret(g.config))}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def change(g, role: Role, *changes: dict) -> dict:
+    status, reply = call(g, role, "/api/v1/config/changes", {"changes": list(changes)})
+    assert status == 200, f"{role.value} refused {changes}: {status} {reply}"
+    return reply
+
+
+def config(g, role: Role) -> dict:
+    status, reply = call(g, role, "/api/v1/config")
+    assert status == 200, reply
+    return reply
+
+
+def set_policy(g, policy: AccessPolicy, role: Role = Role.PRIMARY) -> dict:
+    """Replace the access policy (keeping limits and the rest) on the active `role`, confirmed by its standby
+    when it has one in sync."""
+    _, current = call(g, role, "/api/v1/config/document")
+    doc = ConfigDocument.from_json(current["document"])
+    replaced = ConfigDocument(policy, doc.limits, doc.overload, doc.auto_revert)
+    return change(g, role, {"kind": "document.replace", "document": replaced.to_json()})
+
+
+def wait_for_version(g, role: Role, version: int, timeout_s: float = 5.0) -> float:
+    """Seconds until `role` reports `version` (AssertionError after `timeout_s`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            if config(g, role)["version"] >= version:
+                return time.monotonic() - start
+        except (OSError, AssertionError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{role.value} did not reach configuration version {version} within {timeout_s} s")
