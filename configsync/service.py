@@ -38,8 +38,8 @@ from .store import ConfigStore, Entry
 
 log = logging.getLogger("pairmq.configsync")
 PURPOSE = "config-sync"
-TICK_S = 0.1
-REDIAL_S = 0.3
+TICK_S = 0.05
+REDIAL_S = 0.1
 
 
 def now_ms() -> int:

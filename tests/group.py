@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from appliance.access_file import access_path, write_access
@@ -191,6 +192,15 @@ class Group:
         syncs = [d for d in self.decisions(Role.BACKUP, "sync") if "in sync" in d["reason"]]
         return bool(syncs) and "out of sync" not in syncs[-1]["reason"]
 
+    def config_in_sync(self, active: Role = Role.PRIMARY) -> bool:
+        """The active's config-sync view says its standby holds its configuration (issue 5)."""
+        url = f"http://{self.address(active)}:{self.config.ports.management}/api/v1/config-sync"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return json.load(response)["status"] == "In-Sync"
+        except (OSError, ValueError, KeyError):
+            return False
+
     def probe_once(self) -> dict[Role, int | None]:
         """One simultaneous CONNECT to primary and backup: {role: CONNACK code or None}."""
         hosts = [self.address(Role.PRIMARY), self.address(Role.BACKUP)]
@@ -247,5 +257,6 @@ def active_group(directory: Path, timeout_s: float = 20.0, **kwargs):
     with Group(directory, **kwargs) as g:
         g.start()
         g.wait_for("the primary to take activity", lambda: g.probe_once()[Role.PRIMARY] == 0, timeout_s=timeout_s)
+        g.wait_for("the backup's configuration to be in sync", g.config_in_sync, timeout_s=timeout_s)
         g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=timeout_s)
         yield g
