@@ -1,0 +1,93 @@
+"""S2 with real node processes and paho-mqtt streams across faults of the active (issue 4).
+
+Every host (primary, backup, monitor, clients) is its own network namespace (tests/netns.py), so
+these tests need no loopback port lock and a fault can cut one port of one link.
+
+Each test runs QoS 1 and QoS 2 publishers (tests/streams.py) and two persistent subscribers:
+"live" stays connected and follows the host list through the fault, "parked" is offline during it
+and resumes its session afterwards. The checker's rules are in tests/streams.py; each test prints
+its summary line (`pytest -s`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from appliance.config import Timers
+from appliance.roles import Role
+from tests.group import Group
+from tests.netns import hosts  # noqa: F401  (fixture)
+from tests.streams import Subscriber, finish, streams, wait_until
+
+pytestmark = [pytest.mark.processes, pytest.mark.netns]
+P, B = Role.PRIMARY, Role.BACKUP
+LEASE_S = Timers().lease_ms / 1000
+
+
+@pytest.fixture
+def group(hosts, tmp_path):  # noqa: F811
+    addresses = {r: hosts.address(r.value) for r in Role}
+    with Group(tmp_path / "group", addresses, hosts=hosts) as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=20)
+        g.client_hosts = [g.address(P), g.address(B)]
+        g.client_netns = hosts.netns_name("client")
+        yield g
+        assert g.accept_order_violations() == []
+
+
+def subscribers(group) -> tuple[Subscriber, Subscriber]:
+    live = Subscriber("live", group.client_hosts, netns=group.client_netns)
+    parked = Subscriber("parked", group.client_hosts, v5=False, netns=group.client_netns)
+    for sub in (live, parked):
+        sub.start()
+    parked.go_offline()
+    return live, parked
+
+
+def start_streams(group, count: int):
+    pubs = streams(group.client_hosts, qos1=1, qos2=2, count=count, netns=group.client_netns)
+    for pub in pubs:
+        pub.start()
+    return pubs
+
+
+def test_kill_9_of_the_active_qos1_and_qos2_streams(group):
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 300)
+    wait_until("a third of the messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 300,
+               timeout_s=20, on_timeout=group.logs_tail)
+    group.kill(P)  # mid-stream: what is in flight is unacknowledged and is resent to the backup
+    group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+    parked.come_back()
+
+    report = finish("kill-9 QoS1+QoS2", pubs, [live, parked], describe=group.logs_tail)
+    assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
+    assert all(host == group.address(B) for host, code in live.connects[-1:] if code == 0)
+
+
+def test_sigstop_of_the_active_past_its_lease(group):
+    """The paused primary loses activity to the backup; on SIGCONT it steps down without accepting a
+    packet, its clients go to the backup, and nothing acknowledged is lost or doubled."""
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 300)
+    wait_until("a third of the messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 300,
+               timeout_s=20, on_timeout=group.logs_tail)
+    group.signal(P, signal.SIGSTOP)
+    try:
+        group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+        time.sleep(2 * LEASE_S)  # the clients still sit on the paused primary's sockets
+    finally:
+        group.signal(P, signal.SIGCONT)
+    group.wait_for("the old primary to step down", lambda: group.decisions(P, "step_down"), timeout_s=10)
+    parked.come_back()
+
+    report = finish("SIGSTOP QoS1+QoS2", pubs, [live, parked], describe=group.logs_tail)
+    assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
+    assert group.probe_once() == {P: 3, B: 0}
+    for client in (*pubs, live):
+        assert client.connects[-1] == (group.address(B), 0), f"{client.client_id}: {client.connects}"
