@@ -155,6 +155,7 @@ class Publisher(HostListClient):
         self.published: list[int] = []  # handed to paho
         self.acked: set[int] = set()
         self._resending = False  # reconnected with messages in flight, no acknowledgement since
+        self._early: set[int] = set()  # mids acknowledged before publish() returned them
         self.paho.on_publish = self._on_publish
         self._thread = threading.Thread(target=self._run, name=f"pub-{client_id}", daemon=True)
 
@@ -165,27 +166,36 @@ class Publisher(HostListClient):
 
     def on_served(self) -> None:
         with self._lock:
-            self._resending = bool(self._seq_of_mid)
+            self._resending = len(self.published) > len(self.acked)
 
     def _may_publish(self) -> bool:
         with self._lock:
-            return self.connected.is_set() and not self._resending and len(self._seq_of_mid) < WINDOW
+            in_flight = len(self.published) - len(self.acked)
+        return self.connected.is_set() and not self._resending and in_flight < WINDOW
 
     def _run(self) -> None:
         for seq in range(self.count):
             while not self._may_publish():
                 time.sleep(0.002)
-            with self._lock:  # the PUBACK may come back before publish() returns
-                info = self.paho.publish(self.topic, f"{self.client_id}:{seq}".encode(), qos=self.qos)
-                self._seq_of_mid[info.mid] = seq
+            with self._lock:
                 self.published.append(seq)
+            # Not under our lock: paho calls on_publish holding its own, which publish() takes too.
+            info = self.paho.publish(self.topic, f"{self.client_id}:{seq}".encode(), qos=self.qos)
+            with self._lock:
+                if info.mid in self._early:  # its acknowledgement came back before publish() returned
+                    self._early.discard(info.mid)
+                    self.acked.add(seq)
+                else:
+                    self._seq_of_mid[info.mid] = seq
             time.sleep(self.interval_s)
 
     def _on_publish(self, client, userdata, mid, reason, props) -> None:
         with self._lock:
-            seq = self._seq_of_mid.pop(mid, None)
             self._resending = False
-            if seq is not None:
+            seq = self._seq_of_mid.pop(mid, None)
+            if seq is None:
+                self._early.add(mid)
+            else:
                 self.acked.add(seq)
 
     def done_publishing(self) -> bool:

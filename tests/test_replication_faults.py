@@ -72,8 +72,14 @@ def test_kill_9_of_the_active_qos1_and_qos2_streams(group):
 
 def test_sigstop_of_the_active_past_its_lease(group):
     """The paused primary loses activity to the backup; on SIGCONT it steps down without accepting a
-    packet, its clients go to the backup, and nothing acknowledged is lost or doubled."""
+    packet (what its sockets buffered meanwhile included), its clients go to the backup, and nothing
+    acknowledged is lost or doubled. It then resyncs as standby (discarding any unacknowledged tail it
+    wrote after SIGCONT) and, once the backup is killed, serves everything to a subscriber that was
+    offline throughout."""
     live, parked = subscribers(group)
+    late = Subscriber("late", group.client_hosts, netns=group.client_netns)
+    late.start()
+    late.go_offline()
     pubs = start_streams(group, 300)
     wait_until("a third of the messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 300,
                timeout_s=20, on_timeout=group.logs_tail)
@@ -91,3 +97,56 @@ def test_sigstop_of_the_active_past_its_lease(group):
     assert group.probe_once() == {P: 3, B: 0}
     for client in (*pubs, live):
         assert client.connects[-1] == (group.address(B), 0), f"{client.client_id}: {client.connects}"
+
+    group.wait_for("the old primary to resync and stand by in sync", lambda: in_sync_again(group, P),
+                   timeout_s=20)
+    group.kill(B)
+    group.wait_for("the primary to take over again", lambda: group.probe_once()[P] == 0, timeout_s=10)
+    late.come_back()
+    print("resync of the paused primary:", "; ".join(resync_plans(group, B)))
+    finish("SIGSTOP, resync, kill -9 of the backup", pubs, [late], describe=group.logs_tail)
+
+
+def in_sync_again(group, role: Role) -> bool:
+    """`role`'s latest sync decision, after it stood by for the other node, says it is in sync."""
+    syncs = [d["reason"] for d in group.decisions(role, "sync")]
+    return bool(syncs) and f"in sync with {role.mate().value}" in syncs[-1]
+
+
+def resync_plans(group, active: Role) -> list[str]:
+    """The resync plans `active` made for its standby, from its log ("standby at op N: <reason>")."""
+    text = (group.dir / f"{active.value}.log").read_text(errors="replace")
+    return [line.split("mate link: ", 1)[1] for line in text.splitlines() if "mate link: standby at op" in line]
+
+
+MATE_LINK_PORT = 8301
+
+
+def test_mate_link_cut_then_resync_then_kill_9_of_the_active(group, hosts):  # noqa: F811
+    """Only TCP 8301 between primary and backup is cut (heartbeats flow): the primary drops the backup
+    from sync and, once the backup's in-sync lease is surely over, acknowledges on local durability;
+    the backup, out of sync, never takes over. The link heals, the backup resyncs and is in sync
+    again; kill -9 of the primary then loses nothing acknowledged before, during or after the cut."""
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 400)
+    wait_until("some messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 150,
+               timeout_s=20, on_timeout=group.logs_tail)
+    hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.wait_for("the backup to know it is out of sync",
+                   lambda: "out of sync" in group.decisions(B, "sync")[-1]["reason"], timeout_s=10)
+    acked_at_cut = sum(len(p.acked_now()) for p in pubs)
+    wait_until("acknowledgements on local durability while the mate link is cut",
+               lambda: sum(len(p.acked_now()) for p in pubs) > acked_at_cut + 150, timeout_s=20,
+               on_timeout=group.logs_tail)
+    time.sleep(3 * LEASE_S)  # chances for a wrong take-over
+    assert group.probe_once() == {P: 0, B: 3}
+    assert group.decisions(B, "activate") == [], "the out-of-sync backup took activity"
+    hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.wait_for("the backup to resync and be in sync again", lambda: in_sync_again(group, B), timeout_s=20)
+    plans = resync_plans(group, P)
+    group.kill(P)
+    group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+    parked.come_back()
+    print("mate link cut:", "; ".join(plans))
+    report = finish("mate-link cut, resync, kill-9 QoS1+QoS2", pubs, [live, parked], describe=group.logs_tail)
+    assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
