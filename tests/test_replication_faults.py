@@ -150,3 +150,38 @@ def test_mate_link_cut_then_resync_then_kill_9_of_the_active(group, hosts):  # n
     print("mate link cut:", "; ".join(plans))
     report = finish("mate-link cut, resync, kill-9 QoS1+QoS2", pubs, [live, parked], describe=group.logs_tail)
     assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
+
+
+def test_a_diverged_old_primary_restarts_resyncs_by_full_snapshot_and_loses_nothing(group, hosts):  # noqa: F811
+    """The primary is paused past its lease, the backup takes over; on SIGCONT the primary steps down and
+    records its clients' disconnections in epoch 1 (ops the new active never had: a diverged history),
+    but its mate link is cut so it cannot resync, and it is killed. Traffic goes on; the link heals, the
+    primary restarts and must resync by full snapshot; then kill -9 of the backup: the primary serves
+    every acknowledged message to a subscriber that was offline throughout, and to the live one."""
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 300)
+    wait_until("a quarter of the messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 225,
+               timeout_s=20, on_timeout=group.logs_tail)
+    group.signal(P, signal.SIGSTOP)
+    try:
+        group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+        hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    finally:
+        group.signal(P, signal.SIGCONT)
+    group.wait_for("the old primary to step down", lambda: group.decisions(P, "step_down"), timeout_s=10)
+    time.sleep(0.5)  # it writes what it must on stepping down
+    group.kill(P)
+    wait_until("the streams to finish on the backup", lambda: all(p.all_acked() for p in pubs), timeout_s=20,
+               on_timeout=group.logs_tail)
+    hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.start(P)
+    group.wait_for("the old primary to resync and stand by in sync", lambda: in_sync_again(group, P), timeout_s=20)
+    plans = resync_plans(group, B)
+    print("restart of the diverged primary:", "; ".join(plans))
+    assert plans and ("diverged" in plans[-1] or "no longer" in plans[-1] or "starts after" in plans[-1]), \
+        f"expected a full-snapshot resync, the backup planned: {plans}\n{group.logs_tail(20)}"
+    group.kill(B)
+    group.wait_for("the primary to take over again", lambda: group.probe_once()[P] == 0, timeout_s=10)
+    parked.come_back()
+    finish("diverged primary, full-snapshot resync, kill-9 of the backup", pubs, [live, parked],
+           describe=group.logs_tail)
