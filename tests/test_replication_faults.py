@@ -185,3 +185,32 @@ def test_a_diverged_old_primary_restarts_resyncs_by_full_snapshot_and_loses_noth
     parked.come_back()
     finish("diverged primary, full-snapshot resync, kill-9 of the backup", pubs, [live, parked],
            describe=group.logs_tail)
+
+
+def test_an_old_primary_that_could_not_resync_does_not_take_over_when_the_active_dies(group, hosts):  # noqa: F811
+    """kill -9 of the primary; the backup serves on; the primary restarts but its mate link is cut, so it
+    stays behind and out of sync. kill -9 of the backup: the primary must not take activity with its stale
+    spool (DESIGN §3 rules 2 and 4: it cannot show it is up to date). The backup restarts, serves again,
+    the link heals, and nothing acknowledged is lost."""
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 200)
+    wait_until("some messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 150,
+               timeout_s=20, on_timeout=group.logs_tail)
+    group.kill(P)
+    wait_until("the streams to finish on the backup", lambda: all(p.all_acked() for p in pubs), timeout_s=20,
+               on_timeout=group.logs_tail)
+    hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.start(P)
+    group.wait_for("the old primary to stand by", lambda: group.probe_once()[P] == 3, timeout_s=10)
+    time.sleep(2 * LEASE_S)
+    group.kill(B)
+    time.sleep(4 * LEASE_S)  # several chances to take over wrongly
+    took = group.decisions(P, "activate")
+    assert [d for d in took if d["epoch"] > 2] == [], (
+        f"the primary, out of sync and behind, took activity after the backup died: "
+        f"{[d['reason'] for d in took]}\n{group.logs_tail(12)}")
+    group.start(B)
+    group.wait_for("the backup to serve again", lambda: group.probe_once()[B] == 0, timeout_s=15)
+    hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
+    parked.come_back()
+    finish("stale primary held back, backup restarted", pubs, [live, parked], describe=group.logs_tail)
