@@ -13,6 +13,7 @@ Rules:
   writer handed us recently (a bounded buffer), which bridges the read to the live stream.
 - `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
 - caught up = LIVE, heard within `link_timeout_ms`, and at most `max_lag_ops` ops unacknowledged.
+  A snapshot counts as acknowledged only when the standby acks its point (after installing it).
   That is the quorum core's `MateSync.caught_up` input: losing it drops the standby from sync for
   the epoch, and acknowledgements then wait until the standby's in-sync lease has surely ended.
 - Backpressure: `over_max_lag` while more than `max_lag_ops` ops or `max_lag_bytes` bytes are
@@ -100,6 +101,7 @@ class ActiveLink(Endpoint):
         self.shipped_seq = 0
         self.acked_seq = 0
         self.live_from_seq = 0  # where the live stream (whole submissions only) began
+        self._lag_floor = 0  # a snapshot's point: ops up to it are not lag, though unacknowledged until installed
         self.standby_incarnation = 0
         self.plan: ResyncPlan | None = None
         self.heard_at = now_ms
@@ -158,7 +160,10 @@ class ActiveLink(Endpoint):
             batch.append(body)
             size += len(body)
         self._out.append(Snapshot(self.epoch, tuple(batch), point))
-        self.shipped_seq = self.acked_seq = point.seq
+        # Shipped, not acknowledged: the standby holds the snapshot only once it has installed it and
+        # acked `point`. Counting it acked here made the link caught up (and the standby in sync) before
+        # the standby had any of it; lag and catch-up room still count from `point`.
+        self.shipped_seq = self._lag_floor = point.seq
         self.catchup_total_ops = self.head.seq - point.seq
         self.phase = Phase.CATCHING_UP
         self._continue_catchup()
@@ -219,7 +224,7 @@ class ActiveLink(Endpoint):
 
     @property
     def over_max_lag(self) -> bool:
-        return (self.shipped_seq - self.acked_seq > self.limits.max_lag_ops
+        return (self.shipped_seq - max(self.acked_seq, self._lag_floor) > self.limits.max_lag_ops
                 or self.unacked_bytes > self.limits.max_lag_bytes)
 
     # --- internals ----------------------------------------------------------------------------
@@ -263,7 +268,7 @@ class ActiveLink(Endpoint):
             self.phase = Phase.LIVE
             self.live_from_seq = self.shipped_seq
             return
-        room = self.limits.max_inflight_ops - (self.shipped_seq - self.acked_seq)
+        room = self.limits.max_inflight_ops - (self.shipped_seq - max(self.acked_seq, self._lag_floor))
         if room > 0 and not self._reading:
             self._reading = True
             self._requests.append(ReadEntries(self.shipped_seq, min(room, self.limits.max_batch_ops * 10)))

@@ -41,6 +41,7 @@ from .transport import LinkCounters, MateConnection
 
 log = logging.getLogger("pairmq.mate_link")
 TICK_S = 0.05
+STOP_RETRY_S = 0.1
 
 
 def now_ms() -> int:
@@ -235,14 +236,20 @@ class StandbyReplication(_Replication):
         self._work: asyncio.Queue | None = None
         self.links_made = 0
         self.snapshots_installed = 0
+        self._stopping = False
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task:
+        """End the dialler for good. One `cancel()` is not enough on Python 3.11: `asyncio.wait_for` swallows
+        a cancellation that lands as the connect it waits for completes (gh-86296), and the redial loop then
+        ran on while a take-over awaited it forever (the new active never served). So: a flag the loop
+        checks, and cancel again until the task is done."""
+        self._stopping = True
+        while self._task is not None and not self._task.done():
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=STOP_RETRY_S)
         if self.conn:
             self.conn.close("node stopping")
 
@@ -252,7 +259,7 @@ class StandbyReplication(_Replication):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             address = self._active_address()
             if address is not None:
                 try:

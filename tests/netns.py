@@ -88,6 +88,10 @@ _NFT_CMP_LT = 2
 _NFT_NG_RANDOM = 1
 _NFT_BYTEORDER_HTON = 1
 _ETH_P_ARP = 0x0806
+_ETH_P_IP = 0x0800
+_NFT_META_L4PROTO = 16
+_NFT_PAYLOAD_TRANSPORT_HEADER = 2
+_IPPROTO_TCP = 6
 _REG_VERDICT = 0
 _REG_1 = 1
 
@@ -116,6 +120,16 @@ def _meta_is(key: int, raw: bytes, op: int = _NFT_CMP_EQ) -> list[list[dict]]:
 
 def _not_arp() -> list[list[dict]]:
     return _meta_is(_NFT_META_PROTOCOL, struct.pack(">H", _ETH_P_ARP), op=_NFT_CMP_NEQ)
+
+
+def _tcp_port_is(port: int, field_offset: int) -> list[list[dict]]:
+    """An IPv4 TCP segment whose source (offset 0) or destination (offset 2) port is `port`."""
+    return [
+        *_meta_is(_NFT_META_PROTOCOL, struct.pack(">H", _ETH_P_IP)),
+        *_meta_is(_NFT_META_L4PROTO, bytes([_IPPROTO_TCP])),
+        _expr("payload", "PAYLOAD", dreg=_REG_1, base=_NFT_PAYLOAD_TRANSPORT_HEADER, offset=field_offset, len=2),
+        _expr("cmp", "CMP", sreg=_REG_1, op=_NFT_CMP_EQ, data=_value(struct.pack(">H", port))),
+    ]
 
 
 def _drop() -> list[dict]:
@@ -179,6 +193,7 @@ class Hosts:
         self._created: list[str] = []
         self._ports: dict[str, int] = {}  # host -> switch-side veth ifindex
         self._cuts: set[tuple[str, str]] = set()  # directed (src, dst)
+        self._port_cuts: set[tuple[str, str, int]] = set()  # (a, b, TCP port), a < b
         self._loss_pct: dict[str, int] = {}
         self._delayed: set[str] = set()
         self._procs: list[tuple[subprocess.Popen, bool]] = []
@@ -311,6 +326,30 @@ class Hosts:
         ])
         self._cuts.add((src, dst))
 
+    def cut_tcp_port(self, a: str, b: str, port: int) -> None:
+        """Silently drop TCP between `a` and `b`, both ways, to or from `port` (e.g. the mate link's 8301
+        while heartbeats on UDP 8300 keep flowing). Everything else between them still passes."""
+        _check_pair(a, b)
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} not in 1..65535")
+        key = (*sorted((a, b)), port)
+        if key in self._port_cuts:
+            return
+        for src, dst in ((a, b), (b, a)):
+            link = [*_meta_is(_NFT_META_IIF, struct.pack("=I", self._ports[src])),
+                    *_meta_is(_NFT_META_OIF, struct.pack("=I", self._ports[dst]))]
+            self._call(self._add_chain, f"tcp{port}-{src}-{dst}", [*link, *_tcp_port_is(port, 2), _drop()],
+                       [*link, *_tcp_port_is(port, 0), _drop()])
+        self._port_cuts.add(key)
+
+    def heal_tcp_port(self, a: str, b: str, port: int) -> None:
+        key = (*sorted((_check(a), _check(b))), port)
+        if key not in self._port_cuts:
+            return
+        for src, dst in ((a, b), (b, a)):
+            self._call(self._del_chain, f"tcp{port}-{src}-{dst}")
+        self._port_cuts.discard(key)
+
     def isolate(self, host: str) -> None:
         for other in HOSTS:
             if other != _check(host):
@@ -331,6 +370,8 @@ class Hosts:
         if a is None:
             for host in HOSTS:
                 self.netem(host)
+            for x, y, port in sorted(self._port_cuts):
+                self.heal_tcp_port(x, y, port)
 
     def netem(self, host: str, loss_pct: int = 0, delay_ms: int = 0, jitter_ms: int = 0) -> None:
         """Degrade `host`'s egress; all zeros restores it.
@@ -362,12 +403,13 @@ class Hosts:
 
     # -- worker-thread netlink operations -----------------------------------
 
-    def _add_chain(self, chain: str, expressions: list[list[dict]]) -> None:
+    def _add_chain(self, chain: str, *rules: list[list[dict]]) -> None:
         assert self._nft is not None
         self._nft.chain(
             "add", table=_TABLE, name=chain, hook="forward", type="filter", policy=_NF_ACCEPT,
         )
-        self._nft.rule("add", table=_TABLE, chain=chain, expressions=expressions)
+        for expressions in rules:
+            self._nft.rule("add", table=_TABLE, chain=chain, expressions=expressions)
 
     def _del_chain(self, chain: str) -> None:
         assert self._nft is not None

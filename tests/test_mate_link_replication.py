@@ -106,6 +106,24 @@ def test_an_empty_standby_catches_up_incrementally_then_follows_live():
     assert p.active.acked_seq == 28 == p.standby.durable.seq
 
 
+def test_a_snapshot_counts_only_once_the_standby_installed_it():
+    """Found by tests/test_replication_faults.py: the active took the snapshot's point as acknowledged when it
+    shipped it, so with nothing newer to send the link was caught up (and the standby granted in sync) while
+    the standby was still building the snapshot; the active's kill then lost what only the snapshot held."""
+    diverged = chain(GENESIS, EPOCH - 1, [b"old"] * 3)[-1].point
+    p = Pair(12, diverged)
+    held: list[SnapshotDone] = []
+    serve = p._serve_standby
+    p._serve_standby = lambda r: held.append(r) if isinstance(r, SnapshotDone) else serve(r)
+    p.pump()
+    assert p.wire[1].catchup is Catchup.SNAPSHOT and held
+    assert p.active.phase is Phase.LIVE and p.active.acked_seq == 0
+    assert not p.active.caught_up(p.now) and not p.active.over_max_lag
+    serve(held.pop())
+    p.pump()
+    assert p.active.acked_seq == 12 and p.active.caught_up(p.now)
+
+
 def test_a_standby_in_step_gets_only_live_ops():
     p = Pair(10)
     p.standby = StandbyLink(p.log[-1].point, 3, EPOCH, 0)

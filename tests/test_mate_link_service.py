@@ -213,3 +213,34 @@ async def test_a_standbys_broker_core_is_inert_until_it_serves(tmp_path):
     await until("the expiry on the serving node", lambda: "gone" not in broker.core.sessions)
     await until("its op", lambda: broker.writer.metrics().ops > 0)
     await broker.stop()
+
+
+class _SwallowsOneCancel(StandbyReplication):
+    """Python 3.11's `asyncio.wait_for` returns the connect's outcome, not CancelledError, when the cancel
+    lands as the connect completes (gh-86296): the dialler's loop sees an OSError and carries on."""
+
+    swallowed = 0
+
+    async def _one_link(self, loop, address) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1
+            raise OSError("connection refused, reported instead of the cancellation") from None
+
+
+@in_a_loop
+async def test_stopping_the_standby_ends_its_dialler_even_when_a_cancellation_is_swallowed(tmp_path):
+    """Found by tests/test_replication_faults.py: the backup took activity but never served (its take-over
+    awaited the standby dialler's stop, whose one cancel the 3.11 wait_for had swallowed)."""
+    port = Port(tmp_path / "standby")
+    standby = _SwallowsOneCancel(secret=SECRET, group=GROUP, me=Role.BACKUP, port=port,
+                                 active_address=lambda: ("127.0.0.1", 9), incarnation=1, highest_epoch=lambda: 3,
+                                 incoming_dir=tmp_path / "standby.incoming")
+    await standby.start()
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(standby.stop(), 5)
+    assert standby.swallowed == 1 and standby._task.done()
+    port.close()

@@ -240,6 +240,26 @@ def test_tcp_connect_across_a_cut_times_out_instead_of_failing(hosts):
         assert outcome == "timeout" and float(elapsed) >= 0.9
 
 
+def test_cut_tcp_port_drops_only_that_port_between_those_two(echo):
+    """What the mate-link fault tests use: TCP to one port is gone, UDP and other TCP ports still pass."""
+    hosts = echo
+    _start_ready(hosts, "backup", TCP_LISTEN, ADDRESSES["backup"], TCP_PORT)
+
+    def connect(src: str, port: int) -> str:
+        proc = _py(hosts, src, TCP_CONNECT, ADDRESSES["backup"], port, 1.0, stdout=subprocess.PIPE, text=True)
+        return proc.communicate(timeout=10)[0].strip().split()[0]
+
+    hosts.cut_tcp_port("primary", "backup", TCP_PORT)
+    hosts.cut_tcp_port("backup", "primary", TCP_PORT)  # the same cut: idempotent
+    assert connect("primary", TCP_PORT) == "timeout"
+    assert connect("monitor", TCP_PORT) == "connected"  # only that pair
+    assert connect("primary", CLOSED_PORT) == "error"  # other TCP ports pass (refused, not dropped)
+    assert probe(hosts, [("primary", "backup"), ("backup", "primary")]) == {("primary", "backup"): 0,
+                                                                           ("backup", "primary"): 0}
+    hosts.heal_tcp_port("backup", "primary", TCP_PORT)
+    assert connect("primary", TCP_PORT) == "connected"
+
+
 def test_nothing_leaves_the_subnet(hosts):
     for host in HOSTS:
         run = hosts.run(host, [sys.executable, "-c", OUTSIDE], capture_output=True, text=True, check=True)

@@ -42,6 +42,30 @@ def test_a_pubrec_copy_whose_body_is_gone_is_rebuilt_without_a_body():
     assert ranked(again) == ranked(original) and again.messages == {} and again.stored_bytes == 0
 
 
+def test_a_pubrec_copy_does_not_free_the_body_other_copies_still_hold():
+    """Found by tests/test_replication_faults.py: a QoS 2 message whose first subscriber had sent PUBREC
+    vanished from every later subscriber's queue in a full resync (its release freed the body first)."""
+    history = [[o.SessionOpened("live", 5, 60, 1), o.SessionOpened("late", 4, 60, 1)],
+               [body(1), o.MessageQueued("live", 1, 2, False), o.MessageQueued("late", 1, 2, False),
+                o.RetainedSet("t", 1)],
+               [o.MessageInflight("live", 1, 9), o.MessagePubrecReceived("live", 1)]]
+    original = model_of(history).state()
+    assert list(original.messages) == [1] and original.sessions["late"].queue[0].msg_id == 1
+    again, _ = rebuilt(original)
+    assert ranked(again) == ranked(original)
+
+
+def test_two_pubrec_copies_of_a_gone_body_share_one_placeholder():
+    history = [[o.SessionOpened("a", 5, 60, 1), o.SessionOpened("b", 5, 60, 1)],
+               [body(1), o.MessageQueued("a", 1, 2, False), o.MessageQueued("b", 1, 2, False)],
+               [o.MessageInflight("a", 1, 9), o.MessagePubrecReceived("a", 1)],
+               [o.MessageInflight("b", 1, 3), o.MessagePubrecReceived("b", 1)]]
+    original = model_of(history).state()
+    assert original.messages == {}
+    again, _ = rebuilt(original)
+    assert ranked(again) == ranked(original) and again.messages == {} and again.stored_bytes == 0
+
+
 def test_snapshot_seqs_increase_and_stay_below_every_real_seq():
     assert snapshot_seq(0) < snapshot_seq(1) < snapshot_seq(10**9) < 0
 

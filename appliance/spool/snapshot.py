@@ -8,9 +8,13 @@ Rules:
 - Bodies first (every `MessageStored`), then sessions with what they own, then retained topics,
   then the message-id history oldest first. Queue entries go in their global order, so each
   queue keeps its order.
-- A copy whose PUBREC arrived holds no body (state.py). If no one else holds its message either,
-  a placeholder body (empty topic and payload) takes its place for the three ops that rebuild the
-  entry, and is released again by the last of them: the rebuilt state holds no placeholder.
+- A copy whose PUBREC arrived holds no body (state.py), so its `MessagePubrecReceived` drops the
+  reference its `MessageQueued` took. Those ops come last, after every queue entry and retained
+  topic is rebuilt: earlier, the drop would delete a body that later copies of the same message
+  (other subscribers' queues, a retained topic) still had to reference, and they would be lost.
+- If no one else holds such a copy's message either, a placeholder body (empty topic and payload,
+  one per message) is stored before its first copy, and the last of those late ops releases it:
+  the rebuilt state holds no placeholder.
 - Pure: no I/O, deterministic for a given state.
 """
 
@@ -32,16 +36,19 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
         if s.will is not None:
             out.append(s.will)
         entries += ((e.order, s.client_id, e) for e in s.queue)
+    releases: list[o.Op] = []
+    placeholders: set[int] = set()
     for _, client_id, e in sorted(entries, key=lambda t: t[0]):
-        placeholder = e.pubrec_received and e.msg_id not in state.messages
-        if placeholder:
+        if e.pubrec_received and e.msg_id not in state.messages and e.msg_id not in placeholders:
+            placeholders.add(e.msg_id)
             out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
         out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
         if e.packet_id:
             out.append(o.MessageInflight(client_id, e.msg_id, e.packet_id))
         if e.pubrec_received:
-            out.append(o.MessagePubrecReceived(client_id, e.msg_id))
+            releases.append(o.MessagePubrecReceived(client_id, e.msg_id))
     out += (o.RetainedSet(topic, msg_id) for topic, msg_id in state.retained.items())
+    out += releases
     out += (o.MessageIdSeen(message_id, seen_at_ms) for message_id, seen_at_ms in state.message_ids)
     return out
 
