@@ -59,15 +59,17 @@ class BrokerService:
     def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
                  core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None) -> None:
         self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
-        writer_limits = WriterLimits()
+        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
+        self.core = self._fresh_core()
+        # The spool keeps as many message ids as the core (the same ones: both evict the oldest accepted).
+        writer_limits = WriterLimits(max_message_ids=self.core.limits.max_message_ids)
         if spool_max_bytes is not None:
             # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
             # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
-            writer_limits = WriterLimits(max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
+            writer_limits = dataclasses.replace(
+                writer_limits, max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
         self.writer = SpoolWriter(self.spool, writer_limits)
         self._epoch = epoch
-        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
-        self.core = self._fresh_core()
         self.conns: dict[int, object] = {}
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
