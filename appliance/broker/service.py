@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..mqtt.overload import MateBackpressure
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.store import Spool
@@ -87,6 +88,10 @@ class BrokerService:
         self.serving: Callable[[], bool] = lambda: True
         self._held: collections.deque = collections.deque()  # (last op seq, then, core)
         self.released_seq = 0  # the last op whose effects ran: what a re-admitted standby must hold
+        # Mate-link backpressure (appliance/mqtt/overload.py): is the live link's unacknowledged backlog over
+        # max_lag? The listener stops reading publishers meanwhile; the counters are this service's view's.
+        self.mate_over_lag: Callable[[], bool] = lambda: False
+        self.backpressure = MateBackpressure()
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -308,4 +313,6 @@ class BrokerService:
                        "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
                        "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
                        "durable_seq": m.durable.seq},
+            "message_ids": len(core.message_ids),
+            "mate_backpressure": self.backpressure.view(),
         }
