@@ -91,7 +91,7 @@ class BrokerSim(EffectRunner):
                                   tuple(self.rng.sample(FILTERS, self.rng.randint(1, 2))))
                         for i in range(clients)]
         self.trace: list[str] = []
-        self.stored_ids: dict[tuple[str, str], set[int]] = {}  # (publisher, message id) -> msg_ids stored
+        self.stored_ids: dict[tuple[str, str], dict[int, int]] = {}  # (publisher, id) -> {msg_id: op seq}
 
     # --- the adapter: effects in order, commits late -------------------------------------
 
@@ -119,7 +119,7 @@ class BrokerSim(EffectRunner):
                 if not self.committed.apply(self.seq, op):
                     raise SimFailure(f"the spool ignored op {self.seq}: {op}")
                 if isinstance(op, ops.MessageStored):
-                    self._note_stored(op)
+                    self.note_stored(op, self.seq)
             self.run(persist.then)
 
     def crash(self) -> None:
@@ -241,12 +241,13 @@ class BrokerSim(EffectRunner):
             c.owed.append(dataclasses.replace(again, dup=False))
             c.retransmits += 1
 
-    def _note_stored(self, op) -> None:
+    def note_stored(self, op, seq: int) -> None:
+        """A committed MessageStored (op `seq`): a (publisher, message id) must never be stored twice."""
         props = decode_stored_properties(op.properties) if op.properties else {}
         for key, value in props.get(P.USER_PROPERTY, ()):
             if key == MSG_ID:
-                stored = self.stored_ids.setdefault((op.publisher, value), set())
-                stored.add(op.msg_id)
+                stored = self.stored_ids.setdefault((op.publisher, value), {})
+                stored[op.msg_id] = seq
                 if len(stored) > 1:
                     raise SimFailure(f"message id {value!r} of {op.publisher} stored as messages {sorted(stored)}")
 
