@@ -36,6 +36,7 @@ from appliance.config import Limits
 from appliance.roles import Role
 from tests.group import Group, active_group
 from tests.netns import hosts  # noqa: F401  (the fixture)
+from tests.test_replication_processes import client as connected_client
 
 pytestmark = [pytest.mark.netns, pytest.mark.processes]
 P, B = Role.PRIMARY, Role.BACKUP
@@ -47,23 +48,11 @@ class Client:
     """A paho MQTT 5 client on its own network thread: what it received, and each publish's reason code."""
 
     def __init__(self, client_id: str, host: str, *, persistent: bool, max_inflight: int = 20) -> None:
-        self.got: queue.Queue = queue.Queue()
         self.reasons: dict[int, int] = {}  # mid -> PUBACK reason code
         self.payloads: dict[int, bytes] = {}  # mid -> payload
         self.acked = threading.Semaphore(0)
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        c.max_inflight_messages_set(max_inflight)
-        c.on_message = lambda cl, ud, msg: self.got.put(msg.payload)
-        c.on_publish = self._on_publish
-        connected = threading.Event()
-        c.on_connect = lambda cl, ud, flags, rc, props: connected.set() if rc == 0 else None
-        props = Properties(PacketTypes.CONNECT)
-        if persistent:
-            props.SessionExpiryInterval = 3600
-        c.connect(host, 1883, keepalive=30, clean_start=not persistent, properties=props)
-        c.loop_start()
-        assert connected.wait(5), f"{client_id}: no CONNACK from {host}"
-        self.client = c
+        self.client, self.got = connected_client(client_id, host, persistent=persistent, max_inflight=max_inflight)
+        self.client.on_publish = self._on_publish
 
     def _on_publish(self, cl, ud, mid, reason_code, props) -> None:
         self.reasons[mid] = reason_code.value

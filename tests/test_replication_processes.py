@@ -24,9 +24,10 @@ P, B = Role.PRIMARY, Role.BACKUP
 MESSAGES = 300
 
 
-def client(client_id: str, host: str, *, persistent: bool) -> tuple[mqtt.Client, queue.Queue]:
+def client(client_id: str, host: str, *, persistent: bool, max_inflight: int = 20) -> tuple[mqtt.Client, queue.Queue]:
     got: queue.Queue = queue.Queue()
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    c.max_inflight_messages_set(max_inflight)  # paho's own default is 20
     c.on_message = lambda cl, ud, msg: got.put(msg.payload)
     connected = threading.Event()
     c.on_connect = lambda cl, ud, flags, rc, props: connected.set() if rc == 0 else None
