@@ -126,11 +126,22 @@ class Limits:
     session_queue_max_messages: int = 100_000
     session_queue_max_bytes: int = 64 * 1024 * 1024
     spool_max_bytes: int = 4 * 1024 * 1024 * 1024  # stored message bodies, every session and retained message
+    # Duplicate suppression by message id (docs/broker.md): how long and how many ids are remembered.
+    message_id_window_s: int = 300
+    message_id_history_max: int = 100_000
+    # Mate-link backpressure (docs/mate_link.md): above this many unacknowledged ops or bytes on the live
+    # link, the active stops reading publishers until the standby catches up.
+    mate_max_lag_ops: int = 10_000
+    mate_max_lag_bytes: int = 64 * 1024 * 1024
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
         "session_queue_max_bytes": (1024, 1 << 40),
         "spool_max_bytes": (64 * 1024, 1 << 44),
+        "message_id_window_s": (1, 7 * 24 * 3600),
+        "message_id_history_max": (1, 10_000_000),
+        "mate_max_lag_ops": (1, 1_000_000),
+        "mate_max_lag_bytes": (64 * 1024, 1 << 36),
     }
 
     def validate(self) -> None:

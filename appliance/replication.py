@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 
+from mate_link.active import LinkLimits
 from mate_link.service import ActiveReplication, StandbyReplication
 
 log = logging.getLogger("pairmq.replication")
@@ -33,9 +34,13 @@ class Replication:
         self.node = node
         self._secret = secret
         broker = node.broker
+        limits = node.config.limits
         self.active = ActiveReplication(secret=secret, group=node.config.name, me=node.role, port=broker,
                                         epoch=node.current_epoch, may_serve=node.may_serve,
-                                        on_acked=lambda seq: broker.release_held())
+                                        on_acked=lambda seq: broker.release_held(),
+                                        limits=LinkLimits(max_lag_ops=limits.mate_max_lag_ops,
+                                                          max_lag_bytes=limits.mate_max_lag_bytes))
+        broker.mate_over_lag = lambda: self.active.over_max_lag  # backpressure (appliance/mqtt/overload.py)
         self.standby: StandbyReplication | None = None
         self._need_mate = True  # until the quorum core says otherwise: the safe side
         self.ready_epoch = 0  # the epoch the broker core was rebuilt for

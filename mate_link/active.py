@@ -12,12 +12,16 @@ Rules:
   Log reads see committed ops only, so the last stretch of a catch-up comes from the entries the
   writer handed us recently (a bounded buffer), which bridges the read to the live stream.
 - `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
-- caught up = LIVE, heard within `link_timeout_ms`, and at most `max_lag_ops` ops unacknowledged.
-  A snapshot counts as acknowledged only when the standby acks its point (after installing it).
-  That is the quorum core's `MateSync.caught_up` input: losing it drops the standby from sync for
-  the epoch, and acknowledgements then wait until the standby's in-sync lease has surely ended.
-- Backpressure: `over_max_lag` while more than `max_lag_ops` ops or `max_lag_bytes` bytes are
-  unacknowledged: the broker stops reading publishers until it drains.
+- caught up = LIVE, heard within `link_timeout_ms`, and at most `INSYNC_LAG_FACTOR` x `max_lag_ops`
+  ops unacknowledged. That is the quorum core's `MateSync.caught_up` input: losing it drops the
+  standby from sync for the epoch, and acknowledgements then wait until the standby's in-sync lease
+  has surely ended. A snapshot counts as acknowledged only when the standby acks its point (after
+  installing it); ops up to that point do not count as lag meanwhile. The factor leaves room for
+  what publishers had in flight when backpressure began, so backpressure (not a lost sync and a
+  lease wait) is what a merely slow standby causes.
+- Backpressure: `over_max_lag` while LIVE and more than `max_lag_ops` ops or `max_lag_bytes` bytes
+  are unacknowledged: the broker stops reading publishers until it drains. Not during a catch-up:
+  that runs from the log at its own pace (`max_inflight_ops`) and must not interrupt service.
 - Every message carries our epoch; a JOIN or ACK from a higher epoch means someone newer is active:
   `LinkFault` (the quorum core hears of it through heartbeats; the link just closes).
 """
@@ -44,6 +48,9 @@ class Phase(enum.Enum):
     SNAPSHOT = "sending snapshot"
     CATCHING_UP = "catching up"
     LIVE = "live"
+
+
+INSYNC_LAG_FACTOR = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -220,12 +227,12 @@ class ActiveLink(Endpoint):
         one (catch-up batches from log reads may end anywhere)."""
         return (self.phase is Phase.LIVE and now_ms - self.heard_at <= self.limits.link_timeout_ms
                 and self.acked_seq >= self.live_from_seq
-                and self.head.seq - self.acked_seq <= self.limits.max_lag_ops)
+                and self.head.seq - self.acked_seq <= INSYNC_LAG_FACTOR * self.limits.max_lag_ops)
 
     @property
     def over_max_lag(self) -> bool:
-        return (self.shipped_seq - max(self.acked_seq, self._lag_floor) > self.limits.max_lag_ops
-                or self.unacked_bytes > self.limits.max_lag_bytes)
+        return self.phase is Phase.LIVE and (self.shipped_seq - max(self.acked_seq, self._lag_floor)
+                                             > self.limits.max_lag_ops or self.unacked_bytes > self.limits.max_lag_bytes)
 
     # --- internals ----------------------------------------------------------------------------
 

@@ -322,7 +322,8 @@ class StandbyReplication(_Replication):
                         link.applied(entries[-1].point)
                 elif isinstance(request, SnapshotBatch):
                     if request.first:
-                        self._builder = await asyncio.to_thread(SnapshotBuilder, self._incoming_dir)
+                        self._builder = await asyncio.to_thread(  # the id history keeps our spool's bound
+                            SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids)
                     await asyncio.to_thread(self._builder.add, request.bodies)
                 elif isinstance(request, SnapshotDone):
                     await asyncio.to_thread(self._builder.finish, request.point)

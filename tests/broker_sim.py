@@ -19,6 +19,11 @@ sent until nothing moves, and the checks run:
   exactly once   no subscriber application sees a QoS 2 message twice;
   order          per publisher, subscriber and QoS, first deliveries keep the publish order;
   refusals       a refused publish (reason >= 0x80) was never acknowledged;
+  message ids    MQTT 5 publishers put a `pairmq-msg-id` on some QoS 1/2 publishes and, after a
+                 reconnect, sometimes retransmit acknowledged ones as new PUBLISHes (new packet
+                 id, same id), as the host-list client does after a failover: no (publisher, id)
+                 is ever stored as two messages, so no subscription gets it twice (at most once;
+                 S2 above makes it exactly once when acknowledged);
 and no input ever raises out of the core.
 """
 
@@ -28,8 +33,11 @@ import dataclasses
 import random
 
 from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
+from appliance.broker.dedup import PROPERTY as MSG_ID
+from appliance.broker.routing import decode_stored_properties
 from appliance.mqtt import codec
 from appliance.mqtt.properties import PropertyId as P
+from appliance.spool import ops
 from appliance.spool.chain import GENESIS
 from appliance.spool.state import StateModel
 from tests.broker_effects import EffectRunner
@@ -55,6 +63,8 @@ class SimClient:
     unacked: dict = dataclasses.field(default_factory=dict)  # pid -> [Publish, "sent" | "pubrec"]
     acknowledged: list = dataclasses.field(default_factory=list)  # (payload, qos, topic)
     refused: list = dataclasses.field(default_factory=list)
+    with_ids: list = dataclasses.field(default_factory=list)  # acknowledged PUBLISHes carrying a message id
+    retransmits: int = 0
     # subscriber side
     qos2_pending: set = dataclasses.field(default_factory=set)  # packet ids PUBREC'd, PUBREL not yet
     delivered: list = dataclasses.field(default_factory=list)  # (payload, qos) in application order
@@ -81,6 +91,7 @@ class BrokerSim(EffectRunner):
                                   tuple(self.rng.sample(FILTERS, self.rng.randint(1, 2))))
                         for i in range(clients)]
         self.trace: list[str] = []
+        self.stored_ids: dict[tuple[str, str], dict[int, int]] = {}  # (publisher, id) -> {msg_id: op seq}
 
     # --- the adapter: effects in order, commits late -------------------------------------
 
@@ -107,6 +118,8 @@ class BrokerSim(EffectRunner):
                 self.seq += 1
                 if not self.committed.apply(self.seq, op):
                     raise SimFailure(f"the spool ignored op {self.seq}: {op}")
+                if isinstance(op, ops.MessageStored):
+                    self.note_stored(op, self.seq)
             self.run(persist.then)
 
     def crash(self) -> None:
@@ -150,7 +163,9 @@ class BrokerSim(EffectRunner):
             return
         pid = c.next_pid
         c.next_pid = c.next_pid % 65535 + 1
-        packet = codec.Publish(topic, payload, qos, packet_id=pid)
+        props = {P.USER_PROPERTY: ((MSG_ID, f"id-{c.name}:{c.seq}"),)} \
+            if c.version == 5 and self.rng.random() < 0.5 else {}
+        packet = codec.Publish(topic, payload, qos, packet_id=pid, properties=props)
         c.unacked[pid] = [packet, "sent"]
         self.send(c, packet)
 
@@ -167,6 +182,7 @@ class BrokerSim(EffectRunner):
                 c.connected = True
                 for pid, (pub, stage) in sorted(c.unacked.items()):
                     c.owed.append(codec.Pubrel(pid) if stage == "pubrec" else dataclasses.replace(pub, dup=True))
+                self._retransmit(c)
             elif name == "Publish":
                 self._deliver(c, packet)
             elif name == "Pubrel":
@@ -201,6 +217,8 @@ class BrokerSim(EffectRunner):
             c.refused.append(pub.payload)
             del c.unacked[packet.packet_id]
             return
+        if entry[1] == "sent" and pub.properties and not pub.dup:
+            c.with_ids.append(pub)
         if name == "Puback":
             del c.unacked[packet.packet_id]
             c.acknowledged.append((pub.payload, 1, pub.topic))
@@ -209,6 +227,29 @@ class BrokerSim(EffectRunner):
                 c.acknowledged.append((pub.payload, 2, pub.topic))
             entry[1] = "pubrec"
             c.owed.append(codec.Pubrel(packet.packet_id))
+
+    def _retransmit(self, c: SimClient) -> None:
+        """After a reconnect, maybe publish some acknowledged id-carrying messages again under new packet
+        ids (the host-list client after a failover: it cannot tell which acks it missed)."""
+        if not c.with_ids or self.rng.random() < 0.5:
+            return
+        for pub in self.rng.sample(c.with_ids[-6:], min(len(c.with_ids), self.rng.randint(1, 3))):
+            pid = c.next_pid
+            c.next_pid = c.next_pid % 65535 + 1
+            again = dataclasses.replace(pub, packet_id=pid, dup=True)  # dup marks "a retransmit" for _publisher_ack
+            c.unacked[pid] = [again, "sent"]
+            c.owed.append(dataclasses.replace(again, dup=False))
+            c.retransmits += 1
+
+    def note_stored(self, op, seq: int) -> None:
+        """A committed MessageStored (op `seq`): a (publisher, message id) must never be stored twice."""
+        props = decode_stored_properties(op.properties) if op.properties else {}
+        for key, value in props.get(P.USER_PROPERTY, ()):
+            if key == MSG_ID:
+                stored = self.stored_ids.setdefault((op.publisher, value), {})
+                stored[op.msg_id] = seq
+                if len(stored) > 1:
+                    raise SimFailure(f"message id {value!r} of {op.publisher} stored as messages {sorted(stored)}")
 
     def send_owed(self, c: SimClient, count: int) -> None:
         for _ in range(min(count, len(c.owed))):

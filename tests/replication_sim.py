@@ -13,7 +13,10 @@ while that lease holds. So whatever a client was told reached B first, or B cann
 
 A crash of A while B holds the lease is a failover: B's spool becomes the active one (a new core
 restored from it) and every client reconnects to B. Otherwise A restarts from its own spool and B
-resyncs. The checks are BrokerSim's: S2, QoS 2 exactly once, per-publisher order, CONNACK first.
+resyncs. The checks are BrokerSim's: S2, QoS 2 exactly once, per-publisher order, CONNACK first,
+and no (publisher, message id) stored twice along the history the serving node holds: publishers
+retransmit acknowledged id-carrying messages after reconnecting, so after a failover it is B's
+replicated id history that must suppress them.
 
 A planned handover (appliance/planned_handover.py) moves activity between the two spools: A stops
 taking packets, ships and commits everything, waits until B acknowledged its head (the final op),
@@ -29,6 +32,7 @@ import collections
 import dataclasses
 
 from appliance.broker.core import BrokerCore, Persist, restore
+from appliance.spool import ops
 from appliance.spool.chain import GENESIS, chain
 from appliance.spool.codec import decode_op, encode_op
 from appliance.spool.snapshot import snapshot_ops, snapshot_seq
@@ -87,6 +91,8 @@ class ReplicatedSim(BrokerSim):
             for entry, op in zip(entries, persist.ops):
                 if not self.committed.apply(entry.seq, op):
                     raise SimFailure(f"A's spool ignored op {entry.seq}: {op}")
+                if isinstance(op, ops.MessageStored):
+                    self.note_stored(op, entry.seq)
             if entries:
                 self.durable_seq = entries[-1].seq
             self.held.append((entries[-1].seq if entries else self.head.seq, persist.then))
@@ -212,6 +218,9 @@ class ReplicatedSim(BrokerSim):
             self.failovers += 1
             self.epoch += 1
             self.committed, self.head = self.b_state, self.b_head
+            for stored in self.stored_ids.values():  # what B never got is not part of the history any more
+                for msg_id in [m for m, seq in stored.items() if seq > self.b_head.seq]:
+                    del stored[msg_id]
             self.durable_seq = self.b_head.seq
             self.log = []  # B serves alone from here: nothing is shipped any more
         else:

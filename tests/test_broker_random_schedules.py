@@ -17,15 +17,17 @@ BATCHES = 6
 
 @pytest.mark.parametrize("batch", range(BATCHES))
 def test_random_schedules_keep_every_acknowledged_message(batch):
-    totals = {"acknowledged": 0, "delivered": 0, "crashes": 0}
+    totals = {"acknowledged": 0, "delivered": 0, "crashes": 0, "retransmits by message id": 0}
     for seed in range(batch, SCHEDULES, BATCHES):
         sim = run_schedule(seed)
         totals["acknowledged"] += sum(len(c.acknowledged) for c in sim.clients)
         totals["delivered"] += sum(len(c.delivered) for c in sim.clients)
         totals["crashes"] += sim.crashes
+        totals["retransmits by message id"] += sum(c.retransmits for c in sim.clients)
     # The schedules must really exercise what they check.
     assert totals["acknowledged"] > 5 * (SCHEDULES // BATCHES), totals
     assert totals["crashes"] > SCHEDULES // BATCHES, totals
+    assert totals["retransmits by message id"] > SCHEDULES // BATCHES, totals
     print(f"batch {batch}: {totals}")
 
 

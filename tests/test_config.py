@@ -153,12 +153,16 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
 
     raw = tomllib.loads(group_text(tmp_path))
     assert raw["limits"] == {"session_queue_max_messages": 100_000, "session_queue_max_bytes": 64 << 20,
-                             "spool_max_bytes": 4 << 30}
-    raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20)
+                             "spool_max_bytes": 4 << 30, "message_id_window_s": 300,
+                             "message_id_history_max": 100_000, "mate_max_lag_ops": 10_000,
+                             "mate_max_lag_bytes": 64 << 20}
+    raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20, message_id_window_s=60,
+                         message_id_history_max=7, mate_max_lag_ops=20)
     config = parse_group(raw)
-    assert config.limits == Limits(50, 64 << 20, 1 << 20)
+    assert config.limits == Limits(50, 64 << 20, 1 << 20, 60, 7, 20, 64 << 20)
     core = limits_from_config(config.limits)
     assert (core.max_queued_messages, core.max_queued_bytes, core.max_spool_bytes) == (50, 64 << 20, 1 << 20)
+    assert (core.message_id_window_ms, core.max_message_ids) == (60_000, 7)
 
     del raw["limits"]
     assert parse_group(raw).limits == Limits()  # the table is optional
@@ -171,6 +175,10 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
     ("spool_max_bytes", True, "limits.spool_max_bytes must be a whole number"),
     ("spool_max_bytes", 1.5, "not 1.5"),
     ("queue_max", 10, "unknown key 'queue_max' in \\[limits\\]"),
+    ("message_id_window_s", 0, "limits.message_id_window_s must be a whole number from 1 to 604,800, not 0"),
+    ("message_id_history_max", -5, "limits.message_id_history_max must be a whole number from 1 to"),
+    ("mate_max_lag_ops", 0, "limits.mate_max_lag_ops must be a whole number from 1 to 1,000,000, not 0"),
+    ("mate_max_lag_bytes", 1000, "limits.mate_max_lag_bytes must be a whole number from 65,536 to"),
 ])
 def test_bad_limits_are_refused_clearly(tmp_path, key, value, message):
     raw = tomllib.loads(group_text(tmp_path))

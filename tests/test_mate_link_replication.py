@@ -171,6 +171,9 @@ def test_unacknowledged_backlog_raises_backpressure_until_acked():
     p.pump()
     p.write_locally(6)
     p.pump()
+    assert p.active.over_max_lag and p.active.caught_up(p.now)  # held publishers, still in sync
+    p.write_locally(15)  # what was in flight: past INSYNC_LAG_FACTOR x max_lag_ops the standby leaves sync
+    p.pump()
     assert p.active.over_max_lag and not p.active.caught_up(p.now)
     p.apply_all()
     p.pump()

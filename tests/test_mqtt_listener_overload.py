@@ -403,3 +403,48 @@ def test_a_commit_backlog_shrinks_the_window_and_it_grows_back(node_factory):
         time.sleep(0.05)
     assert node.stats()["window"] == 100 and node.stats()["throttled_clients"] == 0
     pub.close()
+
+
+def test_mate_link_backpressure_holds_publishers_and_keeps_reading_subscribers(node_factory):
+    """`BrokerService.mate_over_lag` (the live mate link's backlog over max_lag; set by the node's replication)
+    is the input here: while it holds, a publisher is not read after its next QoS 1 PUBLISH, while a subscriber
+    keeps being read (its acks drain queues); once it clears, the next lag sample reads the publisher again."""
+    node = node_factory(with_broker=True)
+    lagging = [False]
+    node.broker.mate_over_lag = lambda: lagging[0]
+    sub = Raw(node.port)
+    sub.send(Connect(MQTT_3_1_1, "reader").encode())
+    assert sub.read_packet(MQTT_3_1_1).reason_code == R.SUCCESS
+    sub.send(Subscribe(1, (Subscription("m/t", 1),)).encode(MQTT_3_1_1))
+    sub.read_packet(MQTT_3_1_1)
+    pub = Raw(node.port)
+    pub.send(Connect(MQTT_3_1_1, "writer").encode())
+    assert pub.read_packet(MQTT_3_1_1).reason_code == R.SUCCESS
+
+    lagging[0] = True
+    pub.send(Publish("m/t", b"1", qos=1, packet_id=1).encode(MQTT_3_1_1))
+    assert isinstance(pub.read_packet(MQTT_3_1_1), Puback)  # the PUBLISH that found the lag is handled
+    pub.send(Publish("m/t", b"2", qos=1, packet_id=2).encode(MQTT_3_1_1) + PingReq().encode(MQTT_3_1_1))
+    first = sub.read_packet(MQTT_3_1_1)
+    assert first.payload == b"1"
+    sub.send(Puback(first.packet_id).encode(MQTT_3_1_1) + PingReq().encode(MQTT_3_1_1))
+    assert isinstance(sub.read_packet(MQTT_3_1_1), PingResp), "the subscriber is still read"
+    pub.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        pub.read_packet(MQTT_3_1_1)  # neither PUBLISH 2 nor PINGREQ was read
+    sub.sock.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        sub.read_packet(MQTT_3_1_1)  # message 2 was never taken
+    held = node.loop.call(node.broker.backpressure.view)
+    assert held == {"holding": True, "episodes": 1, "publishers_held": 1, "held_ms": 0}, held
+
+    lagging[0] = False
+    pub.sock.settimeout(TIMEOUT_S)
+    sub.sock.settimeout(TIMEOUT_S)
+    answers = {type(pub.read_packet(MQTT_3_1_1)).__name__ for _ in range(2)}
+    assert answers == {"Puback", "PingResp"}, answers  # (the PINGRESP needs no commit: it may come first)
+    assert sub.read_packet(MQTT_3_1_1).payload == b"2"
+    after = node.loop.call(node.broker.backpressure.view)
+    assert not after["holding"] and after["episodes"] == 1 and after["held_ms"] >= 500, after
+    pub.close()
+    sub.close()

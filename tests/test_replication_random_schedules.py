@@ -1,7 +1,8 @@
 """S2 across failover, on the sans-I/O parts: thousands of seeded schedules of a broker with a
 standby fed by the real mate-link ends (tests/replication_sim.py), with late commits, a slow or
 cut link, resyncs (incremental and snapshot), restarts and failovers. Every acknowledged message
-reaches its subscribers, QoS 2 exactly once, in per-publisher order.
+reaches its subscribers, QoS 2 exactly once, in per-publisher order; retransmits by message id
+after a failover are suppressed by the id history B holds (never stored twice).
 
 PAIRMQ_REPL_SIM_SCHEDULES sets how many (default 1000); a failure names its seed and
 `run_replicated_schedule(seed)` replays it.
@@ -19,13 +20,16 @@ BATCHES = 4
 
 @pytest.mark.parametrize("batch", range(BATCHES))
 def test_every_acknowledged_message_survives_failover(batch):
-    totals = {"acknowledged": 0, "failovers": 0, "resyncs": 0}
+    totals = {"acknowledged": 0, "failovers": 0, "resyncs": 0, "suppressed after a failover": 0}
     for seed in range(batch, SCHEDULES, BATCHES):
         sim = run_replicated_schedule(seed)
         totals["acknowledged"] += sum(len(c.acknowledged) for c in sim.clients)
         totals["failovers"] += sim.failovers
         totals["resyncs"] += sim.resyncs
+        if sim.failovers:  # the core is B's, rebuilt at the failover: what it suppressed came from B's history
+            totals["suppressed after a failover"] += sim.core.counters.get("publish_duplicates_suppressed", 0)
     # The schedules must really exercise what they check: failovers with acknowledged traffic behind them.
     n = SCHEDULES // BATCHES
     assert totals["failovers"] > n // 3 and totals["acknowledged"] > 5 * n and totals["resyncs"] > n, totals
+    assert totals["suppressed after a failover"] > n // 10, totals
     print(f"batch {batch}: {totals}")

@@ -147,7 +147,7 @@ def test_a_damaged_header_is_refused(damaged):
 
 
 @pytest.mark.parametrize("pragma, fragment", [
-    ("PRAGMA user_version = 2", "schema version 2, but this build reads version 1"),
+    ("PRAGMA user_version = 3", "schema version 3, but this build reads version 2"),
     ("PRAGMA application_id = 42", "not a PairMQ spool (application id 0x2a)"),
     ("DROP TABLE wills", "tables missing: wills"),
     ("PRAGMA journal_mode = DELETE", "journal mode is delete"),

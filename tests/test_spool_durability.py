@@ -132,7 +132,7 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
         lock.execute("BEGIN IMMEDIATE")
         big = writer.submit([o.MessageStored(99_999, "t", b"z" * 500_000, 1, False, b"", 0, "p", 1),
                              o.MessageQueued("sub", 99_999, 1, False)], 1)
-        small = [writer.submit([o.MessageIdSeen(f"small-{i}", i)], 1) for i in range(3)]
+        small = [writer.submit([o.MessageIdSeen("c", f"small-{i}", i)], 1) for i in range(3)]
         lock.execute("ROLLBACK")
         lock.close()
         with pytest.raises(SpoolFull, match="the disk is full"):
@@ -143,7 +143,7 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
         assert writer.head == writer.durable == m.durable, "the head went back to the last committed op"
 
         ballast.unlink()  # space comes back: the same writer carries on
-        more = writer.submit([o.MessageIdSeen("after", 1)], 1)
+        more = writer.submit([o.MessageIdSeen("c", "after", 1)], 1)
         durable.append((more.future.result(5), more.ops))
         writer.close()
     model = StateModel()

@@ -56,7 +56,7 @@ EVERY_OP = [
     [body(3), o.RetainedSet("t/3", 3), body(4), o.RetainedSet("t/4", 4), o.RetainedCleared("t/4")],
     [o.InboundQos2Received("a", 5), o.InboundQos2Received("a", 6), o.InboundQos2Released("a", 5)],
     [body(5), o.WillSet("b", 5, 30), body(6), o.WillSet("a", 6, 0), o.WillCleared("a")],
-    [o.MessageIdSeen("m1", 100), o.MessageIdSeen("m2", 101), o.MessageIdSeen("m1", 102)],
+    [o.MessageIdSeen("c", "m1", 100), o.MessageIdSeen("c", "m2", 101), o.MessageIdSeen("c", "m1", 102)],
     [o.SessionDisconnected("a", 200, 60)],
     [o.SessionOpened("c", 5, 0, 300), o.SessionDeleted("c")],
     [body(7), body(8), body(9), *(o.MessageQueued("b", m, 1, False) for m in (7, 8, 9)),
@@ -87,7 +87,7 @@ def test_every_op_type_is_reflected_by_load_state(tmp_path):
     assert set(state.messages) == {3, 5, 10}
     assert state.messages[3] == body(3)
     assert state.retained == {"t/3": 3, "t/10": 10}
-    assert state.message_ids == (("m2", 101), ("m1", 102))
+    assert state.message_ids == (("c", "m2", 101), ("c", "m1", 102))
     assert state == model_of(EVERY_OP).state(state.head)
 
 
@@ -146,7 +146,7 @@ RANDOM_OP = st.one_of(
     st.builds(o.InboundQos2Released, CLIENTS, PACKET_IDS),
     st.builds(o.WillSet, CLIENTS, MSG_IDS, SMALL),
     st.builds(o.WillCleared, CLIENTS),
-    st.builds(o.MessageIdSeen, st.sampled_from(["m1", "m2", "m3", "m4"]), SMALL),
+    st.builds(o.MessageIdSeen, CLIENTS, st.sampled_from(["m1", "m2", "m3", "m4"]), SMALL),
 )
 
 
@@ -180,7 +180,7 @@ def test_a_session_with_everything_deleted_releases_its_bodies(tmp_path):
 
 def test_the_log_keeps_the_last_keep_ops_and_a_truncated_spool_still_verifies(tmp_path):
     limits = WriterLimits(keep_ops=50, truncate_chunk_ops=10)
-    write(tmp_path, [[o.MessageIdSeen(f"m{i}", i)] for i in range(200)], limits=limits)
+    write(tmp_path, [[o.MessageIdSeen("c", f"m{i}", i)] for i in range(200)], limits=limits)
     with Spool.open(tmp_path) as spool:
         assert spool.head.seq == 200
         assert 140 <= spool.base.seq <= 150, "at least keep_ops kept, at most a chunk more"
@@ -190,7 +190,7 @@ def test_the_log_keeps_the_last_keep_ops_and_a_truncated_spool_still_verifies(tm
         assert entries[0].seq == spool.base.seq + 1 and entries[-1].seq == 200
         assert verify_chain(entries, spool.base) == spool.head
         assert len(spool.load_state().message_ids) == 200
-    write(tmp_path, [[o.MessageIdSeen("more", 1)]], limits=limits)  # reopens from a truncated log
+    write(tmp_path, [[o.MessageIdSeen("c", "more", 1)]], limits=limits)  # reopens from a truncated log
     assert load(tmp_path).head.seq == 201
 
 

@@ -60,14 +60,14 @@ def wait_until(what, predicate, timeout_s=5.0):
 def test_a_future_resolves_with_its_entries_once_committed(spool):
     with writer_of(spool) as writer:
         first = writer.submit([o.SessionOpened("a", 5, 0, 1), o.Subscribed("a", "t", 1)], 2)
-        second = writer.submit([o.MessageIdSeen("m", 1)], 3)
+        second = writer.submit([o.MessageIdSeen("c", "m", 1)], 3)
         assert [(e.epoch, e.seq) for e in first.entries + second.entries] == [(2, 1), (2, 2), (3, 3)]
         assert writer.head == second.entries[-1].point, "seqs are given at submit, before the commit"
         assert second.future.result(5) == second.entries and first.future.done()
         assert writer.durable == writer.head and writer.pending_ops == 0
         assert verify_chain(first.entries + second.entries) == writer.durable
         with pytest.raises(LocalProtocolError, match="ops of epoch 2 after epoch 3"):
-            writer.submit([o.MessageIdSeen("n", 1)], 2)
+            writer.submit([o.MessageIdSeen("c", "n", 1)], 2)
         assert writer.submit([], 3).future.result(0) == ()
 
 
@@ -76,7 +76,7 @@ def test_the_asyncio_variant_resolves_on_the_callers_loop(spool):
         with writer_of(spool) as writer:
             loop_thread = threading.get_ident()
             entries = await writer.commit([o.SessionOpened("a", 5, 0, 1)], 1)
-            sub = writer.submit_async([o.MessageIdSeen("m", 1)], 1)
+            sub = writer.submit_async([o.MessageIdSeen("c", "m", 1)], 1)
             sub.future.add_done_callback(lambda _: seen.append(threading.get_ident()))
             await sub.future
             return entries, loop_thread
@@ -120,7 +120,7 @@ def test_free_running_concurrent_submitters_are_group_committed(spool, capsys):
 
         def submitter(i):
             for r in range(rounds):
-                writer.submit([o.MessageIdSeen(f"{i}-{r}", r)], 1).future.result(5)
+                writer.submit([o.MessageIdSeen("c", f"{i}-{r}", r)], 1).future.result(5)
 
         threads = [threading.Thread(target=submitter, args=(i,)) for i in range(threads_n)]
         for t in threads:
@@ -143,12 +143,12 @@ def test_a_full_backlog_refuses_with_spool_busy_and_recovers(spool):
             assert writer.pending_ops == 10
             head = writer.head
             with pytest.raises(SpoolBusy, match="10 ops wait for commit \\(limit 10\\); stop reading publishers"):
-                writer.submit([o.MessageIdSeen("m", 1)], 1)
+                writer.submit([o.MessageIdSeen("c", "m", 1)], 1)
             assert writer.head == head, "a refused submission gets no seq"
         for sub in subs:
             sub.future.result(5)
         assert writer.pending_ops == 0
-        writer.submit([o.MessageIdSeen("m", 1)], 1).future.result(5)
+        writer.submit([o.MessageIdSeen("c", "m", 1)], 1).future.result(5)
         m = writer.metrics()
     assert m.ops == 12 and m.commits >= 4, "batches are bounded by max_batch_ops"
 
@@ -174,13 +174,13 @@ def test_close_commits_what_is_queued(spool):
     writer = SpoolWriter(spool)
     with write_lock_held(spool):
         for i in range(50):
-            writer.submit([o.MessageIdSeen(f"m{i}", i)], 1)
+            writer.submit([o.MessageIdSeen("c", f"m{i}", i)], 1)
         closing = threading.Thread(target=writer.close)
         closing.start()
     closing.join(10)
     assert len(spool.load_state().message_ids) == 50
     with pytest.raises(LocalProtocolError, match="closed"):
-        writer.submit([o.MessageIdSeen("late", 1)], 1)
+        writer.submit([o.MessageIdSeen("c", "late", 1)], 1)
 
 
 def test_the_standby_path_applies_received_entries_and_refuses_bad_ones(tmp_path):

@@ -27,6 +27,7 @@ from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
+from . import dedup
 from .routing import Router
 from .session import NEVER, Connection, EntryState, Session, Will
 
@@ -99,6 +100,8 @@ class Limits:
     max_spool_bytes: int = 4 * 1024 * 1024 * 1024  # every stored body (Router.stored_bytes); the writer's is above it
     max_packet_size: int = 1024 * 1024
     max_session_expiry_s: int = 7 * 24 * 3600
+    message_id_window_ms: int = 300_000  # duplicate suppression by message id (dedup.py)
+    max_message_ids: int = 100_000
 
 
 Authorizer = Callable[[str | None, str, str], bool]  # (username, "publish"|"subscribe", topic or filter) -> allowed
@@ -114,6 +117,7 @@ class BrokerCore:
         self.limits = limits
         self.authorize = authorize
         self.router = Router(limits)
+        self.message_ids = dedup.MessageIdHistory(limits.message_id_window_ms, limits.max_message_ids)
         self.sessions: dict[str, Session] = {}
         self.connections: dict[int, Connection] = {}
         self._id_source = id_source
@@ -250,6 +254,7 @@ class BrokerCore:
                     effects += self.router.publish_will(session, now_ms, op_list, self)
                 op_list += self._delete_session(session)
         op_list += self.router.expire_queued(self.sessions.values(), now_ms)
+        self.message_ids.expire(now_ms)
         if op_list:
             effects.insert(0, Persist(tuple(op_list)))
         return effects
@@ -300,7 +305,32 @@ class BrokerCore:
             # (3.1.1 has no such promise: its window is bounded only by the 65,535 packet ids.)
             return [Close(conn.conn_id, RC.RECEIVE_MAXIMUM_EXCEEDED,
                           f"more than {SERVER_RECEIVE_MAXIMUM} QoS 2 PUBLISHes without PUBREL")]
+        if packet.qos and P.USER_PROPERTY in packet.properties:
+            return self._publish_with_id(conn, session, topic, packet, now_ms)
         return self.router.route(self, conn, session, topic, packet, now_ms)
+
+    def _publish_with_id(self, conn: Connection, session: Session, topic: str, packet, now_ms: int) -> list:
+        """A QoS 1/2 PUBLISH that may carry a message id: the rules are dedup.py's."""
+        try:
+            message_id = dedup.message_id_of(packet.properties)
+        except dedup.BadMessageId as exc:
+            self._count("publish_refused_bad_message_id")
+            return self._refuse_publish(conn, packet, RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc))
+        if message_id is None:
+            return self.router.route(self, conn, session, topic, packet, now_ms)
+        if self.message_ids.seen(session.client_id, message_id, now_ms):
+            self._count("publish_duplicates_suppressed")
+            if packet.qos == 1:  # a barrier: the ack waits behind the first copy's commit (and PUBLISH order)
+                return [Persist((), (Send(conn.conn_id, codec.Puback(packet.packet_id)),))]
+            # QoS 2 under a new packet id: its exchange completes (PUBREL gets PUBCOMP), nothing is routed.
+            session.inbound_qos2.add(packet.packet_id)
+            return [Persist((ops.InboundQos2Received(session.client_id, packet.packet_id),),
+                            (Send(conn.conn_id, codec.Pubrec(packet.packet_id)),))]
+        seen = ops.MessageIdSeen(session.client_id, message_id, now_ms)
+        effects = self.router.route(self, conn, session, topic, packet, now_ms, extra_ops=(seen,))
+        if any(isinstance(e, Persist) and seen in e.ops for e in effects):  # accepted, not refused
+            self.message_ids.record(session.client_id, message_id, now_ms)
+        return effects
 
     def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
         """Refuse one PUBLISH. The answer is a barrier (a Persist without ops): acks go out in PUBLISH order
@@ -469,7 +499,9 @@ class BrokerCore:
 def limits_from_config(limits) -> Limits:
     """The core's limits from the group file's [limits] table (`appliance.config.Limits`)."""
     return Limits(max_queued_messages=limits.session_queue_max_messages,
-                  max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes)
+                  max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes,
+                  message_id_window_ms=limits.message_id_window_s * 1000,
+                  max_message_ids=limits.message_id_history_max)
 
 
 def restore(core: BrokerCore, state, now_ms: int) -> None:
@@ -519,3 +551,4 @@ def restore(core: BrokerCore, state, now_ms: int) -> None:
         session.next_packet_id = max((e.packet_id for e in record.queue), default=0) % 65535 + 1
         core.sessions[record.client_id] = session
     router.restart_ids(max([state.head.seq, *state.messages]) + 1)
+    core.message_ids.restore(state.message_ids, now_ms)

@@ -47,7 +47,9 @@ class Router:
 
     # --- publish in ------------------------------------------------------------------------
 
-    def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int) -> list:
+    def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int,
+              extra_ops: tuple = ()) -> list:
+        """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
         props = {k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
         expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL)
         msg = Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
@@ -66,7 +68,7 @@ class Router:
                 return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                             f"the message spool is full ({self.stored_bytes:,} of "
                                             f"{self.limits.max_spool_bytes:,} bytes); retry later")
-        op_list: list = []
+        op_list: list = list(extra_ops)
         now_effects: list = []
         then: list = []
         queued: list = []

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..mqtt.overload import MateBackpressure
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.store import Spool
@@ -59,15 +60,17 @@ class BrokerService:
     def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
                  core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None) -> None:
         self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
-        writer_limits = WriterLimits()
+        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
+        self.core = self._fresh_core()
+        # The spool keeps as many message ids as the core (the same ones: both evict the oldest accepted).
+        writer_limits = WriterLimits(max_message_ids=self.core.limits.max_message_ids)
         if spool_max_bytes is not None:
             # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
             # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
-            writer_limits = WriterLimits(max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
+            writer_limits = dataclasses.replace(
+                writer_limits, max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
         self.writer = SpoolWriter(self.spool, writer_limits)
         self._epoch = epoch
-        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
-        self.core = self._fresh_core()
         self.conns: dict[int, object] = {}
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
@@ -85,6 +88,10 @@ class BrokerService:
         self.serving: Callable[[], bool] = lambda: True
         self._held: collections.deque = collections.deque()  # (last op seq, then, core)
         self.released_seq = 0  # the last op whose effects ran: what a re-admitted standby must hold
+        # Mate-link backpressure (appliance/mqtt/overload.py): is the live link's unacknowledged backlog over
+        # max_lag? The listener stops reading publishers meanwhile; the counters are this service's view's.
+        self.mate_over_lag: Callable[[], bool] = lambda: False
+        self.backpressure = MateBackpressure()
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -306,4 +313,6 @@ class BrokerService:
                        "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
                        "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
                        "durable_seq": m.durable.seq},
+            "message_ids": len(core.message_ids),
+            "mate_backpressure": self.backpressure.view(),
         }

@@ -44,6 +44,7 @@ _WINDOW = 2
 _OUTPUT = 4
 _TURN = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
 _HANDOVER = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
+_MATE = 32  # a publisher held while the mate link's backlog is over max_lag (overload.MateBackpressure)
 # One 256 KiB read holds ~2,500 small PUBLISHes (~40 ms of work): other clients, timers and heartbeats get the loop
 # back after this many.
 PACKETS_PER_TURN = 256
@@ -172,6 +173,8 @@ class MqttConnection(asyncio.Protocol):
                     pending.add_done_callback(self._completed)
                     if self.inflight >= self._l.window:
                         self._throttle()
+                if isinstance(packet, Publish) and packet.qos and self._l.hold_for_mate(self):
+                    self._pause(_MATE)
             return
         if isinstance(packet, Connect):
             if self.accepted:  # the codec refuses a second CONNECT; this is a belt for the braces
@@ -205,6 +208,9 @@ class MqttConnection(asyncio.Protocol):
         if self._paused & _WINDOW and self.inflight < self._l.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
+
+    def mate_drained(self) -> None:
+        self._resume(_MATE)
 
     def window_grew(self) -> None:
         if self.inflight < self._l.window:

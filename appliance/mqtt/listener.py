@@ -70,7 +70,7 @@ from appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
 from appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
-from appliance.mqtt.overload import OverloadLimits, WindowPolicy
+from appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from appliance.mqtt.publish import Publish
 from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
 
@@ -159,6 +159,8 @@ class MqttListener:
         self.limit_refusals = 0  # max_connections reached
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
         self.throttled: set[MqttConnection] = set()
+        self.held_for_mate: set[MqttConnection] = set()
+        self.backpressure: MateBackpressure = getattr(broker, "backpressure", None) or MateBackpressure()
         self.accepted_count = 0  # clients with CONNACK success still connected
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -278,6 +280,7 @@ class MqttListener:
     def closed(self, conn: MqttConnection) -> None:
         self._conns.discard(conn)
         self.throttled.discard(conn)
+        self.held_for_mate.discard(conn)
         if self._all_closed is not None and not self._conns:
             self._all_closed.set()
 
@@ -391,6 +394,18 @@ class MqttListener:
 
     # --- load and the in-flight window ----------------------------------------------------
 
+    def _mate_lagging(self) -> bool:
+        return self.broker is not None and self.broker.mate_over_lag()
+
+    def hold_for_mate(self, conn: MqttConnection) -> bool:
+        """A QoS 1/2 PUBLISH from `conn` was handled: stop reading it while the mate link lags (overload.py)."""
+        if not self.backpressure.over(now_ms(), self._mate_lagging()):
+            return False
+        if not self.held_for_mate:
+            log.info("mate link backlog over max_lag: holding publishers")
+        self.held_for_mate.add(conn)
+        return True
+
     def _sample_load(self, expected: float) -> None:
         loop = self._loop
         now = loop.time()
@@ -402,4 +417,11 @@ class MqttListener:
         if self.window > before and self.throttled:
             for conn in list(self.throttled):
                 conn.window_grew()
+        if self.held_for_mate:
+            took = self.backpressure.sample(now_ms(), self._mate_lagging())
+            if not self.backpressure.holding:  # ended now, or by the other listener's sample (MQTT over TLS)
+                held, self.held_for_mate = self.held_for_mate, set()
+                log.info("mate link drained (%s ms): reading %d held publishers again", took, len(held))
+                for conn in held:
+                    conn.mate_drained()
         self._lag_timer = loop.call_at(now + LAG_SAMPLE_S, self._sample_load, now + LAG_SAMPLE_S)

@@ -18,9 +18,20 @@ Rules:
 - The window never leaves [min_window, max_window]; min_window >= 1, so every
   client can always have one packet in progress and nobody is starved.
 
+- Mate-link backpressure (DESIGN §4, `MateBackpressure`): while the standby's
+  unacknowledged backlog on the live mate link is over `max_lag` ops or bytes
+  (`ActiveLink.over_max_lag`), a connection that hands over a QoS 1/2 PUBLISH
+  (what adds ops) is not read again until the backlog is back under the bound.
+  Everything else keeps being read: subscribers' acks free the queue, and the
+  backlog drains by the standby's acks, never by a held publisher. Each held
+  connection finishes what it sent (its in-flight publishes still complete).
+
 Theory of operation: the listener samples both inputs on its lag timer and
 calls `update(now_ms, backlog_ops, lag_ms)`; the returned window applies to
-every client. Time is a parameter: nothing here reads a clock.
+every client. It asks `MateBackpressure.over` as each QoS 1/2 PUBLISH is
+handled (so a burst is cut at once) and `sample` on the lag timer (which ends
+an episode and lets the held publishers be read again). Time is a parameter:
+nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -87,3 +98,39 @@ def _fraction(value: float, low: float, high: float) -> float:
     if value >= high:
         return 1.0
     return (value - low) / (high - low)
+
+
+class MateBackpressure:
+    """Publishers held for the mate link's backlog; see the rules above. Counters for the management API."""
+
+    __slots__ = ("holding", "episodes", "publishers_held", "held_ms", "_since_ms")
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.episodes = 0  # times the backlog passed the bound
+        self.publishers_held = 0  # times a publisher's socket stopped being read for it
+        self.held_ms = 0  # total time spent holding, finished episodes
+        self._since_ms = 0
+
+    def over(self, now_ms: int, lagging: bool) -> bool:
+        """A QoS 1/2 PUBLISH was handled: should its connection stop being read? (Counted if so.)"""
+        if not self.holding:
+            if not lagging:
+                return False
+            self.holding, self._since_ms = True, now_ms
+            self.episodes += 1
+        self.publishers_held += 1
+        return True
+
+    def sample(self, now_ms: int, lagging: bool) -> int | None:
+        """On the lag timer: the episode's length in ms when it ends now (read the held publishers again)."""
+        if not self.holding or lagging:
+            return None
+        self.holding = False
+        took = max(0, now_ms - self._since_ms)
+        self.held_ms += took
+        return took
+
+    def view(self) -> dict[str, object]:
+        return {"holding": self.holding, "episodes": self.episodes, "publishers_held": self.publishers_held,
+                "held_ms": self.held_ms}

@@ -93,5 +93,5 @@ def load_state(conn: sqlite3.Connection) -> SpoolState:
     _check(not dangling, f"references to stored messages that do not exist: {dangling[:3]}")
     wrong = sorted(msg_id for msg_id, count in refs.items() if found[msg_id] != count)
     _check(not wrong, f"stored message {wrong[0] if wrong else 0}'s reference count does not match its references")
-    message_ids = tuple(ex("SELECT message_id, seen_at_ms FROM message_ids ORDER BY seq"))
+    message_ids = tuple(ex("SELECT client_id, message_id, seen_at_ms FROM message_ids ORDER BY seq"))
     return SpoolState(head, sessions, messages, retained, message_ids, stored_bytes)

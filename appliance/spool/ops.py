@@ -181,9 +181,12 @@ class WillCleared:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageIdSeen:
-    """Duplicate suppression across failover (issue 4): a publisher-assigned message id was accepted."""
+    """Duplicate suppression across failover (issue 4, appliance/broker/dedup.py): the message id a
+    publisher assigned was accepted from that client. Committed with the message it names. (Its
+    client_id was added before any broker emitted this op, so no spool holds the older layout.)"""
 
     TYPE = 18
+    client_id: str
     message_id: str
     seen_at_ms: int
 

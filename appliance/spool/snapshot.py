@@ -49,7 +49,7 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
             releases.append(o.MessagePubrecReceived(client_id, e.msg_id))
     out += (o.RetainedSet(topic, msg_id) for topic, msg_id in state.retained.items())
     out += releases
-    out += (o.MessageIdSeen(message_id, seen_at_ms) for message_id, seen_at_ms in state.message_ids)
+    out += (o.MessageIdSeen(client_id, message_id, seen_at_ms) for client_id, message_id, seen_at_ms in state.message_ids)
     return out
 
 

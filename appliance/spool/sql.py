@@ -22,7 +22,7 @@ from .chain import ChainPoint, LogEntry
 from .codec import encode_uints
 from .state import stored_size
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: message_ids keyed by (client_id, message_id)
 APPLICATION_ID = 0x50514D53  # "PQMS": a PairMQ spool
 
 SCHEMA = """
@@ -61,7 +61,8 @@ CREATE TABLE wills (
     client_id TEXT PRIMARY KEY, msg_id INTEGER NOT NULL, delay_s INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 CREATE TABLE message_ids (
-    seq INTEGER PRIMARY KEY, message_id TEXT NOT NULL UNIQUE, seen_at_ms INTEGER NOT NULL
+    seq INTEGER PRIMARY KEY, client_id TEXT NOT NULL, message_id TEXT NOT NULL, seen_at_ms INTEGER NOT NULL,
+    UNIQUE (client_id, message_id)
 ) STRICT;
 """
 TABLES = ("meta", "oplog", "messages", "sessions", "subscriptions", "queue", "retained", "inbound_qos2", "wills",
@@ -333,11 +334,11 @@ class SqlApplier:
         return bool(gone)
 
     def _MessageIdSeen(self, seq: int, op: o.MessageIdSeen, body: bytes) -> bool:
-        if self.conn.execute("UPDATE message_ids SET seq = ?, seen_at_ms = ? WHERE message_id = ?",
-                             (seq, op.seen_at_ms, op.message_id)).rowcount == 1:
+        if self.conn.execute("UPDATE message_ids SET seq = ?, seen_at_ms = ? WHERE client_id = ? AND message_id = ?",
+                             (seq, op.seen_at_ms, op.client_id, op.message_id)).rowcount == 1:
             return True
-        self.conn.execute("INSERT INTO message_ids (seq, message_id, seen_at_ms) VALUES (?, ?, ?)",
-                          (seq, op.message_id, op.seen_at_ms))
+        self.conn.execute("INSERT INTO message_ids (seq, client_id, message_id, seen_at_ms) VALUES (?, ?, ?, ?)",
+                          (seq, op.client_id, op.message_id, op.seen_at_ms))
         self.message_id_count += 1
         if self.message_id_count > self.max_message_ids:
             self.conn.execute("DELETE FROM message_ids WHERE seq = (SELECT min(seq) FROM message_ids)")

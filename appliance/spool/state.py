@@ -20,8 +20,10 @@ Rules (the SQLite store implements exactly these; tests compare the two):
   session with its subscriptions, queue, QoS 2 packet ids and will.
 - `SessionOpened` upserts: connected, `disconnected_at_ms` back to 0.
 - `RetainedSet`/`WillSet` replace (the earlier body loses its reference).
-- Message-id history keeps the newest `max_message_ids` ids by the seq of their
-  last `MessageIdSeen`; the oldest goes when a new id would exceed the bound.
+- Message-id history keeps the newest `max_message_ids` (client id, message id)
+  pairs by the seq of their last `MessageIdSeen`; the oldest goes when a new
+  pair would exceed the bound. It is only counted: the time window is the
+  broker's (appliance/broker/dedup.py), which ignores what is too old.
 - `stored_bytes` is the sum of the encoded `MessageStored` sizes of the bodies
   present: what the spool's byte limit counts.
 - Domains (`check_op`, enforced when ops are submitted and verified when the
@@ -73,7 +75,7 @@ class SpoolState:
     sessions: dict[str, Session]
     messages: dict[int, o.MessageStored]  # bodies, shared by queue entries, retained topics and wills
     retained: dict[str, int]  # topic -> msg_id
-    message_ids: tuple[tuple[str, int], ...]  # (message id, seen_at_ms), oldest first
+    message_ids: tuple[tuple[str, str, int], ...]  # (client id, message id, seen_at_ms), oldest first
     stored_bytes: int
 
     @property
@@ -143,7 +145,7 @@ class StateModel:
         self.sizes: dict[int, int] = {}
         self.refs: dict[int, int] = {}
         self.retained: dict[str, int] = {}
-        self.message_ids: dict[str, int] = {}  # insertion order is seq order
+        self.message_ids: dict[tuple[str, str], int] = {}  # insertion order is seq order
         self.stored_bytes = 0
         self.ignored = 0
         self.head = GENESIS
@@ -161,7 +163,7 @@ class StateModel:
                 s.record, subscriptions=tuple(s.subscriptions[f] for f in sorted(s.subscriptions)),
                 queue=tuple(s.queue.values()), inbound_qos2=tuple(sorted(s.inbound_qos2)), will=s.will)
         return SpoolState(head or self.head, sessions, dict(self.messages), dict(self.retained),
-                          tuple(self.message_ids.items()), self.stored_bytes)
+                          tuple((c, m, at) for (c, m), at in self.message_ids.items()), self.stored_bytes)
 
     def _take(self, msg_id: int) -> bool:
         if msg_id not in self.messages:
@@ -319,8 +321,9 @@ class StateModel:
         return True
 
     def _MessageIdSeen(self, seq: int, op: o.MessageIdSeen) -> bool:
-        existed = self.message_ids.pop(op.message_id, None) is not None
-        self.message_ids[op.message_id] = op.seen_at_ms
+        key = (op.client_id, op.message_id)
+        existed = self.message_ids.pop(key, None) is not None
+        self.message_ids[key] = op.seen_at_ms
         if not existed and len(self.message_ids) > self.max_message_ids:
             del self.message_ids[next(iter(self.message_ids))]
         return True
