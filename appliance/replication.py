@@ -89,6 +89,7 @@ class Replication:
         resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
         with node.heartbeats.lock:
             node.core.mate_link(now, caught_up)
+            node.core.released_position(now, broker.released_seq)
             self._need_mate = node.core.acks_need_mate(now)
             if resyncing:
                 node.core.void_insync_lease(now, "catching up on the mate link")

@@ -216,11 +216,6 @@ def test_an_old_primary_that_could_not_resync_does_not_take_over_when_the_active
     finish("stale primary held back, backup restarted", pubs, [live, parked], describe=group.logs_tail)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known S2 bug in appliance/quorum/core.py (not the mate link): the quorum's spool position is never fed "
-    "from the spool (seq stays 0; a standby copies the active's epoch while in sync), so after a mate-link "
-    "cut the out-of-sync primary ties the backup at (2, 0) and, as primary, counts as most up to date. "
-    "strict: once fixed this XPASSes and fails; then drop the marker"))
 def test_mate_link_cut_while_the_backup_is_active_then_kill_9_of_the_backup(group, hosts):  # noqa: F811
     """DESIGN §4: once the mate link breaks and the active acknowledges on local durability, "an
     acknowledged message is always either on the standby or the standby knows it may not take activity".

@@ -114,6 +114,7 @@ class QuorumCore(HandoverRules):
         self.config_version = 0
         self.handover = HandoverState()
         self.auto_revert = False  # group.auto_revert (H7)
+        self._position_saved_at = 0
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -189,6 +190,19 @@ class QuorumCore(HandoverRules):
         if self.insync.holds(now_ms):
             self.insync.clear()
             self._decide(now_ms, "sync", f"{self.role.value}: {why} → out of sync until the active grants again")
+
+    def released_position(self, now_ms: int, seq: int) -> None:
+        """Active side: the highest op whose effects were released (acknowledged to clients). Heartbeats carry
+        it and an in-sync mate copies it; a mate out of sync keeps an older copy, so it can never count as
+        most up to date (R4) holding less than we acknowledged. On disk at once while the mate is out of
+        sync (we acknowledge on local durability alone), else at most once a second."""
+        if self.activity is not Activity.ACTIVE or self.state.spool_epoch != self.active_epoch \
+                or seq <= self.state.spool_seq:
+            return
+        self.state.spool_seq = seq
+        if not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
+            self.store.save(self.state)
+            self._position_saved_at = now_ms
 
     def set_spool_position(self, epoch: int, seq: int) -> None:
         if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
