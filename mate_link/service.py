@@ -33,7 +33,7 @@ from appliance.spool.install import SnapshotBuilder
 from appliance.spool.snapshot import snapshot_ops
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
-from .messages import Message
+from .messages import Catchup, Message
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
 from .standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
@@ -196,8 +196,10 @@ class ActiveReplication(_Replication):
                 plan = plan_resync(base, link.head, request.standby_head,
                                    lambda seq: point.checksum if point is not None and seq == point.seq else None)
                 log.info("mate link: standby at op %d: %s", request.standby_head.seq, plan.reason)
+                to_go = (await asyncio.to_thread(spool.log_bytes, plan.after_seq)
+                         if plan.catchup is Catchup.INCREMENTAL else 0)
                 if conn is self.conn and not conn.closed:
-                    link.planned(plan)
+                    link.planned(plan, to_go)
             elif isinstance(request, ReadEntries):
                 entries = await asyncio.to_thread(spool.read_entries, request.after_seq, request.max_ops)
                 if conn is self.conn and not conn.closed:
@@ -235,6 +237,7 @@ class StandbyReplication(_Replication):
         self._work: asyncio.Queue | None = None
         self.links_made = 0
         self.snapshots_installed = 0
+        self._last_progress = None  # an earlier link's catch-up (standby.ResyncProgress), shown until a new one
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -249,6 +252,11 @@ class StandbyReplication(_Replication):
     @property
     def durable_seq(self) -> int:
         return self.link.durable.seq if self.link is not None else 0
+
+    def progress(self, now: int) -> dict | None:
+        """The latest catch-up's progress (the redundancy view's `resync`), None if no link needed one."""
+        p = self.link.progress if self.link is not None and self.link.progress is not None else self._last_progress
+        return None if p is None else p.view(now)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -274,6 +282,8 @@ class StandbyReplication(_Replication):
         ticker = loop.create_task(self._ticks())
         try:
             await asyncio.wait_for(established.wait(), 5.0)
+            if self.link is not None and self.link.progress is not None:
+                self._last_progress = self.link.progress
             self.link = StandbyLink(self.port.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
                                     link_timeout_ms=self._link_timeout_ms)
             self.links_made += 1
@@ -313,16 +323,18 @@ class StandbyReplication(_Replication):
                     entries = await sub.future
                     if entries and not conn.closed:
                         link.applied(entries[-1].point)
+                        link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
                 elif isinstance(request, SnapshotBatch):
                     if request.first:
                         self._builder = await asyncio.to_thread(SnapshotBuilder, self._incoming_dir)
                     await asyncio.to_thread(self._builder.add, request.bodies)
+                    link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
                 elif isinstance(request, SnapshotDone):
                     await asyncio.to_thread(self._builder.finish, request.point)
                     await asyncio.to_thread(self.port.replace_spool, self._builder)
                     self._builder = None
                     if not conn.closed:
-                        link.snapshot_installed(request.point)
+                        link.snapshot_installed(request.point, now_ms())
                     self.snapshots_installed += 1
                     log.info("mate link: full resync installed at op %d", request.point.seq)
             except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed

@@ -147,6 +147,12 @@ class Spool:
         with self._read_lock, _read_transaction(self._conn):
             return read_meta(self._conn)[1]
 
+    def log_bytes(self, after_seq: int) -> int:
+        """The op bodies' bytes after `after_seq` (an incremental resync's size, for its progress)."""
+        with self._read_lock, _read_transaction(self._conn):
+            (n,), = self._conn.execute("SELECT total(length(body)) FROM oplog WHERE seq > ?", (after_seq,))
+        return int(n)
+
     def read_entries(self, after_seq: int, max_ops: int) -> list[LogEntry]:
         """Up to `max_ops` committed ops with seq > after_seq, in order (for the mate link's resync).
 
