@@ -27,10 +27,9 @@ from typing import Protocol
 from appliance.errors import RemoteProtocolError
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
-from appliance.spool.codec import encode_op
 from appliance.spool.errors import ChainError
 from appliance.spool.install import SnapshotBuilder
-from appliance.spool.snapshot import snapshot_ops
+from appliance.spool.snapshot import snapshot_bodies
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message
@@ -205,8 +204,8 @@ class ActiveReplication(_Replication):
                 if conn is self.conn and not conn.closed:
                     link.entries_read(entries)
             elif isinstance(request, MakeSnapshot):
-                state = await asyncio.to_thread(spool.load_state)
-                bodies = await asyncio.to_thread(lambda: [encode_op(op) for op in snapshot_ops(state)])
+                state = await asyncio.to_thread(spool.load_state, raw_bodies=True)
+                bodies = await asyncio.to_thread(snapshot_bodies, state)
                 if conn is self.conn and not conn.closed:
                     link.snapshot_ready(bodies, state.head)
         except LookupError as exc:  # the log was truncated under a catch-up: start over

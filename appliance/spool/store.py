@@ -118,11 +118,11 @@ class Spool:
     def corrupt(self, what: str) -> SpoolCorruption:
         return SpoolCorruption(f"spool {self.path}: {what}; refusing to serve from a corrupt spool")
 
-    def load_state(self) -> SpoolState:
-        """Everything in the file, in memory, for the broker to rebuild from."""
+    def load_state(self, *, raw_bodies: bool = False) -> SpoolState:
+        """Everything in the file, in memory, for the broker to rebuild from (`raw_bodies`: see load.py)."""
         try:
             with self._read_lock, _read_transaction(self._conn):
-                return load_state(self._conn)
+                return load_state(self._conn, raw_bodies=raw_bodies)
         except _UNREADABLE as exc:
             raise self.corrupt(f"unreadable ({_why(exc)})") from None
         except Corrupt as exc:
