@@ -14,8 +14,9 @@ fixed loopback ports' lock (tests/group.py), so no other group shares the CPUs m
   pairmq-group   a local group (primary, backup, monitor on 127.0.0.1/.2/.3): the primary releases a
                  PUBACK only after its own group commit AND the backup's acknowledgement of the op
                  (replicated). This is what bench/throughput.py measures as "pairmq".
-  pairmq-single  the same group with the backup not running: the primary acknowledges on local
-                 durability alone (its mate is out of sync and its in-sync lease has ended).
+  pairmq-single  the same group with the backup killed (after it synced: a primary does not take
+                 activity alone at start-up): the primary acknowledges on local durability alone
+                 (its mate is out of sync and its in-sync lease has ended).
   nats-r3        three nats-servers with JetStream and MQTT, `mqtt { stream_replicas: 3 }`;
                  R3 checked on /jsz after the load (bench/nats.py).
 Tests:
@@ -51,7 +52,8 @@ from bench import nats, resync  # noqa: E402
 from bench.brokers import Target, log, run_pairmq  # noqa: E402
 from bench.report import Result, fsync_ms, machine, table, write_docs  # noqa: E402
 from bench.throughput import cancellable, git_state, install_signal_handlers, latency_test, qos1_test  # noqa: E402
-from tests.group import Group, fixed_ports  # noqa: E402
+from bench.resync import view  # noqa: E402
+from tests.group import active_group, fixed_ports  # noqa: E402
 
 TARGETS = ("pairmq-group", "pairmq-single", "nats-r3")
 TESTS = ("qos1", "latency", "resync")
@@ -62,11 +64,16 @@ LOCK_ATTEMPTS = 5  # the fixed ports' lock may stay busy longer than its own wai
 
 @contextlib.contextmanager
 def run_single(workdir: Path):
-    """A group whose backup never starts: the primary serves alone, acknowledging on local durability."""
-    with Group(workdir / "pairmq-single") as g:
-        g.start(Role.PRIMARY, Role.MONITOR)
-        g.wait_for("the primary to serve without its backup", lambda: g.probe_once()[Role.PRIMARY] == 0,
-                   timeout_s=60)
+    """A group whose backup is not running: the primary serves alone, acknowledging on local durability once
+    the backup's in-sync lease has ended. (A primary does not take activity alone at start-up, DESIGN §3 rule 4,
+    so the backup starts, syncs, and is killed.)"""
+    with active_group(workdir / "pairmq-single", timeout_s=30) as g:
+        g.kill(Role.BACKUP)
+        g.wait_for("the primary to report its mate out of sync",
+                   lambda: (view(g, Role.PRIMARY) or {}).get("redundancy_status") == "Down", timeout_s=30)
+        time.sleep(2 * g.config.timers.lease_ms / 1000)  # the backup's in-sync lease has surely ended
+        if g.probe_once()[Role.PRIMARY] != 0:
+            raise RuntimeError("the primary stopped serving once its backup was killed")
         yield Target("pairmq-single", g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY))
 
 
@@ -165,7 +172,7 @@ def judged(results: list[Result], resyncs: list[dict]) -> list[str]:
 
 def resync_table(resyncs: list[dict]) -> str:
     lines = ["| resync | messages | ops | MB | seconds (backup's PLAN → last op durable) | msg/s | MB/s | "
-             "backup start → redundancy Up (s) | load avg (1 min) before → after |", "|---|" + "---:|" * 8]
+             "group start → redundancy Up (s) | load avg (1 min) before → after |", "|---|" + "---:|" * 8]
     for r in resyncs:
         lines.append(f"| {r['kind']} | {r['messages']:,} × {r['payload_bytes']} B | {r['ops']:,} | "
                      f"{r['bytes'] / 1e6:,.0f} | {r['seconds']:.2f} | {r['msg_per_s']:,.0f} | {r['mb_per_s']:,.1f} | "
@@ -191,7 +198,8 @@ def section(results, resyncs, skipped, args, versions, started) -> str:
              "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
              "- Targets: pairmq-group = a local group, the primary releases each PUBACK after its group commit and "
              "the backup's acknowledgement (replicated; bench/throughput.py's \"pairmq\" is this); pairmq-single = "
-             "the same group with the backup not running, the primary acknowledging on local durability; nats-r3 = "
+             "the same group with the backup killed once in sync, the primary acknowledging on local durability "
+             "after the backup's in-sync lease ended; nats-r3 = "
              "three nats-servers, JetStream, MQTT with `stream_replicas: 3` (R3 read back from /jsz). All on one "
              "machine with the load generator (bench/mqttload.py, the same raw MQTT 3.1.1 client for every "
              f"target); {args.payload}-byte payloads; {args.duration_s:g} s measured per test. (a% / b%): CPU of "

@@ -16,6 +16,7 @@ ACTIVITY_STYLES = {
     "Monitor": "blue",
 }
 NOT_APPLICABLE = "-"
+UNKNOWN = "?"  # a resync size not known yet (a snapshot still being built)
 
 
 def age(ms: int | None) -> str:
@@ -72,9 +73,10 @@ def resync_table(nodes: list[dict]) -> Table | None:
         r = node["resync"]
         running = r["state"] == "running"
         table.add_row(node["role"], r["kind"], Text(r["state"], "yellow" if running else "green"),
-                      f"{r['ops_done']:,}", f"{r['ops_to_go']:,}", size(r["bytes_done"]), size(r["bytes_to_go"]),
+                      f"{r['ops_done']:,}", UNKNOWN if r["ops_to_go"] is None else f"{r['ops_to_go']:,}",
+                      size(r["bytes_done"]), UNKNOWN if r["bytes_to_go"] is None else size(r["bytes_to_go"]),
                       f"{r['ops_per_s']:,.0f} ops/s, {size(r['bytes_per_s'])}/s", age(r["elapsed_ms"]),
-                      age(r["eta_ms"]) if running else NOT_APPLICABLE)
+                      (UNKNOWN if r["eta_ms"] is None else age(r["eta_ms"])) if running else NOT_APPLICABLE)
     return table
 
 

@@ -40,6 +40,7 @@ from .transport import LinkCounters, MateConnection
 
 log = logging.getLogger("pairmq.mate_link")
 TICK_S = 0.05
+PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet durable
 
 
 def now_ms() -> int:
@@ -311,33 +312,61 @@ class StandbyReplication(_Replication):
             self._work.put_nowait(request)
 
     async def _apply_in_order(self) -> None:
-        """Apply requests one at a time, in order: a snapshot batch must land before the ops after it."""
+        """Apply requests in order: a snapshot batch must land before the ops after it. Ops are handed to the
+        writer at once, without waiting for the previous batch's commit (so decoding the next batch overlaps
+        committing this one, and the writer group-commits what queued up); `_ack_in_order` acknowledges each
+        batch once durable, in order. At most PIPELINE_MAX_OPS wait for their commit."""
+        acks: asyncio.Queue = asyncio.Queue()
+        acker = asyncio.get_running_loop().create_task(self._ack_in_order(acks))
+        try:
+            while True:
+                request = await self._work.get()
+                if not await self._apply_one(request, acks):
+                    return
+                self._drain()
+        finally:
+            acker.cancel()
+
+    async def _apply_one(self, request, acks: asyncio.Queue) -> bool:
+        """False once the link is closed because of what the active sent."""
         link, conn = self.link, self.conn
+        try:
+            if isinstance(request, Apply):
+                if self.port.writer.pending_ops > PIPELINE_MAX_OPS:
+                    await acks.join()
+                acks.put_nowait(self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop()))
+            elif isinstance(request, SnapshotBatch):
+                if request.first:
+                    self._builder = await asyncio.to_thread(SnapshotBuilder, self._incoming_dir)
+                await asyncio.to_thread(self._builder.add, request.bodies)
+                link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
+            elif isinstance(request, SnapshotDone):
+                await acks.join()
+                await asyncio.to_thread(self._builder.finish, request.point)
+                await asyncio.to_thread(self.port.replace_spool, self._builder)
+                self._builder = None
+                if not conn.closed:
+                    link.snapshot_installed(request.point, now_ms())
+                self.snapshots_installed += 1
+                log.info("mate link: full resync installed at op %d", request.point.seq)
+        except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
+            self.counters["bad_ops"] += 1
+            conn.close(f"refused what the active sent: {exc}")
+            return False
+        return True
+
+    async def _ack_in_order(self, acks: asyncio.Queue) -> None:
         while True:
-            request = await self._work.get()
-            link, conn = self.link, self.conn
+            sub = await acks.get()
+            link, conn = self.link, self.conn  # set once the handshake is done, after this task started
             try:
-                if isinstance(request, Apply):
-                    sub = self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop())
-                    entries = await sub.future
-                    if entries and not conn.closed:
-                        link.applied(entries[-1].point)
-                        link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
-                elif isinstance(request, SnapshotBatch):
-                    if request.first:
-                        self._builder = await asyncio.to_thread(SnapshotBuilder, self._incoming_dir)
-                    await asyncio.to_thread(self._builder.add, request.bodies)
-                    link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
-                elif isinstance(request, SnapshotDone):
-                    await asyncio.to_thread(self._builder.finish, request.point)
-                    await asyncio.to_thread(self.port.replace_spool, self._builder)
-                    self._builder = None
-                    if not conn.closed:
-                        link.snapshot_installed(request.point, now_ms())
-                    self.snapshots_installed += 1
-                    log.info("mate link: full resync installed at op %d", request.point.seq)
-            except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
-                self.counters["bad_ops"] += 1
-                conn.close(f"refused what the active sent: {exc}")
+                entries = await sub.future
+            except Exception as exc:  # noqa: BLE001 - our spool failed the commit: nothing of it is acknowledged
+                conn.close(f"applying the active's ops failed here: {exc}")
                 return
-            self._drain()
+            finally:
+                acks.task_done()
+            if entries and not conn.closed:
+                link.applied(entries[-1].point)
+                link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
+                self._drain()

@@ -63,15 +63,17 @@ class ResyncProgress:
     def view(self, now_ms: int) -> dict:
         """The redundancy view's `resync` (rates over the whole catch-up so far; ETA at that rate)."""
         elapsed_ms = max(1, (self.finished_ms if self.finished_ms is not None else now_ms) - self.started_ms)
-        ops_to_go = max(0, self.ops_total - self.ops_done) if self.finished_ms is None else 0
-        bytes_to_go = max(0, self.bytes_total - self.bytes_done) if self.finished_ms is None else 0
+        running = self.finished_ms is None
+        # None: not known yet (a snapshot's size comes with its first batch, once the active has built it).
+        known = not running or self.kind is not Catchup.SNAPSHOT or self.ops_total > 0
+        ops_to_go = max(0, self.ops_total - self.ops_done) if running else 0
+        bytes_to_go = max(0, self.bytes_total - self.bytes_done) if running else 0
         rate = self.ops_done * 1000 / elapsed_ms
-        return {"kind": self.kind.name.lower(), "state": "running" if self.finished_ms is None else "done",
-                "ops_done": self.ops_done, "ops_to_go": ops_to_go, "bytes_done": self.bytes_done,
-                "bytes_to_go": bytes_to_go, "elapsed_ms": elapsed_ms, "ops_per_s": round(rate, 1),
-                "bytes_per_s": round(self.bytes_done * 1000 / elapsed_ms, 1),
-                "eta_ms": None if self.finished_ms is None and rate == 0 else round(ops_to_go * 1000 / rate)
-                if rate else 0}
+        eta_ms = 0 if not running else round(ops_to_go * 1000 / rate) if known and rate else None
+        return {"kind": self.kind.name.lower(), "state": "running" if running else "done",
+                "ops_done": self.ops_done, "ops_to_go": ops_to_go if known else None, "bytes_done": self.bytes_done,
+                "bytes_to_go": bytes_to_go if known else None, "elapsed_ms": elapsed_ms, "ops_per_s": round(rate, 1),
+                "bytes_per_s": round(self.bytes_done * 1000 / elapsed_ms, 1), "eta_ms": eta_ms}
 
 
 class StandbyLink(Endpoint):

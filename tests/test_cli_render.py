@@ -159,6 +159,10 @@ def test_resync_table_exact_running_and_absent():
         width=115,
     )
     assert resync_table(NODES) is None  # no node reports a catch-up: no table
+    backup["resync"] = {**backup["resync"], "ops_done": 0, "ops_to_go": None, "bytes_done": 0, "bytes_to_go": None,
+                        "ops_per_s": 0.0, "bytes_per_s": 0.0, "eta_ms": None}
+    assert render(resync_table([backup])).splitlines()[3].split() == [
+        "backup", "snapshot", "running", "0", "?", "0", "B", "?", "0", "ops/s,", "0", "B/s", "2.5", "s", "?"]
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (12 << 20, "12.0 MiB"),
