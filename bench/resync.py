@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from appliance.config import Limits
+from appliance.config import Limits, Timers
 from appliance.roles import Role
 from bench.brokers import log
 from bench.spoolfill import fill
@@ -39,6 +39,7 @@ POLL_S = 0.1
 KINDS = ("snapshot", "incremental")
 START_TIMEOUT_S = 300.0
 OPS_PER_MESSAGE = 2
+STALL_MS = 60_000  # the largest broker_stall_ms a group file accepts
 
 
 def view(g: Group, role: Role) -> dict | None:
@@ -64,7 +65,9 @@ def measure(workdir: Path, kind: str, messages: int, payload_bytes: int) -> dict
     directory = workdir / f"resync-{kind}"
     limits = Limits(session_queue_max_messages=max(messages, 100_000), session_queue_max_bytes=1 << 40,
                     spool_max_bytes=1 << 42)
-    g = Group(directory, limits=limits)
+    # The primary rebuilds its broker core from the whole spool when it takes activity, on its event loop
+    # (~4 s per 150,000 messages here): past broker_stall_ms (5 s by default) it would give activity up.
+    g = Group(directory, limits=limits, timers=Timers(broker_stall_ms=STALL_MS))
     t = time.monotonic()
     if kind == "incremental":
         fill(g.config.node(Role.BACKUP).data_dir / "spool", 0, payload_bytes)

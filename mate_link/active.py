@@ -111,6 +111,7 @@ class ActiveLink(Endpoint):
         self.unacked_bytes = 0
         self.catchup_done_ops = 0
         self.catchup_total_ops = 0
+        self.snapshot_seq = 0  # the point of the snapshot shipped on this link, if one was
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -159,7 +160,9 @@ class ActiveLink(Endpoint):
             batch.append(body)
             size += len(body)
         self._out.append(Snapshot(self.epoch, tuple(batch), point, n, total))
-        self.shipped_seq = self.acked_seq = point.seq
+        # Shipped, not acknowledged: the standby ACKs `point` once it installed the snapshot, and only then is it
+        # caught up (redundancy Up). Until then the backlog behind the snapshot counts from its point.
+        self.shipped_seq = self.snapshot_seq = point.seq
         self.catchup_total_ops = self.head.seq - point.seq
         self.phase = Phase.CATCHING_UP
         self._continue_catchup()
@@ -220,7 +223,7 @@ class ActiveLink(Endpoint):
 
     @property
     def over_max_lag(self) -> bool:
-        return (self.shipped_seq - self.acked_seq > self.limits.max_lag_ops
+        return (self.shipped_seq - max(self.acked_seq, self.snapshot_seq) > self.limits.max_lag_ops
                 or self.unacked_bytes > self.limits.max_lag_bytes)
 
     # --- internals ----------------------------------------------------------------------------
@@ -264,7 +267,7 @@ class ActiveLink(Endpoint):
             self.phase = Phase.LIVE
             self.live_from_seq = self.shipped_seq
             return
-        room = self.limits.max_inflight_ops - (self.shipped_seq - self.acked_seq)
+        room = self.limits.max_inflight_ops - (self.shipped_seq - max(self.acked_seq, self.snapshot_seq))
         if room > 0 and not self._reading:
             self._reading = True
             self._requests.append(ReadEntries(self.shipped_seq, min(room, self.limits.max_batch_ops * 10)))

@@ -17,6 +17,8 @@ Rules:
   to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
 - PING is answered with PONG; silence for `link_timeout_ms` ends the link (the adapter redials).
+  We PING too, every `ping_interval_ms`: the active's PINGs queue behind what it sends (a snapshot
+  is seconds of data), so answering them alone would leave it hearing nothing from us meanwhile.
 - Progress (`progress`, for `pairmq show redundancy`): a catch-up counts what the adapter reports
   applied (`progressed`) against what the PLAN (INCREMENTAL: ops and bytes to go) or the SNAPSHOT
   (its whole size) announced. The announced sizes are shown, never trusted: nothing above uses them.
@@ -78,12 +80,14 @@ class ResyncProgress:
 
 class StandbyLink(Endpoint):
     def __init__(self, head: ChainPoint, incarnation: int, highest_epoch: int, now_ms: int, *,
-                 link_timeout_ms: int = 1_000) -> None:
+                 link_timeout_ms: int = 1_000, ping_interval_ms: int = 100) -> None:
         super().__init__()
         self.head = head  # the last op handed to the adapter to apply (verified to chain)
         self.durable = head  # the last op the adapter reports written
         self.highest_epoch = highest_epoch
         self.link_timeout_ms = link_timeout_ms
+        self.ping_interval_ms = ping_interval_ms
+        self._next_ping = now_ms + ping_interval_ms
         self.plan: Plan | None = None
         self._resync_until = 0  # a catch-up PLAN's target: until we hold it, our in-sync lease is void
         self.heard_at = now_ms
@@ -201,4 +205,7 @@ class StandbyLink(Endpoint):
     def tick(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
+        if now_ms >= self._next_ping:
+            self._out.append(Ping(self.highest_epoch, now_ms))
+            self._next_ping = now_ms + self.ping_interval_ms
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from appliance.config import Limits
+from appliance.config import Limits, Timers
 from appliance.roles import Role
 from bench.spoolfill import fill
 from tests.group import REPO, Group
@@ -38,7 +38,10 @@ def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
 
 
 def test_a_snapshot_resync_shows_its_progress_then_redundancy_up(tmp_path):
-    g = Group(tmp_path / "group", limits=Limits(session_queue_max_messages=MESSAGES))
+    # Taking activity, the primary rebuilds its broker core from 150,000 messages on its event loop (~4 s on a
+    # busy machine): not this test's subject, so the loop-stall watchdog gets room (docs/redundancy.md).
+    g = Group(tmp_path / "group", limits=Limits(session_queue_max_messages=MESSAGES),
+              timers=Timers(broker_stall_ms=30_000))
     head = fill(g.config.node(P).data_dir / "spool", MESSAGES, PAYLOAD_BYTES)
     with g:
         g.start()
