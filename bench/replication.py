@@ -183,7 +183,7 @@ def resync_table(resyncs: list[dict]) -> str:
 def loads(results: list[Result]) -> list[str]:
     out = []
     for r in results:
-        parts = [f"{k.removeprefix('load_')} {a:.2f} → {b:.2f}" for k, (a, b) in r.values.items()
+        parts = [f"{k.removeprefix('load_')} {v[0]:.2f} → {v[1]:.2f}" for k, v in r.values.items()
                  if k.startswith("load_")]
         if parts:
             out.append(f"{r.broker}: load average (1 min) " + ", ".join(parts))
