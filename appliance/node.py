@@ -431,6 +431,9 @@ class Node:
             "active_role": active.value if active else None,
             "redundancy_status": core.redundancy_status(now).value,
             "in_sync": None if self.role is Role.MONITOR else (core.activity is Activity.ACTIVE or core.in_sync(now)),
+            # A standby's latest catch-up on the mate link (mate_link/standby.py ResyncProgress.view), else None.
+            "resync": None if self.replication is None or self.replication.standby is None
+            else self.replication.standby.progress(now),
             "incarnation": core.state.incarnation,
             "uptime_ms": now - self.started_at,
             "lease_remaining_ms": max(0, core.lease_expiry - now) if core.may_serve(now) else 0,

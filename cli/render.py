@@ -16,6 +16,7 @@ ACTIVITY_STYLES = {
     "Monitor": "blue",
 }
 NOT_APPLICABLE = "-"
+UNKNOWN = "?"  # a resync size not known yet (a snapshot still being built)
 
 
 def age(ms: int | None) -> str:
@@ -55,6 +56,37 @@ def redundancy_table(nodes: list[dict], *, title: str | None = None) -> Table:
         table.add_row(node["role"], node["address"], _activity(node), str(node["epoch"]), _peers_seen(node),
                       _redundancy(node), _in_sync(node), _last_decision(node["role"], node.get("last_decision")))
     return table
+
+
+def resync_table(nodes: list[dict]) -> Table | None:
+    """A standby's catch-up on the mate link (the view's `resync`), or None if no node reports one."""
+    rows = [n for n in nodes if n.get("reachable", True) and n.get("resync")]
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, title="Resync", title_justify="left", pad_edge=False, collapse_padding=True,
+                  show_edge=False)
+    for name in ("Role", "Kind", "State"):
+        table.add_column(name, no_wrap=True)
+    for name in ("Ops done", "Ops to go", "Bytes done", "Bytes to go", "Rate", "Elapsed", "ETA"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for node in rows:
+        r = node["resync"]
+        running = r["state"] == "running"
+        table.add_row(node["role"], r["kind"], Text(r["state"], "yellow" if running else "green"),
+                      f"{r['ops_done']:,}", UNKNOWN if r["ops_to_go"] is None else f"{r['ops_to_go']:,}",
+                      size(r["bytes_done"]), UNKNOWN if r["bytes_to_go"] is None else size(r["bytes_to_go"]),
+                      f"{r['ops_per_s']:,.0f} ops/s, {size(r['bytes_per_s'])}/s", age(r["elapsed_ms"]),
+                      (UNKNOWN if r["eta_ms"] is None else age(r["eta_ms"])) if running else NOT_APPLICABLE)
+    return table
+
+
+def size(n: float) -> str:
+    """Bytes, short: 512 B, 1.5 KiB, 12.0 MiB, 1.1 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def process_table(processes: list[dict]) -> Table:

@@ -11,7 +11,7 @@ from appliance.config import GroupConfig
 from appliance.errors import PairMQError
 
 from . import api
-from .render import redundancy_table
+from .render import redundancy_table, resync_table
 from .terminal import Terminal
 
 WATCH_INTERVAL_S = 1.0
@@ -32,6 +32,8 @@ def show_redundancy(term: Terminal, config: GroupConfig, *, as_json: bool, watch
         term.print_json(api.redundancy_document(config, nodes))
     else:
         term.print_table(redundancy_table(nodes, title=title(config)))
+        if (resync := resync_table(nodes)) is not None:
+            term.print_table(resync)
     return 0
 
 
@@ -41,7 +43,8 @@ def _watch(term: Terminal, config: GroupConfig) -> int:
         nodes = api.fetch_redundancy(config)
         footer = Text(f"refreshed {time.strftime('%H:%M:%S')} every {WATCH_INTERVAL_S:g} s; Ctrl-C to stop",
                       style="dim")
-        return Group(redundancy_table(nodes, title=title(config)), footer)
+        resync = resync_table(nodes)
+        return Group(redundancy_table(nodes, title=title(config)), *([resync] if resync is not None else []), footer)
 
     try:
         with term.live(frame()) as live:

@@ -141,11 +141,11 @@ class ActiveLink(Endpoint):
         else:
             raise LinkFault(f"a standby does not send {type(m).__name__}")
 
-    def planned(self, plan: ResyncPlan) -> None:
-        """The adapter's answer to PlanNeeded."""
+    def planned(self, plan: ResyncPlan, bytes_to_go: int = 0) -> None:
+        """The adapter's answer to PlanNeeded (`bytes_to_go`: an INCREMENTAL catch-up's op bytes, for progress)."""
         assert self.phase is Phase.AWAIT_JOIN and self.plan is None
         self.plan = plan
-        self._out.append(Plan(self.epoch, plan.catchup, plan.after_seq, self.head))
+        self._out.append(Plan(self.epoch, plan.catchup, plan.after_seq, self.head, bytes_to_go))
         self.catchup_total_ops = plan.ops_to_go
         if plan.catchup is Catchup.SNAPSHOT:
             self.phase = Phase.SNAPSHOT
@@ -160,16 +160,16 @@ class ActiveLink(Endpoint):
         assert self.phase is Phase.SNAPSHOT
         batch: list[bytes] = []
         size = 0
+        n, total = len(bodies), sum(map(len, bodies))
         for body in bodies:
             if batch and (len(batch) >= self.limits.max_batch_ops or size + len(body) > self.limits.max_batch_bytes):
-                self._out.append(Snapshot(self.epoch, tuple(batch)))
+                self._out.append(Snapshot(self.epoch, tuple(batch), None, n, total))
                 batch, size = [], 0
             batch.append(body)
             size += len(body)
-        self._out.append(Snapshot(self.epoch, tuple(batch), point))
+        self._out.append(Snapshot(self.epoch, tuple(batch), point, n, total))
         # Shipped, not acknowledged: the standby holds the snapshot only once it has installed it and
-        # acked `point`. Counting it acked here made the link caught up (and the standby in sync) before
-        # the standby had any of it; lag and catch-up room still count from `point`.
+        # acked `point` (then it is caught up: redundancy Up). Lag and catch-up room count from `point`.
         self.shipped_seq = self._lag_floor = point.seq
         self.catchup_total_ops = self.head.seq - point.seq
         self.phase = Phase.CATCHING_UP

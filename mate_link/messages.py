@@ -11,11 +11,13 @@ Rules:
 Messages:
   JOIN       standby → active  its spool head (epoch, seq, checksum) and boot incarnation
   PLAN       active → standby  how it catches up: IN_STEP, INCREMENTAL after `after_seq`, or SNAPSHOT;
-                               `target` is the active's head when it decided
+                               `target` is the active's head when it decided; `bytes_to_go` the op
+                               bodies' bytes of an INCREMENTAL catch-up (progress only, never trusted)
   OPS        active → standby  a batch of op log entries, in order
   ACK        standby → active  every op up to `seq` is durable on the standby
   SNAPSHOT   active → standby  a batch of op bodies that rebuild the state from empty
-                               (`last` marks the final batch, which carries the point to adopt)
+                               (`last` marks the final batch, which carries the point to adopt);
+                               `ops_total`/`bytes_total`: the whole snapshot's size (progress only)
   PING/PONG  either way        liveness, echoing the sender's time so the sender measures round trips
 """
 
@@ -71,6 +73,7 @@ class Plan:
     catchup: Catchup
     after_seq: int
     target: ChainPoint
+    bytes_to_go: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class Snapshot:
     epoch: int
     bodies: tuple[bytes, ...]
     last: ChainPoint | None = None  # set on the final batch: the point the standby's log continues from
+    ops_total: int = 0  # the whole snapshot's ops and body bytes: the standby's progress, nothing else
+    bytes_total: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +120,8 @@ def encode(m: Message) -> bytes:
     if isinstance(m, Join):
         return _HEAD.pack(Kind.JOIN, m.epoch) + _point(m.head) + _U64.pack(m.incarnation)
     if isinstance(m, Plan):
-        return _HEAD.pack(Kind.PLAN, m.epoch) + bytes([m.catchup]) + _U64.pack(m.after_seq) + _point(m.target)
+        return (_HEAD.pack(Kind.PLAN, m.epoch) + bytes([m.catchup]) + _U64.pack(m.after_seq) + _point(m.target)
+                + _U64.pack(m.bytes_to_go))
     if isinstance(m, Ops):
         return _HEAD.pack(Kind.OPS, m.epoch) + _bodies(
             m.entries, lambda e: _ENTRY_HEAD.pack(e.epoch, e.seq, e.checksum, len(e.body)) + e.body)
@@ -123,7 +129,8 @@ def encode(m: Message) -> bytes:
         return _HEAD.pack(Kind.ACK, m.epoch) + _U64.pack(m.seq)
     if isinstance(m, Snapshot):
         last = b"\x00" if m.last is None else b"\x01" + _point(m.last)
-        return _HEAD.pack(Kind.SNAPSHOT, m.epoch) + last + _bodies(m.bodies, lambda b: _U32.pack(len(b)) + b)
+        return (_HEAD.pack(Kind.SNAPSHOT, m.epoch) + last + _U64.pack(m.ops_total) + _U64.pack(m.bytes_total)
+                + _bodies(m.bodies, lambda b: _U32.pack(len(b)) + b))
     if isinstance(m, Ping):
         return _HEAD.pack(Kind.PING, m.epoch) + _U64.pack(m.sent_ms)
     if isinstance(m, Pong):
@@ -185,7 +192,7 @@ def decode(data: bytes) -> Message:
             catchup = Catchup(code)
         except ValueError:
             raise MalformedMessage(f"unknown catch-up kind {code}") from None
-        m = Plan(epoch, catchup, r.unpack(_U64)[0], r.point())
+        m = Plan(epoch, catchup, r.unpack(_U64)[0], r.point(), r.unpack(_U64)[0])
     elif kind is Kind.OPS:
         entries = []
         for _ in range(r.count()):
@@ -199,7 +206,8 @@ def decode(data: bytes) -> Message:
         if flag not in (0, 1):
             raise MalformedMessage(f"snapshot flag {flag}")
         last = r.point() if flag else None
-        m = Snapshot(epoch, tuple(r.body(r.unpack(_U32)[0]) for _ in range(r.count())), last)
+        (ops_total,), (bytes_total,) = r.unpack(_U64), r.unpack(_U64)
+        m = Snapshot(epoch, tuple(r.body(r.unpack(_U32)[0]) for _ in range(r.count())), last, ops_total, bytes_total)
     elif kind is Kind.PING:
         m = Ping(epoch, r.unpack(_U64)[0])
     else:

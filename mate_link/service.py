@@ -27,13 +27,12 @@ from typing import Protocol
 from appliance.errors import RemoteProtocolError
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
-from appliance.spool.codec import encode_op
 from appliance.spool.errors import ChainError
 from appliance.spool.install import SnapshotBuilder
-from appliance.spool.snapshot import snapshot_ops
+from appliance.spool.snapshot import snapshot_bodies
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
-from .messages import Message
+from .messages import Catchup, Message
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
 from .standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
@@ -42,6 +41,7 @@ from .transport import LinkCounters, MateConnection
 log = logging.getLogger("pairmq.mate_link")
 TICK_S = 0.05
 STOP_RETRY_S = 0.1
+PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet durable
 
 
 def now_ms() -> int:
@@ -197,15 +197,17 @@ class ActiveReplication(_Replication):
                 plan = plan_resync(base, link.head, request.standby_head,
                                    lambda seq: point.checksum if point is not None and seq == point.seq else None)
                 log.info("mate link: standby at op %d: %s", request.standby_head.seq, plan.reason)
+                to_go = (await asyncio.to_thread(spool.log_bytes, plan.after_seq)
+                         if plan.catchup is Catchup.INCREMENTAL else 0)
                 if conn is self.conn and not conn.closed:
-                    link.planned(plan)
+                    link.planned(plan, to_go)
             elif isinstance(request, ReadEntries):
                 entries = await asyncio.to_thread(spool.read_entries, request.after_seq, request.max_ops)
                 if conn is self.conn and not conn.closed:
                     link.entries_read(entries)
             elif isinstance(request, MakeSnapshot):
-                state = await asyncio.to_thread(spool.load_state)
-                bodies = await asyncio.to_thread(lambda: [encode_op(op) for op in snapshot_ops(state)])
+                state = await asyncio.to_thread(spool.load_state, raw_bodies=True)
+                bodies = await asyncio.to_thread(snapshot_bodies, state)
                 if conn is self.conn and not conn.closed:
                     link.snapshot_ready(bodies, state.head)
         except LookupError as exc:  # the log was truncated under a catch-up: start over
@@ -237,6 +239,7 @@ class StandbyReplication(_Replication):
         self.links_made = 0
         self.snapshots_installed = 0
         self._stopping = False
+        self._last_progress = None  # an earlier link's catch-up (standby.ResyncProgress), shown until a new one
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -256,6 +259,11 @@ class StandbyReplication(_Replication):
     @property
     def durable_seq(self) -> int:
         return self.link.durable.seq if self.link is not None else 0
+
+    def progress(self, now: int) -> dict | None:
+        """The latest catch-up's progress (the redundancy view's `resync`), None if no link needed one."""
+        p = self.link.progress if self.link is not None and self.link.progress is not None else self._last_progress
+        return None if p is None else p.view(now)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -281,6 +289,8 @@ class StandbyReplication(_Replication):
         ticker = loop.create_task(self._ticks())
         try:
             await asyncio.wait_for(established.wait(), 5.0)
+            if self.link is not None and self.link.progress is not None:
+                self._last_progress = self.link.progress
             self.link = StandbyLink(self.port.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
                                     link_timeout_ms=self._link_timeout_ms)
             self.links_made += 1
@@ -309,32 +319,62 @@ class StandbyReplication(_Replication):
             self._work.put_nowait(request)
 
     async def _apply_in_order(self) -> None:
-        """Apply requests one at a time, in order: a snapshot batch must land before the ops after it."""
+        """Apply requests in order: a snapshot batch must land before the ops after it. Ops are handed to the
+        writer at once, without waiting for the previous batch's commit (so decoding the next batch overlaps
+        committing this one, and the writer group-commits what queued up); `_ack_in_order` acknowledges each
+        batch once durable, in order. At most PIPELINE_MAX_OPS wait for their commit."""
+        acks: asyncio.Queue = asyncio.Queue()
+        acker = asyncio.get_running_loop().create_task(self._ack_in_order(acks))
+        try:
+            while True:
+                request = await self._work.get()
+                if not await self._apply_one(request, acks):
+                    return
+                self._drain()
+        finally:
+            acker.cancel()
+
+    async def _apply_one(self, request, acks: asyncio.Queue) -> bool:
+        """False once the link is closed because of what the active sent."""
         link, conn = self.link, self.conn
+        try:
+            if isinstance(request, Apply):
+                if self.port.writer.pending_ops > PIPELINE_MAX_OPS:
+                    await acks.join()
+                acks.put_nowait(self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop()))
+            elif isinstance(request, SnapshotBatch):
+                if request.first:
+                    self._builder = await asyncio.to_thread(  # the id history keeps our spool's bound
+                        SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids)
+                await asyncio.to_thread(self._builder.add, request.bodies)
+                link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
+            elif isinstance(request, SnapshotDone):
+                await acks.join()
+                await asyncio.to_thread(self._builder.finish, request.point)
+                await asyncio.to_thread(self.port.replace_spool, self._builder)
+                self._builder = None
+                if not conn.closed:
+                    link.snapshot_installed(request.point, now_ms())
+                self.snapshots_installed += 1
+                log.info("mate link: full resync installed at op %d", request.point.seq)
+        except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
+            self.counters["bad_ops"] += 1
+            conn.close(f"refused what the active sent: {exc}")
+            return False
+        return True
+
+    async def _ack_in_order(self, acks: asyncio.Queue) -> None:
         while True:
-            request = await self._work.get()
-            link, conn = self.link, self.conn
+            sub = await acks.get()
+            link, conn = self.link, self.conn  # set once the handshake is done, after this task started
             try:
-                if isinstance(request, Apply):
-                    sub = self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop())
-                    entries = await sub.future
-                    if entries and not conn.closed:
-                        link.applied(entries[-1].point)
-                elif isinstance(request, SnapshotBatch):
-                    if request.first:
-                        self._builder = await asyncio.to_thread(  # the id history keeps our spool's bound
-                            SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids)
-                    await asyncio.to_thread(self._builder.add, request.bodies)
-                elif isinstance(request, SnapshotDone):
-                    await asyncio.to_thread(self._builder.finish, request.point)
-                    await asyncio.to_thread(self.port.replace_spool, self._builder)
-                    self._builder = None
-                    if not conn.closed:
-                        link.snapshot_installed(request.point)
-                    self.snapshots_installed += 1
-                    log.info("mate link: full resync installed at op %d", request.point.seq)
-            except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
-                self.counters["bad_ops"] += 1
-                conn.close(f"refused what the active sent: {exc}")
+                entries = await sub.future
+            except Exception as exc:  # noqa: BLE001 - our spool failed the commit: nothing of it is acknowledged
+                conn.close(f"applying the active's ops failed here: {exc}")
                 return
-            self._drain()
+            finally:
+                acks.task_done()
+            if entries and not conn.closed:
+                link.applied(entries[-1].point)
+                link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
+                self._drain()

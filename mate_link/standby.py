@@ -17,6 +17,11 @@ Rules:
   to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
 - PING is answered with PONG; silence for `link_timeout_ms` ends the link (the adapter redials).
+  We PING too, every `ping_interval_ms`: the active's PINGs queue behind what it sends (a snapshot
+  is seconds of data), so answering them alone would leave it hearing nothing from us meanwhile.
+- Progress (`progress`, for `pairmq show redundancy`): a catch-up counts what the adapter reports
+  applied (`progressed`) against what the PLAN (INCREMENTAL: ops and bytes to go) or the SNAPSHOT
+  (its whole size) announced. The announced sizes are shown, never trusted: nothing above uses them.
 """
 
 from __future__ import annotations
@@ -46,20 +51,51 @@ class SnapshotDone:
     point: ChainPoint
 
 
+@dataclasses.dataclass(slots=True)
+class ResyncProgress:
+    """One catch-up as this standby applies it: ops and op-body bytes done durably, and announced in all."""
+    kind: Catchup
+    started_ms: int
+    ops_total: int
+    bytes_total: int
+    ops_done: int = 0
+    bytes_done: int = 0
+    finished_ms: int | None = None
+
+    def view(self, now_ms: int) -> dict:
+        """The redundancy view's `resync` (rates over the whole catch-up so far; ETA at that rate)."""
+        elapsed_ms = max(1, (self.finished_ms if self.finished_ms is not None else now_ms) - self.started_ms)
+        running = self.finished_ms is None
+        # None: not known yet (a snapshot's size comes with its first batch, once the active has built it).
+        known = not running or self.kind is not Catchup.SNAPSHOT or self.ops_total > 0
+        ops_to_go = max(0, self.ops_total - self.ops_done) if running else 0
+        bytes_to_go = max(0, self.bytes_total - self.bytes_done) if running else 0
+        rate = self.ops_done * 1000 / elapsed_ms
+        eta_ms = 0 if not running else round(ops_to_go * 1000 / rate) if known and rate else None
+        return {"kind": self.kind.name.lower(), "state": "running" if running else "done",
+                "ops_done": self.ops_done, "ops_to_go": ops_to_go if known else None, "bytes_done": self.bytes_done,
+                "bytes_to_go": bytes_to_go if known else None, "elapsed_ms": elapsed_ms, "ops_per_s": round(rate, 1),
+                "bytes_per_s": round(self.bytes_done * 1000 / elapsed_ms, 1), "eta_ms": eta_ms}
+
+
 class StandbyLink(Endpoint):
     def __init__(self, head: ChainPoint, incarnation: int, highest_epoch: int, now_ms: int, *,
-                 link_timeout_ms: int = 1_000) -> None:
+                 link_timeout_ms: int = 1_000, ping_interval_ms: int = 100) -> None:
         super().__init__()
         self.head = head  # the last op handed to the adapter to apply (verified to chain)
         self.durable = head  # the last op the adapter reports written
         self.highest_epoch = highest_epoch
         self.link_timeout_ms = link_timeout_ms
+        self.ping_interval_ms = ping_interval_ms
+        self._next_ping = now_ms + ping_interval_ms
         self.plan: Plan | None = None
         self._resync_until = 0  # a catch-up PLAN's target: until we hold it, our in-sync lease is void
         self.heard_at = now_ms
         self._in_snapshot = False
         self._snapshot_batches = 0
+        self._snapshot_uninstalled = False  # a SNAPSHOT plan until the adapter installed it
         self._acked = head.seq
+        self.progress: ResyncProgress | None = None  # the catch-up of this link, if it needed one
         self._out.append(Join(highest_epoch, head, incarnation))
 
     @property
@@ -85,7 +121,7 @@ class StandbyLink(Endpoint):
         if self.plan is None:
             if not isinstance(m, Plan):
                 raise LinkFault(f"{type(m).__name__} before the active's PLAN")
-            self._on_plan(m)
+            self._on_plan(m, now_ms)
         elif isinstance(m, Snapshot):
             self._on_snapshot(m)
         elif isinstance(m, Ops):
@@ -93,7 +129,7 @@ class StandbyLink(Endpoint):
         else:
             raise LinkFault(f"an active does not send {type(m).__name__} after its PLAN")
 
-    def _on_plan(self, m: Plan) -> None:
+    def _on_plan(self, m: Plan, now_ms: int) -> None:
         if m.catchup is Catchup.IN_STEP and m.target != self.head:
             raise LinkFault(f"IN_STEP at op {m.target.seq}, but we are at op {self.head.seq}")
         if m.catchup is Catchup.INCREMENTAL and m.after_seq != self.head.seq:
@@ -105,14 +141,22 @@ class StandbyLink(Endpoint):
         # in-sync lease now (the node clears it) and earns it again only from the active's grant, which waits
         # until the standby acknowledged the whole catch-up (ActiveLink.caught_up).
         self._resync_until = m.target.seq if m.catchup is not Catchup.IN_STEP else 0
+        if m.catchup is Catchup.INCREMENTAL:
+            self.progress = ResyncProgress(m.catchup, now_ms, m.target.seq - m.after_seq, m.bytes_to_go)
+        elif m.catchup is Catchup.SNAPSHOT:
+            self.progress = ResyncProgress(m.catchup, now_ms, 0, 0)  # sizes come with the first SNAPSHOT
+            self._snapshot_uninstalled = True
 
     def _on_snapshot(self, m: Snapshot) -> None:
         if not self._in_snapshot:
             raise LinkFault("a SNAPSHOT outside a snapshot catch-up")
         self._requests.append(SnapshotBatch(m.bodies, first=self._snapshot_batches == 0))
+        if self._snapshot_batches == 0:
+            self.progress.ops_total, self.progress.bytes_total = m.ops_total, m.bytes_total
         self._snapshot_batches += 1
         if m.last is not None:
             self._in_snapshot = False
+            self.progress.ops_total += max(0, self.plan.target.seq - m.last.seq)  # the ops that follow it
             self.head = m.last  # the ops that follow chain on the snapshot's point
             self._requests.append(SnapshotDone(m.last))
 
@@ -138,14 +182,30 @@ class StandbyLink(Endpoint):
             self._acked = self.durable.seq
             self._out.append(Ack(self.highest_epoch, self._acked))
 
-    def snapshot_installed(self, point: ChainPoint) -> None:
+    def snapshot_installed(self, point: ChainPoint, now_ms: int = 0) -> None:
         """The adapter swapped in the snapshot's spool: everything up to `point` is durable (our older,
         possibly diverged, ops are gone)."""
         self.durable = point
         self._acked = point.seq
         self._out.append(Ack(self.highest_epoch, point.seq))
+        self._snapshot_uninstalled = False
+        self.progressed(0, 0, now_ms)
+
+    def progressed(self, ops: int, nbytes: int, now_ms: int) -> None:
+        """The adapter made `ops` ops (`nbytes` of bodies) of the catch-up durable (a snapshot batch written
+        to the spool being built, or applied ops)."""
+        p = self.progress
+        if p is None or p.finished_ms is not None:
+            return
+        p.ops_done += ops
+        p.bytes_done += nbytes
+        if not self._snapshot_uninstalled and self.durable.seq >= self.plan.target.seq:
+            p.finished_ms = now_ms
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
+        if now_ms >= self._next_ping:
+            self._out.append(Ping(self.highest_epoch, now_ms))
+            self._next_ping = now_ms + self.ping_interval_ms
 

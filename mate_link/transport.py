@@ -9,6 +9,10 @@ Rules:
   raise out of here. A bug of ours is logged with its traceback and closes the link.
 - Bounded: reading pauses while more than `max_write_buffer_bytes` wait to be written to the
   peer (its acks and pongs cannot pile up), and the secure channel bounds what it buffers.
+- Messages are sealed as the socket takes them, not when sent: `send` queues them (in order) and
+  at most `PUMP_BYTES` are sealed per loop turn, more only once the socket drains. A full
+  snapshot (a GiB of bodies) then neither stalls the event loop (the broker's, on the active)
+  for seconds nor sits sealed in memory, and the peer's pongs and acks are still read meanwhile.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ log = logging.getLogger("pairmq.mate_link")
 
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_WRITE_BUFFER_BYTES = 8 << 20
+PUMP_BYTES = 1 << 20  # sealed per loop turn at most; also the transport's high-water mark
 
 
 class LinkCounters(collections.Counter):
@@ -54,11 +59,15 @@ class MateConnection(asyncio.Protocol):
         self.closed = False
         self.close_reason = ""
         self._timer: asyncio.TimerHandle | None = None
+        self._outbox: collections.deque[Message] = collections.deque()
+        self._writable = True
+        self._pump_scheduled = False
 
     # --- asyncio callbacks ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=PUMP_BYTES)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_timed_out)
@@ -98,11 +107,13 @@ class MateConnection(asyncio.Protocol):
             self._on_closed(self, self.close_reason)
 
     def pause_writing(self) -> None:
-        pass  # asyncio's own high-water mark; our bound is checked in send()
+        self._writable = False  # the pump waits; our reading bound is checked in _pump()
 
     def resume_writing(self) -> None:
+        self._writable = True
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            self._pump()
 
     # --- used by the replication ends ------------------------------------------------------------
 
@@ -110,10 +121,13 @@ class MateConnection(asyncio.Protocol):
         if self.closed or not messages:
             return
         assert self.handshake.stage is Stage.ESTABLISHED, "send() before on_established"
-        channel = self.handshake.channel
-        self.transport.writelines([channel.seal(self._encode(m)) for m in messages])
-        if self.transport.get_write_buffer_size() > self._max_write_buffer:
-            self.transport.pause_reading()  # the peer reads nothing: stop taking its input meanwhile
+        self._outbox.extend(messages)
+        self._pump()
+
+    @property
+    def unsent(self) -> int:
+        """Messages queued and not yet sealed."""
+        return len(self._outbox)
 
     def close(self, why: str) -> None:
         if self.closed:
@@ -125,6 +139,23 @@ class MateConnection(asyncio.Protocol):
         self._on_closed(self, why)
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Seal and write up to PUMP_BYTES of queued messages; the rest on the next turn, or once drained."""
+        self._pump_scheduled = False
+        if self.closed or not self._writable:
+            return
+        channel, frames, size = self.handshake.channel, [], 0
+        while self._outbox and size < PUMP_BYTES:
+            frames.append(channel.seal(self._encode(self._outbox.popleft())))
+            size += len(frames[-1])
+        if frames:
+            self.transport.writelines(frames)  # may call pause_writing
+        if self.transport.get_write_buffer_size() > self._max_write_buffer:
+            self.transport.pause_reading()  # the peer reads nothing: stop taking its input meanwhile
+        if self._outbox and self._writable and not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
     def _flush_handshake(self) -> None:
         out = self.handshake.data_to_send()

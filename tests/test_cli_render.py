@@ -13,7 +13,7 @@ from rich.console import Console
 from appliance.config import GroupConfig, NodeSpec
 from appliance.roles import Role
 from cli import api
-from cli.render import age, process_table, redundancy_table
+from cli.render import age, process_table, redundancy_table, resync_table, size
 from cli.terminal import Terminal
 
 WIDTH = 120
@@ -144,3 +144,28 @@ def test_messages_go_to_stderr_as_one_unwrapped_line_without_markup():
     term.note("[bold]not markup[/bold]")
     assert out.file.getvalue() == ""
     assert err.file.getvalue() == f"error: {sentence}\n[bold]not markup[/bold]\n"
+
+
+def test_resync_table_exact_running_and_absent():
+    backup = view("backup", "10.0.0.2", "Standby", seen=("primary", "monitor"))
+    backup["resync"] = {"kind": "snapshot", "state": "running", "ops_done": 250_000, "ops_to_go": 750_000,
+                        "bytes_done": 262_144_000, "bytes_to_go": 786_432_000, "elapsed_ms": 2_500,
+                        "ops_per_s": 100_000.0, "bytes_per_s": 104_857_600.0, "eta_ms": 7_500}
+    assert render(resync_table([NODES[0], backup])) == padded(
+        "Resync",
+        "Role    Kind      State    Ops done  Ops to go  Bytes done  Bytes to go                        Rate  Elapsed    ETA",
+        "─" * 115,
+        "backup  snapshot  running   250,000    750,000   250.0 MiB    750.0 MiB  100,000 ops/s, 100.0 MiB/s    2.5 s  7.5 s",
+        width=115,
+    )
+    assert resync_table(NODES) is None  # no node reports a catch-up: no table
+    backup["resync"] = {**backup["resync"], "ops_done": 0, "ops_to_go": None, "bytes_done": 0, "bytes_to_go": None,
+                        "ops_per_s": 0.0, "bytes_per_s": 0.0, "eta_ms": None}
+    assert render(resync_table([backup])).splitlines()[3].split() == [
+        "backup", "snapshot", "running", "0", "?", "0", "B", "?", "0", "ops/s,", "0", "B/s", "2.5", "s", "?"]
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (12 << 20, "12.0 MiB"),
+                                    (5 << 40, "5120.0 GiB")])
+def test_size(n, text):
+    assert size(n) == text

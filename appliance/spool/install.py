@@ -6,6 +6,9 @@ Rules:
   mid-snapshot leaves the standby with its old state (and it resyncs again).
 - Every body is decoded and checked (codec.py, state.check_op) before it is applied: a malformed
   snapshot is the peer's fault (`OpCodecError`/ValueError) and nothing of the batch is kept.
+- Nothing of the new file counts until `swap_into`, which fsyncs it before the rename; so while it
+  is built it needs neither a WAL nor an fsync per batch (journal in memory, synchronous off: a
+  batch still rolls back whole), and `finish` turns WAL mode back on, as every spool has it.
 - `finish(head)` records `head` as both the head and the base of the new spool's log (the log
   holds no ops yet: the next op the standby receives is head + 1) and closes the new file.
 - `swap_into(spool_dir)` needs the live spool closed; it replaces the file atomically
@@ -33,6 +36,8 @@ class SnapshotBuilder:
         shutil.rmtree(self.incoming_dir, ignore_errors=True)  # a half-built earlier attempt
         Spool.open(self.incoming_dir).close()  # lays out an empty, verified spool
         self._conn = connect(self.incoming_dir / FILE_NAME)
+        self._conn.execute("PRAGMA journal_mode=MEMORY")
+        self._conn.execute("PRAGMA synchronous=OFF")
         self._applier = SqlApplier(self._conn, max_message_ids)
         self.applied = 0
         self.finished: ChainPoint | None = None
@@ -61,7 +66,9 @@ class SnapshotBuilder:
                            (head.epoch, head.seq, head.checksum, head.epoch, head.seq, head.checksum,
                             self._applier.stored_bytes))
         self._conn.execute("COMMIT")
-        self._conn.close()  # the last connection checkpoints and removes the WAL
+        (mode,), = self._conn.execute("PRAGMA journal_mode=WAL")
+        assert mode == "wal", mode
+        self._conn.close()
         self.finished = head
 
     def abandon(self) -> None:

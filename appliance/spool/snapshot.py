@@ -5,27 +5,38 @@ Rules:
   exactly, except that queue entries get new `order` values in the same relative order: the i-th
   op is applied as seq `snapshot_seq(i)`, below zero, so the ops after the snapshot's head (seq
   head + 1 on) queue behind every rebuilt entry, whatever the snapshot's size.
-- Bodies first (every `MessageStored`), then sessions with what they own, then retained topics,
-  then the message-id history oldest first. Queue entries go in their global order, so each
-  queue keeps its order.
+- Sessions with what they own, then queue entries, then retained topics, then the message-id
+  history oldest first. Each body (`MessageStored`) comes right before the first op that refers
+  to it, so a standby applying the snapshot in batches finds it in the same transaction and counts
+  its references in memory (sql.py `_fresh`) instead of updating a row per reference; a body no
+  one refers to comes last. Queue entries go in their global order, so each queue keeps its order.
 - A copy whose PUBREC arrived holds no body (state.py), so its `MessagePubrecReceived` drops the
-  reference its `MessageQueued` took. Those ops come last, after every queue entry and retained
-  topic is rebuilt: earlier, the drop would delete a body that later copies of the same message
-  (other subscribers' queues, a retained topic) still had to reference, and they would be lost.
+  reference its `MessageQueued` took. Those ops come after every queue entry and retained topic is
+  rebuilt: earlier, the drop would delete a body that later copies of the same message (other
+  subscribers' queues, a retained topic) still had to reference, and they would be lost.
 - If no one else holds such a copy's message either, a placeholder body (empty topic and payload,
   one per message) is stored before its first copy, and the last of those late ops releases it:
   the rebuilt state holds no placeholder.
 - Pure: no I/O, deterministic for a given state.
+- `snapshot_bodies(state)` is the same list encoded; a state loaded with `raw_bodies` holds its
+  messages as their encoded `MessageStored` ops already, and they pass through untouched.
 """
 
 from __future__ import annotations
 
 from . import ops as o
+from .codec import encode_op
 from .state import SpoolState
 
 
 def snapshot_ops(state: SpoolState) -> list[o.Op]:
-    out: list[o.Op] = list(state.messages.values())
+    out: list = []
+    bodies = dict(state.messages)  # not yet in `out`; values are bytes for a raw_bodies state (snapshot_bodies)
+
+    def body_of(msg_id: int) -> None:
+        if (b := bodies.pop(msg_id, None)) is not None:
+            out.append(b)
+
     entries = []
     for s in state.sessions.values():
         out.append(o.SessionOpened(s.client_id, s.protocol_version, s.expiry_s, s.connected_at_ms))
@@ -34,23 +45,35 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
         out += s.subscriptions
         out += (o.InboundQos2Received(s.client_id, pid) for pid in s.inbound_qos2)
         if s.will is not None:
+            body_of(s.will.msg_id)
             out.append(s.will)
         entries += ((e.order, s.client_id, e) for e in s.queue)
     releases: list[o.Op] = []
     placeholders: set[int] = set()
     for _, client_id, e in sorted(entries, key=lambda t: t[0]):
-        if e.pubrec_received and e.msg_id not in state.messages and e.msg_id not in placeholders:
-            placeholders.add(e.msg_id)
-            out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
+        if e.pubrec_received and e.msg_id not in state.messages:
+            if e.msg_id not in placeholders:
+                placeholders.add(e.msg_id)
+                out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
+        else:
+            body_of(e.msg_id)
         out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
         if e.packet_id:
             out.append(o.MessageInflight(client_id, e.msg_id, e.packet_id))
         if e.pubrec_received:
             releases.append(o.MessagePubrecReceived(client_id, e.msg_id))
-    out += (o.RetainedSet(topic, msg_id) for topic, msg_id in state.retained.items())
+    for topic, msg_id in state.retained.items():
+        body_of(msg_id)
+        out.append(o.RetainedSet(topic, msg_id))
     out += releases
-    out += (o.MessageIdSeen(client_id, message_id, seen_at_ms) for client_id, message_id, seen_at_ms in state.message_ids)
+    out += (o.MessageIdSeen(client_id, message_id, seen_at_ms)
+            for client_id, message_id, seen_at_ms in state.message_ids)
+    out += bodies.values()
     return out
+
+
+def snapshot_bodies(state: SpoolState) -> list[bytes]:
+    return [op if type(op) is bytes else encode_op(op) for op in snapshot_ops(state)]
 
 
 SNAPSHOT_SPAN = 1 << 40  # more ops than any snapshot holds

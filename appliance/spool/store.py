@@ -118,11 +118,11 @@ class Spool:
     def corrupt(self, what: str) -> SpoolCorruption:
         return SpoolCorruption(f"spool {self.path}: {what}; refusing to serve from a corrupt spool")
 
-    def load_state(self) -> SpoolState:
-        """Everything in the file, in memory, for the broker to rebuild from."""
+    def load_state(self, *, raw_bodies: bool = False) -> SpoolState:
+        """Everything in the file, in memory, for the broker to rebuild from (`raw_bodies`: see load.py)."""
         try:
             with self._read_lock, _read_transaction(self._conn):
-                return load_state(self._conn)
+                return load_state(self._conn, raw_bodies=raw_bodies)
         except _UNREADABLE as exc:
             raise self.corrupt(f"unreadable ({_why(exc)})") from None
         except Corrupt as exc:
@@ -146,6 +146,12 @@ class Spool:
         """The point the log starts after (it moves on as old ops are dropped)."""
         with self._read_lock, _read_transaction(self._conn):
             return read_meta(self._conn)[1]
+
+    def log_bytes(self, after_seq: int) -> int:
+        """The op bodies' bytes after `after_seq` (an incremental resync's size, for its progress)."""
+        with self._read_lock, _read_transaction(self._conn):
+            (n,), = self._conn.execute("SELECT total(length(body)) FROM oplog WHERE seq > ?", (after_seq,))
+        return int(n)
 
     def read_entries(self, after_seq: int, max_ops: int) -> list[LogEntry]:
         """Up to `max_ops` committed ops with seq > after_seq, in order (for the mate link's resync).
