@@ -117,6 +117,6 @@ class Replication:
             standby, self.standby = self.standby, None
             with contextlib.suppress(Exception):
                 await standby.stop()
-        self.node.broker.rebuild_core()
+        await self.node.broker.rebuild_core_off_loop()
         self.ready_epoch = epoch
         log.info("%s: broker core rebuilt from the spool for epoch %d", self.node.role.value, epoch)

@@ -36,22 +36,8 @@ from appliance.config import Limits
 from appliance.roles import Role
 from tests.group import Group, active_group
 from tests.netns import hosts  # noqa: F401  (the fixture)
+from tests.paho_clients import client as connected_client
 
-
-def connected_client(client_id: str, host: str, *, persistent: bool, max_inflight: int = 20) -> tuple[mqtt.Client, queue.Queue]:
-    got: queue.Queue = queue.Queue()
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    c.max_inflight_messages_set(max_inflight)  # paho's own default is 20
-    c.on_message = lambda cl, ud, msg: got.put(msg.payload)
-    connected = threading.Event()
-    c.on_connect = lambda cl, ud, flags, rc, props: connected.set() if rc == 0 else None
-    props = Properties(PacketTypes.CONNECT)
-    if persistent:
-        props.SessionExpiryInterval = 3600
-    c.connect(host, 1883, keepalive=30, clean_start=not persistent, properties=props)
-    c.loop_start()
-    assert connected.wait(5), f"{client_id}: no CONNACK from {host}"
-    return c, got
 
 
 pytestmark = [pytest.mark.netns, pytest.mark.processes]

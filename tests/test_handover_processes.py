@@ -20,7 +20,7 @@ import pytest
 from appliance.roles import Role
 from tests.group import REPO, active_group
 from tests.hostlist import USE_ANOTHER_SERVER, HostListPublisher
-from tests.test_replication_processes import client, resume_and_collect, subscribe_then_go_offline
+from tests.paho_clients import client, resume_and_collect, subscribe_then_go_offline
 
 pytestmark = pytest.mark.processes
 P, B = Role.PRIMARY, Role.BACKUP

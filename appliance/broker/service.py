@@ -277,6 +277,18 @@ class BrokerService:
         self.spool = Spool.open(directory)
         self.writer = SpoolWriter(self.spool, limits)
 
+    async def rebuild_core_off_loop(self) -> None:
+        """`rebuild_core`, with the spool read and the new core restored in a worker thread: a big spool
+        (1,000,000 queued messages: ~20 s) must not stall the event loop, whose stamps prove to the quorum
+        that this node is alive (R6); nothing else touches the new core until it is swapped in."""
+        state = await asyncio.to_thread(self.spool.load_state)
+        core = self._core_factory()
+        await asyncio.to_thread(restore, core, state, wall_ms())
+        core.counters = self.core.counters
+        self._held.clear()
+        self.conns.clear()
+        self.core = core
+
     def rebuild_core(self) -> None:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
         counters = self.core.counters
