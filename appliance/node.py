@@ -229,6 +229,9 @@ class Node:
         while True:
             sd_notify.notify("WATCHDOG=1")
             self._flush_event_counts()
+            # The analytics job's pulse: the last one a killed node wrote bounds when it stopped serving.
+            self.events.write("node_alive", serving=self.role.routes_messages and self.may_serve(),
+                              epoch=self.current_epoch())
             if self.authn is not None:
                 if signature(self.access_path) != self._access_signature:
                     self.reload_access()

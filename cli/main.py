@@ -81,6 +81,9 @@ def build_parser() -> Parser:
     from .access_cmd import add_parsers as _config_parsers
 
     _config_parsers(commands, _add_group, _examples)
+    from .analytics_cmd import add_parsers as _analytics_parsers
+
+    _analytics_parsers(commands, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 

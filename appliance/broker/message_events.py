@@ -108,4 +108,4 @@ class MessageEvents:
         """Once a second (the node's watchdog) and at stop: what sampling skipped since the last call."""
         if self.unsampled:
             counts, self.unsampled = self.unsampled, {}
-            self.events.write("message_events_unsampled", **counts)
+            self.events.write("message_events_unsampled", counts=counts)
