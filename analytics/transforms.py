@@ -114,8 +114,10 @@ def incidents(events: DataFrame) -> DataFrame:
         F.when(F.col("stepped_down") > 0, "step_down").otherwise("lost").alias("cause"),
         "last_seen_old", "detected", "takeover",
         ms("last_seen_old", "detected").alias("detection_ms"), ms("detected", "takeover").alias("takeover_ms"),
-        ms("last_seen_old", "takeover").alias("unavailable_ms"),
         F.coalesce("in_flight", F.lit(0)).cast("long").alias("in_flight"))
+        .withColumn("unavailable_ms", F.col("detection_ms") + F.col("takeover_ms"))
+        .select("epoch", "from_node", "to_node", "cause", "last_seen_old", "detected", "takeover", "detection_ms",
+                "takeover_ms", "unavailable_ms", "in_flight")
         .orderBy("takeover"))
 
 
