@@ -181,13 +181,25 @@ class EventLog:
             if self.failed is not None:
                 self.lost += len(lines)
             return
+        limit, size, start = self.settings.segment_max_bytes, 0, 0
         try:
+            size = self._file.tell()
+            for i, text in enumerate(lines):
+                size += len(text) + 1  # ASCII: json escapes everything else
+                if size >= limit:  # a segment ends within one line of its limit, however big the batch
+                    self._write_lines(lines[start:i + 1])
+                    start, size = i + 1, 0
+                    self._rotate()
+            self._write_lines(lines[start:])
+        except OSError as exc:
+            self.lost += len(lines) - start
+            self._fail(exc)
+
+    def _write_lines(self, lines: list[str]) -> None:
+        if lines:
             self._file.write("\n".join(lines) + "\n")
             self._file.flush()
             self.written += len(lines)
-        except OSError as exc:
-            self.lost += len(lines)
-            self._fail(exc)
 
     def _maybe_rotate(self) -> None:
         """Age counts even on an idle node: an hour-old segment closes though nothing was written since."""

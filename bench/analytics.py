@@ -168,6 +168,7 @@ def duckdb_run(source: str) -> tuple[float, float, dict]:
 import duckdb, json, time
 t0 = time.monotonic()
 con = duckdb.connect()
+con.execute("SET enable_progress_bar = false")
 results = [con.execute(q).fetchall() for q in {DUCK_REPORTS!r}.format(source={source!r}).split(';') if q.strip()]
 per_node = dict(con.execute("SELECT node, count(*) FROM pub GROUP BY node").fetchall())
 print(json.dumps({{"query_s": time.monotonic() - t0, "published": per_node}}))
@@ -177,7 +178,7 @@ print(json.dumps({{"query_s": time.monotonic() - t0, "published": per_node}}))
     whole = time.monotonic() - started
     if run.returncode:
         raise SystemExit(f"duckdb failed: {run.stderr[-2000:]}")
-    out = json.loads(run.stdout)
+    out = json.loads(run.stdout.strip().splitlines()[-1])
     return whole, out["query_s"], out["published"]
 
 
