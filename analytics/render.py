@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 from rich import box
 from rich.console import Group
 from rich.table import Table
@@ -11,16 +13,22 @@ def _table(title: str, columns: list[str], rows: list[list]) -> Table:
     table = Table(title=title, box=box.SIMPLE, title_justify="left")
     for c in columns:
         table.add_column(c, justify="left" if c in ("topic", "client", "node", "from", "to", "what", "cause",
-                                                    "reason", "stage", "event") else "right")
+                                                    "reason", "stage", "event", "value") else "right")
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r])
     return table
 
 
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def render(view: dict, top_n: int = 10) -> Group:
     p, m = view["period"], view["messages"]
     overview = _table("Overview", ["what", "value"], [
-        ["period", f"{p['start'] or '-'} → {p['end'] or '-'}"],
+        ["period", f"{_when(p['start'])} → {_when(p['end'])} ({p['period_s'] or 0:,.0f} s)"],
         ["availability", f"{p['availability'] * 100:.3f} % ({p['unavailable_ms']} ms unavailable)"],
         ["messages published", f"{m['published']:,} ({m['bytes']:,} bytes)"],
         ["per node", ", ".join(f"{n} {c:,}" for n, c in sorted(m["published_per_node"].items()))],
@@ -44,7 +52,7 @@ def render(view: dict, top_n: int = 10) -> Group:
     parts.append(_table("Redeliveries, expiries, drops", ["what", "reason", "messages"],
                         [[r["what"], r["reason"], r["messages"]] for r in view["delivery_problems"]]))
     parts.append(_table("Overload episodes", ["node", "start", "end", "busy refusals", "loop lags", "max lag ms"],
-                        [[r["node"], r["start"], r["end"], r["busy_refusals"], r["loop_lags"], r["max_lag_ms"]]
+                        [[r["node"], _when(r["start"]), _when(r["end"]), r["busy_refusals"], r["loop_lags"], r["max_lag_ms"]]
                          for r in view["overload_episodes"]]))
     if view["unlogged"]:
         parts.append(_table("Not logged (sampling, lost)", ["node", "what", "events"],

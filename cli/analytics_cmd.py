@@ -44,9 +44,14 @@ def _cmd_summarize(args, term: Terminal) -> int:
 
     if not 1 <= args.top <= 1000:
         raise AnalyticsError(f"--top must be from 1 to 1000, not {args.top}")
-    for log in args.logs:
-        if "://" not in log and not Path(log).exists():
-            raise AnalyticsError(f"no event logs at {log}: the path does not exist")
+    local = [Path(log) for log in args.logs if "://" not in log]
+    for path in local:
+        if not path.exists():
+            raise AnalyticsError(f"no event logs at {path}: the path does not exist")
+    if local and len(local) == len(args.logs) and not any(
+            p.name.startswith("events") and p.suffix == ".jsonl" for path in local
+            for p in ([path] if path.is_file() else path.rglob("events*.jsonl"))):
+        raise AnalyticsError(f"no event log segments (events*.jsonl) under {', '.join(map(str, local))}")
     out = args.out
     if out is not None and "://" not in out:
         out = str(Path(out).resolve())
