@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -136,3 +137,26 @@ def test_the_job_reconstructs_a_kill_9_failover_and_the_exact_counts(tmp_path):
     assert again["inputs"]["segments_from_table"] == view["inputs"]["segments_ingested_now"]
     for key in ("messages", "incidents", "stages", "top_topics", "latency"):
         assert again[key] == view[key], key
+
+
+def test_a_full_disk_stops_event_logging_not_the_node(tmp_path):
+    """The primary's active segment is /dev/full (every write fails with ENOSPC): the node still takes activity
+    and acknowledges QoS 1 messages, and its management view says why its event log stopped."""
+    events_dir = tmp_path / "group" / "data" / "primary" / "events"
+    events_dir.mkdir(parents=True)
+    (events_dir / "events.jsonl").symlink_to("/dev/full")
+    with active_group(tmp_path / "group") as g:
+        sub, got = connect("watcher", g.address(P), persistent=False)
+        assert sub.subscribe("plant/#", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
+        time.sleep(0.3)
+        publish_all(g.address(P), "line-3", {"plant/9/temp": 10})
+        assert len(receive(got, 10)) == 10
+        sub.disconnect()
+        sub.loop_stop()
+        url = f"http://{g.address(P)}:{g.config.ports.management}/api/v1/redundancy"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            log = json.load(r)["event_log"]
+        assert log["failed"] == f"No space left on device ({events_dir / 'events.jsonl'})"
+        assert log["written"] == 0 and log["lost"] > 10
+        assert g.events(B), "the backup's log is unaffected"
+    assert "event logging stopped" in (tmp_path / "group" / "primary.log").read_text()
