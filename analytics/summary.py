@@ -45,8 +45,10 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
         "overload_episodes": events.transform(t.overload_episodes),
         "unlogged": events.transform(t.unlogged),
     }
-    rows = {name: [_plain(r.asDict()) for r in df.collect()] for name, df in reports.items()}
-    avail = _plain(t.availability(events, reports["incidents"]).collect()[0].asDict())
+    collected = {name: df.collect() for name, df in reports.items()}
+    rows = {name: [_plain(r.asDict()) for r in got] for name, got in collected.items()}
+    incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
+    avail = _plain(t.availability(events, incident_rows).collect()[0].asDict())
     total_bytes = pub.agg(F.coalesce(F.sum("bytes"), F.lit(0)).alias("b")).collect()[0]["b"]
     per_node = {}
     for r in rows["event_counts"]:
@@ -66,8 +68,9 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
-        for name, df in reports.items():
-            df.write.mode("overwrite").parquet(f"{out}/reports/{name}")
+        for name, df in reports.items():  # from the collected rows: the reports are small, their inputs are not
+            spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite") \
+                .parquet(f"{out}/reports/{name}")
     for df in (counts_df, pub, stage_rows):
         df.unpersist()
     return view
