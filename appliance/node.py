@@ -350,7 +350,7 @@ class Node:
         return {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind in ("client_accepted", "client_refused"):
+        if kind in ("client_accepted", "client_refused", "bad_packet"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- views --------------------------------------------------------------------

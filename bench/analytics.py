@@ -192,6 +192,42 @@ def spark_run(logs: Path, out: Path) -> tuple[float, dict]:
     return whole, json.loads(run.stdout)
 
 
+class _Entry:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+def logging_cost(messages: int = 200_000) -> dict:
+    """CPU per message of per-message event logging, every thread of this process (time.process_time): the ops
+    the broker hands its writer for a QoS 1 message to one subscriber, in batches of BATCH, through
+    MessageEvents into a real EventLog (writer thread included). Steadier than throughput on a shared machine."""
+    import concurrent.futures
+    import tempfile
+
+    from appliance.broker.message_events import MessageEvents
+    from appliance.eventlog import EventLog, EventSettings
+    from appliance.spool import ops
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = EventLog(Path(tmp), "primary", EventSettings(queue_max_events=10_000_000))
+        events = MessageEvents(log, 1.0, acked_seq=lambda: 1 << 62)
+        payload = b"x" * 100
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        for first in range(1, messages + 1, BATCH):
+            ids = tuple(range(first, first + BATCH))
+            commit = concurrent.futures.Future()
+            events.submitted([op for i in ids for op in (
+                ops.MessageStored(i, "bench/q1", payload, 1, False, b"", 0, "pub", 0),
+                ops.MessageQueued("sub", i, 1, False))], 1, commit)
+            commit.set_result([_Entry(first)])
+            events.submitted([ops.MessagesInflight("sub", ids, ids)], 1, concurrent.futures.Future())
+            events.submitted([ops.MessagesAcked("sub", ids)], 1, concurrent.futures.Future())
+        log.close()
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    return {"messages": messages, "events": log.written, "lost": log.lost,
+            "cpu_us_per_message": round(cpu / messages * 1e6, 2), "wall_s": round(wall, 2)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -84,6 +85,9 @@ def test_the_job_reconstructs_a_kill_9_failover_and_the_exact_counts(tmp_path):
         assert sub.subscribe("plant/#", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
         time.sleep(0.5)  # the SUBACK and its replication
         publish_all(g.address(P), "line-1", TOPICS_BEFORE)
+        with socket.create_connection((g.address(P), 1883), timeout=5) as bad:  # a rejected frame: logged
+            bad.sendall(b"\xf0\x00")
+            bad.recv(16)
         assert len(receive(got, 40)) == 40
         time.sleep(1.5)  # the subscriber's PUBACKs committed and replicated, the event queues drained
         sub.disconnect()
@@ -103,6 +107,7 @@ def test_the_job_reconstructs_a_kill_9_failover_and_the_exact_counts(tmp_path):
 
     view = summarize(data, tmp_path / "report")
     assert view["malformed_lines"] == 0
+    assert view["events_per_node"]["primary"]["bad_packet"] == 1
     assert view["messages"]["published_per_node"] == {"primary": 40, "backup": 30, "monitor": 0}
     assert view["messages"]["bytes"] == 70 * 64
     stages = {(r["node"], r["stage"]): r["messages"] for r in view["stages"]}

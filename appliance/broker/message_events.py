@@ -56,32 +56,47 @@ class MessageEvents:
 
     def submitted(self, op_list: list, epoch: int, future) -> None:
         """One submission to the spool writer (on the broker loop): its ops, and the future of its commit."""
-        write, stored = self.events.write, []
+        stored: list[int] = []
+        handlers = self._handlers
         for op in op_list:
-            kind = type(op)
-            if kind is ops.MessageStored:
-                if not self.keep(op.msg_id):
-                    self._skip("message_published")
-                    continue
-                stored.append(op.msg_id)
-                write("message_published", msg_id=op.msg_id, topic=op.topic, qos=op.qos, bytes=len(op.payload),
-                      client=op.publisher, epoch=epoch, retain=op.retain, created_ms=op.created_at_ms)
-            elif kind is ops.MessagesInflight or kind is ops.MessageInflight:
-                ids = self._ids("message_delivered", op.msg_ids if kind is ops.MessagesInflight else (op.msg_id,))
-                if ids:
-                    write("message_delivered", client=op.client_id, msg_ids=ids, epoch=epoch)
-            elif kind is ops.MessagesAcked or kind is ops.MessageAcked:
-                ids = self._ids("message_acknowledged", op.msg_ids if kind is ops.MessagesAcked else (op.msg_id,))
-                if ids:
-                    write("message_acknowledged", client=op.client_id, msg_ids=ids, epoch=epoch)
-            elif kind is ops.MessageDropped:
-                event = "message_expired" if op.reason == "expired" else "message_dropped"
-                if self.keep(op.msg_id):
-                    write(event, client=op.client_id, msg_id=op.msg_id, reason=op.reason, epoch=epoch)
-                else:
-                    self._skip(event)
+            handler = handlers.get(type(op))
+            if handler is not None:
+                handler(self, op, epoch, stored)
         if stored:
             future.add_done_callback(lambda fut: self._spooled(fut, stored, epoch))
+
+    def _on_stored(self, op, epoch: int, stored: list) -> None:
+        if not self.keep(op.msg_id):
+            self._skip("message_published")
+            return
+        stored.append(op.msg_id)
+        self.events.write("message_published", msg_id=op.msg_id, topic=op.topic, qos=op.qos, bytes=len(op.payload),
+                          client=op.publisher, epoch=epoch, retain=op.retain, created_ms=op.created_at_ms)
+
+    def _on_batch(self, kind: str, client_id: str, msg_ids, epoch: int) -> None:
+        ids = msg_ids if self._all else self._ids(kind, msg_ids)
+        if ids:
+            self.events.write(kind, client=client_id, msg_ids=ids, epoch=epoch)
+
+    def _on_dropped(self, op, epoch: int, stored: list) -> None:
+        event = "message_expired" if op.reason == "expired" else "message_dropped"
+        if self.keep(op.msg_id):
+            self.events.write(event, client=op.client_id, msg_id=op.msg_id, reason=op.reason, epoch=epoch)
+        else:
+            self._skip(event)
+
+    _handlers = {
+        ops.MessageStored: _on_stored,
+        ops.MessagesInflight: lambda self, op, epoch, _: self._on_batch("message_delivered", op.client_id,
+                                                                        op.msg_ids, epoch),
+        ops.MessageInflight: lambda self, op, epoch, _: self._on_batch("message_delivered", op.client_id,
+                                                                       (op.msg_id,), epoch),
+        ops.MessagesAcked: lambda self, op, epoch, _: self._on_batch("message_acknowledged", op.client_id,
+                                                                     op.msg_ids, epoch),
+        ops.MessageAcked: lambda self, op, epoch, _: self._on_batch("message_acknowledged", op.client_id,
+                                                                    (op.msg_id,), epoch),
+        ops.MessageDropped: _on_dropped,
+    }
 
     def _spooled(self, fut, msg_ids: list[int], epoch: int) -> None:
         if fut.cancelled() or fut.exception() is not None:
