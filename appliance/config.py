@@ -35,6 +35,7 @@ import tomllib
 from pathlib import Path
 
 from .errors import ConfigError
+from .eventlog import EventSettings
 from .roles import Role
 
 DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
@@ -175,6 +176,7 @@ class GroupConfig:
     path: Path | None = None
     tls: TlsConfig | None = None
     limits: Limits = Limits()
+    events: EventSettings = EventSettings()
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -193,6 +195,7 @@ _SECTIONS = {
     "limits": {f.name for f in dataclasses.fields(Limits)},
     "nodes": {r.value for r in Role},
     "tls": {"cert_file", "key_file"},
+    "events": {f.name for f in dataclasses.fields(EventSettings)},
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -238,6 +241,10 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     _check_keys(limits_raw, _SECTIONS["limits"], "[limits]")
     limits = Limits(**limits_raw)
     limits.validate()
+    events_raw = _table(raw, "events", required=False)
+    _check_keys(events_raw, _SECTIONS["events"], "[events]")
+    events = EventSettings(**events_raw)
+    events.validate()
 
     nodes_raw = _table(raw, "nodes")
     _check_keys(nodes_raw, _SECTIONS["nodes"], "[nodes]")
@@ -260,7 +267,8 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
     tls = _parse_tls(raw, base)
-    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits)
+    return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
+                       events)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -348,10 +356,17 @@ def render_group(config: GroupConfig) -> str:
     for role in Role:
         node = config.nodes[role]
         lines += ["", f"[nodes.{role.value}]", f"address = {_q(node.address)}", f"data_dir = {_q(str(node.data_dir))}"]
+    if config.events != EventSettings():
+        lines += ["", "[events]", *(f"{f.name} = {_toml_value(getattr(config.events, f.name))}"
+                                    for f in dataclasses.fields(EventSettings))]
     if config.tls is not None:
         lines += ["", "[tls]", f"cert_file = {_q(str(config.tls.cert_file))}",
                   f"key_file = {_q(str(config.tls.key_file))}"]
     return "\n".join(lines) + "\n"
+
+
+def _toml_value(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
 def _q(text: str) -> str:

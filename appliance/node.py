@@ -75,7 +75,7 @@ class Node:
         self.spec.data_dir.mkdir(parents=True, exist_ok=True)
         secret = load_secret(config)
         self.management_token = management_token(secret)
-        self.events = EventLog(self.spec.data_dir / "events", role.value)
+        self.events = EventLog(self.spec.data_dir / "events", role.value, config.events)
         self.store = FileStore(self.spec.data_dir / "quorum.json")
         self.core = QuorumCore(role, HeartbeatAuth(secret, config.name, role), Timing.from_timers(config.timers),
                                self.store, now_ms())
@@ -115,6 +115,11 @@ class Node:
             from .replication import Replication
 
             self.replication = Replication(self, secret)
+            if config.events.message_events:
+                from .broker.message_events import MessageEvents
+
+                self.broker.message_events = MessageEvents(self.events, config.events.message_sample_ratio,
+                                                           acked_seq=lambda: self.replication.active.acked_seq)
         self.heartbeats = HeartbeatThread(
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
@@ -213,6 +218,7 @@ class Node:
             with contextlib.suppress(Exception):
                 await self.broker.stop()
         self.heartbeats.stop()
+        self._flush_event_counts()
         self.events.write("node_stopped", role=self.role.value)
         self.events.close()
 
@@ -262,6 +268,10 @@ class Node:
         denied_logged: dict = {}
         while True:
             sd_notify.notify("WATCHDOG=1")
+            self._flush_event_counts()
+            # The analytics job's pulse: the last one a killed node wrote bounds when it stopped serving.
+            self.events.write("node_alive", serving=self.role.routes_messages and self.may_serve(),
+                              epoch=self.current_epoch())
             if self.authn is not None:
                 denied_logged = self._log_denials(denied_logged)
             with self.heartbeats.lock:
@@ -273,6 +283,10 @@ class Node:
                          ", ".join(f"{v} {k}" for k, v in delta.items() if v))
                 logged = rejected
             await asyncio.sleep(1.0)
+
+    def _flush_event_counts(self) -> None:
+        if self.broker is not None and self.broker.message_events is not None:
+            self.broker.message_events.flush_counts()
 
     # --- what the heartbeat thread hands over ----------------------------------------
 
@@ -383,7 +397,7 @@ class Node:
         return {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind in ("client_accepted", "client_refused"):
+        if kind in ("client_accepted", "client_refused", "bad_packet"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- views --------------------------------------------------------------------
@@ -440,6 +454,7 @@ class Node:
             "peers": peers,
             "last_decision": decisions[-1] if decisions else None,
             "decisions": decisions,
+            "event_log": self.events.view(),
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
             "heartbeat_thread": {"broker_loop_age_ms": now - self.heartbeats.broker_alive_at,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from appliance.eventlog import EventSettings
 from appliance.roles import Role
 from tests.group import active_group
 from tests.mqttraw import connect_packet
@@ -101,7 +102,9 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def run_pairmq(workdir: Path):
-    with active_group(workdir / "pairmq", timeout_s=30) as g:
+    # PAIRMQ_MESSAGE_EVENTS=0: per-message event logging off, to measure what it costs (docs/events.md).
+    events = EventSettings(message_events=os.environ.get("PAIRMQ_MESSAGE_EVENTS", "1") != "0")
+    with active_group(workdir / "pairmq", timeout_s=30, events=events) as g:
         yield Target("pairmq", g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY),
                      notes=lambda: [f"redundancy decision during the run: {d['reason']}"
                                     for r in (Role.PRIMARY, Role.BACKUP) for d in g.decisions(r)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from appliance.access_file import access_path, write_access
 from appliance.broker.access import AccessPolicy
+from appliance.eventlog import EventSettings, read_events
 from appliance.config import GroupConfig, Limits, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
 from appliance.roles import Role
 
@@ -83,13 +84,14 @@ def fixed_ports():
 class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
-                 tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False) -> None:
+                 tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False,
+                 events: EventSettings = EventSettings()) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
         config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits,
-                             auto_revert=auto_revert)
+                             auto_revert=auto_revert, events=events)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:
@@ -160,10 +162,7 @@ class Group:
         return self.config.node(role).address
 
     def events(self, role: Role) -> list[dict]:
-        path = self.config.node(role).data_dir / "events" / "events.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_events(self.config.node(role).data_dir / "events")  # every segment, in order
 
     def decisions(self, role: Role, kind: str | None = None) -> list[dict]:
         return [e for e in self.events(role)

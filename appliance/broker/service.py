@@ -92,6 +92,7 @@ class BrokerService:
         # max_lag? The listener stops reading publishers meanwhile; the counters are this service's view's.
         self.mate_over_lag: Callable[[], bool] = lambda: False
         self.backpressure = MateBackpressure()
+        self.message_events = None  # a message_events.MessageEvents when the node logs them
 
     def _fresh_core(self) -> BrokerCore:
         core = self._core_factory()
@@ -210,14 +211,17 @@ class BrokerService:
             return
         op_list, thens = self._ops, self._thens
         self._ops, self._thens = [], []
+        epoch = self._epoch()
         try:
-            submission = self.writer.submit_async(op_list, self._epoch())
+            submission = self.writer.submit_async(op_list, epoch)
         except (SpoolFull, SpoolBusy) as exc:
             self._commit_failed(exc)
             return
         core = self.core
         then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
         submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
+        if self.message_events is not None:  # docs/events.md: per-message events, read off the ops
+            self.message_events.submitted(op_list, epoch, submission.future)
         self._last = submission.future
 
     def _after_earlier(self, then: tuple) -> None:
@@ -252,6 +256,8 @@ class BrokerService:
     def release_held(self) -> int:
         """The release rule may allow more now (the standby acknowledged, or its lease ran out): run it, in
         commit order. Returns how many commits' effects ran."""
+        if self.message_events is not None:
+            self.message_events.check_replicated()
         ran = 0
         while self._held and (self.may_release is None or self.may_release(self._held[0][0])):
             seq, then, core = self._held.popleft()

@@ -1,0 +1,30 @@
+"""The SparkSession the job and the tests use.
+
+Local mode by default (`local[2]`: this machine has two cores), any master
+URL for a cluster. The UI is off, shuffles use few partitions (the inputs are
+a few million rows, not billions) and the JVM logs errors only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_MASTER = "local[2]"
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4):
+    from pyspark.sql import SparkSession
+
+    quiet = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
+    builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g")
+               .config("spark.driver.extraJavaOptions", quiet)
+               .config("spark.sql.adaptive.enabled", "true"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,300 @@
+"""Analytics benchmark: the Spark job against an equivalent DuckDB query on the same synthetic event logs.
+
+    python bench/analytics.py [--events 5000000] [--dir /tmp/pairmq-analytics-bench] [--write-docs]
+
+Theory of operation
+-------------------
+1. Writes `--events` synthetic events in the real log format (docs/events.md,
+   the lines appliance/eventlog.py writes) as closed segments of 64 MiB for a
+   primary, a backup and a monitor: QoS 1 traffic on 50 topics from 20
+   publishers to 5 subscribers at 5,000 msg/s, the batched stage events the
+   broker writes (spooled, replicated, delivered, acknowledged: one line per
+   eight messages each), a node_alive pulse per node per second, a kill of the
+   primary half way (detected 1.2 s later, the backup takes over 50 ms after),
+   a few busy refusals and ten malformed lines.
+2. Spark, first summary: `pairmq analytics summarize DIR --out OUT --json` as
+   a process, timed whole (JVM start, parsing, ingest into Parquet, reports).
+3. DuckDB, same files: one process reading the JSON Lines with the explicit
+   columns and computing the same heavy reports (messages and bytes per
+   minute per node and topic, stage counts, publish→deliver/replicated
+   percentiles per topic, top topics and clients, redeliveries). Incidents and
+   overload episodes are a few rows either way and are left out of it.
+4. Spark re-run over the ingested segments: the same command again; its
+   `elapsed_s` (the job after the SparkSession exists, i.e. without JVM start)
+   is compared with DuckDB's query time over the same Parquet table.
+Goals (issue 7): first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOC_BEGIN, DOC_END = "<!-- analytics:begin -->", "<!-- analytics:end -->"
+SEGMENT_BYTES = 64 * 1024 * 1024
+T0 = 1_780_000_000.0  # 2026-05-28, a fixed start: the same files every run
+RATE = 5000  # messages per second
+BATCH = 8  # messages per batched stage event
+GOAL_FIRST, GOAL_RERUN = 4.0, 2.0
+
+
+class Segments:
+    """Closed segments of one node, rotated at SEGMENT_BYTES like the node's own log."""
+
+    def __init__(self, directory: Path, node: str) -> None:
+        self.dir, self.node, self.seq, self.size, self.f = directory / node / "events", node, 0, 0, None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._next()
+
+    def _next(self) -> None:
+        if self.f:
+            self.f.close()
+        self.seq += 1
+        self.f, self.size = open(self.dir / f"events-{self.node}-{self.seq:08d}.jsonl", "w"), 0
+
+    def write(self, text: str) -> None:
+        self.f.write(text)
+        self.size += len(text)
+        if self.size >= SEGMENT_BYTES:
+            self._next()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def line(node: str, ts: float, event: str, body: str) -> str:
+    return f'{{"v":2,"ts":{ts:.6f},"mono_ms":{int(ts * 1000) - 1_779_000_000_000},"node":"{node}","event":"{event}"{body}}}\n'
+
+
+def generate(directory: Path, total_events: int) -> dict:
+    rnd = random.Random(7)
+    nodes = {n: Segments(directory, n) for n in ("primary", "backup", "monitor")}
+    per_batch = BATCH + 4  # published lines + 4 stage lines
+    messages = total_events // per_batch * BATCH
+    fail_at = messages // 2
+    written = 0
+    expected = {"published": {"primary": 0, "backup": 0}}
+
+    def decision(node, ts, kind, epoch, reason):
+        nonlocal written
+        nodes[node].write(line(node, ts, "redundancy_decision",
+                               f',"kind":"{kind}","epoch":{epoch},"reason":"{reason}","core_ms":{int(ts * 1000)}'))
+        written += 1
+
+    decision("primary", T0 - 1, "bid", 1, "primary: bidding")
+    decision("monitor", T0 - 0.99, "vote", 1, "monitor: votes primary")
+    decision("primary", T0 - 0.98, "activate", 1, "primary: activating")
+    node, epoch, msg_id, second = "primary", 1, 0, -1
+    i = 0
+    while i < messages:
+        if i >= fail_at and node == "primary":
+            dead = T0 + i / RATE
+            decision("backup", dead + 1.2, "bid", 2, "backup: primary silent")
+            decision("monitor", dead + 1.22, "vote", 2, "monitor: votes backup")
+            decision("backup", dead + 1.25, "activate", 2, "backup: activating")
+            node, epoch, msg_id = "backup", 2, 0
+            i += int(1.25 * RATE)  # nothing is served during the outage
+            continue
+        ts = T0 + i / RATE
+        if int(ts) != second:
+            second = int(ts)
+            for n in nodes:
+                serving = "true" if n == node else "false"
+                nodes[n].write(line(n, ts, "node_alive", f',"serving":{serving},"epoch":{epoch}'))
+                written += 1
+            if rnd.random() < 0.01:
+                nodes[node].write(line(node, ts, "client_refused",
+                                       ',"client_id":"c","reason_code":137,"reason":"busy","protocol_version":5'))
+                written += 1
+        out, ids = nodes[node], []
+        for k in range(BATCH):
+            msg_id += 1
+            ids.append(msg_id)
+            t = ts + k / RATE
+            out.write(line(node, t, "message_published",
+                           f',"msg_id":{msg_id},"topic":"site/{msg_id % 50}/sensor","qos":1,"bytes":{100 + msg_id % 200},'
+                           f'"client":"pub-{msg_id % 20}","epoch":{epoch},"retain":false,"created_ms":{int(t * 1000) - 1}'))
+        id_list = ",".join(map(str, ids))
+        sub = f"sub-{i // BATCH % 5}"
+        for stage, lag in (("spooled", 0.002), ("replicated", 0.004 + rnd.random() * 0.003),
+                           ("delivered", 0.005 + rnd.random() * 0.02), ("acknowledged", 0.03)):
+            client = f',"client":"{sub}"' if stage in ("delivered", "acknowledged") else ""
+            out.write(line(node, ts + lag, f"message_{stage}", f'{client},"msg_ids":[{id_list}],"epoch":{epoch}'))
+        expected["published"][node] += BATCH
+        written += per_batch
+        i += BATCH
+    for n in nodes:
+        for k in range(10 if n == "backup" else 0):
+            nodes[n].write('{"v":2,"ts":broken\n')
+            written += 1
+    for s in nodes.values():
+        s.close()
+    return {"events": written, "messages": sum(expected["published"].values()), **expected}
+
+
+DUCK_REPORTS = """
+CREATE TEMP VIEW ev AS SELECT * FROM {source};
+CREATE TEMP TABLE pub AS SELECT node, epoch, msg_id, topic, bytes, client, ts, created_ms
+  FROM ev WHERE event = 'message_published';
+CREATE TEMP TABLE st AS SELECT node, epoch, unnest(msg_ids) AS msg_id, replace(event, 'message_', '') AS stage,
+  client, ts FROM ev WHERE event IN ('message_spooled','message_replicated','message_delivered','message_acknowledged');
+SELECT floor(ts / 60) * 60 AS minute, node, topic, count(*), sum(bytes) FROM pub GROUP BY ALL ORDER BY ALL;
+SELECT node, stage, count(*) FROM st GROUP BY ALL ORDER BY ALL;
+SELECT topic, f.stage, count(*), quantile_cont(round(f.at * 1000) - created_ms, [0.5, 0.9, 0.99]),
+  max(round(f.at * 1000) - created_ms)
+  FROM pub JOIN (SELECT node, epoch, msg_id, stage, min(ts) AS at FROM st WHERE stage IN ('delivered','replicated')
+                 GROUP BY ALL) f USING (node, epoch, msg_id) GROUP BY ALL ORDER BY ALL;
+SELECT topic, count(*) AS n, sum(bytes) FROM pub GROUP BY topic ORDER BY n DESC, topic LIMIT 10;
+SELECT client, count(*) AS n, sum(bytes) FROM pub GROUP BY client ORDER BY n DESC, client LIMIT 10;
+SELECT sum(c - 1) FROM (SELECT client, msg_id, count(*) AS c FROM st WHERE stage = 'delivered' GROUP BY ALL);
+SELECT node, event, count(*) FROM ev GROUP BY ALL ORDER BY ALL;
+"""
+JSON_COLUMNS = ("{v: 'INTEGER', ts: 'DOUBLE', node: 'VARCHAR', event: 'VARCHAR', epoch: 'BIGINT', "
+                "msg_id: 'BIGINT', msg_ids: 'BIGINT[]', topic: 'VARCHAR', bytes: 'BIGINT', client: 'VARCHAR', "
+                "created_ms: 'BIGINT'}")
+
+
+def duckdb_run(source: str) -> tuple[float, float, dict]:
+    """(whole process seconds, query seconds, published per node) in a fresh process: like the Spark CLI."""
+    code = f"""
+import duckdb, json, time
+t0 = time.monotonic()
+con = duckdb.connect()
+con.execute("SET enable_progress_bar = false")
+results = [con.execute(q).fetchall() for q in {DUCK_REPORTS!r}.format(source={source!r}).split(';') if q.strip()]
+per_node = dict(con.execute("SELECT node, count(*) FROM pub GROUP BY node").fetchall())
+print(json.dumps({{"query_s": time.monotonic() - t0, "published": per_node}}))
+"""
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    whole = time.monotonic() - started
+    if run.returncode:
+        raise SystemExit(f"duckdb failed: {run.stderr[-2000:]}")
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    return whole, out["query_s"], out["published"]
+
+
+def spark_run(logs: Path, out: Path) -> tuple[float, dict]:
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "cli.main", "analytics", "summarize", str(logs), "--out", str(out),
+                          "--json"], cwd=REPO, capture_output=True, text=True)
+    whole = time.monotonic() - started
+    if run.returncode:
+        raise SystemExit(f"spark job failed: {run.stderr[-3000:]}")
+    return whole, json.loads(run.stdout)
+
+
+class _Entry:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+def logging_cost(messages: int = 200_000) -> dict:
+    """CPU per message of per-message event logging, every thread of this process (time.process_time): the ops
+    the broker hands its writer for a QoS 1 message to one subscriber, in batches of BATCH, through
+    MessageEvents into a real EventLog (writer thread included). Steadier than throughput on a shared machine."""
+    import concurrent.futures
+    import tempfile
+
+    from appliance.broker.message_events import MessageEvents
+    from appliance.eventlog import EventLog, EventSettings
+    from appliance.spool import ops
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = EventLog(Path(tmp), "primary", EventSettings(queue_max_events=10_000_000))
+        events = MessageEvents(log, 1.0, acked_seq=lambda: 1 << 62)
+        payload = b"x" * 100
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        for first in range(1, messages + 1, BATCH):
+            ids = tuple(range(first, first + BATCH))
+            commit = concurrent.futures.Future()
+            events.submitted([op for i in ids for op in (
+                ops.MessageStored(i, "bench/q1", payload, 1, False, b"", 0, "pub", 0),
+                ops.MessageQueued("sub", i, 1, False))], 1, commit)
+            commit.set_result([_Entry(first)])
+            events.submitted([ops.MessagesInflight("sub", ids, ids)], 1, concurrent.futures.Future())
+            events.submitted([ops.MessagesAcked("sub", ids)], 1, concurrent.futures.Future())
+        log.close()
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    return {"messages": messages, "events": log.written, "lost": log.lost,
+            "cpu_us_per_message": round(cpu / messages * 1e6, 2), "wall_s": round(wall, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=5_000_000)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/pairmq-analytics-bench"))
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args(argv)
+    logs, out = args.dir / "logs", args.dir / "out"
+    subprocess.run(["rm", "-rf", str(args.dir)], check=True)
+    t = time.monotonic()
+    expected = generate(logs, args.events)
+    size = sum(p.stat().st_size for p in logs.rglob("*.jsonl"))
+    print(f"generated {expected['events']:,} events ({size / 1e6:,.0f} MB) in {time.monotonic() - t:.1f} s",
+          file=sys.stderr)
+    json_glob = str(logs / "*" / "events" / "*.jsonl")
+    duck_json_whole, duck_json_query, duck_pub = duckdb_run(
+        f"read_json('{json_glob}', format='newline_delimited', columns={JSON_COLUMNS}, ignore_errors=true)")
+    spark_first, view = spark_run(logs, out)
+    spark_rerun, view2 = spark_run(logs, out)
+    parquet_glob = str(out / "tables" / "events" / "**" / "*.parquet")
+    duck_pq_whole, duck_pq_query, _ = duckdb_run(f"read_parquet('{parquet_glob}', hive_partitioning=true)")
+    checks = {
+        "spark published per node": view["messages"]["published_per_node"],
+        "duckdb published per node": duck_pub, "generated": expected["published"],
+        "malformed lines": view["malformed_lines"], "incidents": len(view["incidents"]),
+        "re-run ingested now": view2["inputs"]["segments_ingested_now"],
+    }
+    r = {"events": expected["events"], "json_mb": round(size / 1e6), "spark_first_s": spark_first,
+         "duck_json_s": duck_json_whole, "duck_json_query_s": duck_json_query, "spark_rerun_s": spark_rerun,
+         "spark_rerun_job_s": view2["elapsed_s"], "duck_parquet_s": duck_pq_whole,
+         "duck_parquet_query_s": duck_pq_query, "checks": checks}
+    r["first_ratio"] = spark_first / duck_json_whole
+    r["rerun_ratio"] = view2["elapsed_s"] / duck_pq_query
+    print(json.dumps(r, indent=2))
+    text = report(r, args.events)
+    print(text)
+    if args.write_docs:
+        doc = REPO / "docs" / "benchmarks.md"
+        body = doc.read_text()
+        section = f"{DOC_BEGIN}\n{text}\n{DOC_END}"
+        if DOC_BEGIN in body:
+            body = re.sub(re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: section, body, flags=re.S)
+        else:
+            body = body.rstrip() + "\n\n" + section + "\n"
+        doc.write_text(body)
+    return 0
+
+
+def report(r: dict, events: int) -> str:
+    met = lambda ok: "**met**" if ok else "**not met**"  # noqa: E731
+    return "\n".join([
+        "## Analytics: Spark job vs DuckDB",
+        "",
+        f"`python bench/analytics.py --events {events} --write-docs` ({os.cpu_count()} CPUs shared with other "
+        f"work; one run). {r['events']:,} synthetic events, {r['json_mb']:,} MB of JSON Lines in 64 MiB segments.",
+        "",
+        "| what | Spark (`pairmq analytics summarize`) | DuckDB | ratio | goal |",
+        "|---|---|---|---|---|",
+        f"| first summary from JSON Lines, whole process | {r['spark_first_s']:.1f} s | {r['duck_json_s']:.1f} s "
+        f"| {r['first_ratio']:.1f}× | ≤ 4×: {met(r['first_ratio'] <= GOAL_FIRST)} |",
+        f"| re-run over the ingested segments, whole process | {r['spark_rerun_s']:.1f} s | {r['duck_parquet_s']:.1f} s "
+        f"| {r['spark_rerun_s'] / r['duck_parquet_s']:.1f}× | |",
+        f"| re-run, job only (no JVM start) vs DuckDB's query on the same Parquet | {r['spark_rerun_job_s']:.1f} s "
+        f"| {r['duck_parquet_query_s']:.1f} s | {r['rerun_ratio']:.1f}× | ≤ 2×: {met(r['rerun_ratio'] <= GOAL_RERUN)} |",
+        "",
+        f"Checks: {json.dumps(r['checks'])}",
+    ])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Every analytics transform on tiny inline frames, compared with assertDataFrameEqual (Spark's testing guide)."""
+
+from __future__ import annotations
+
+import datetime
+
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from analytics import schema
+from analytics import transforms as t
+from analytics.ingest import to_table
+from tests.spark_session import spark  # noqa: F401
+
+UTC = datetime.timezone.utc
+
+
+def frame(spark, *rows: dict, struct=schema.TABLE):
+    names = [f.name for f in struct.fields]
+    base = {"malformed": False} if "malformed" in names else {}
+    return spark.createDataFrame([tuple({**base, **r}.get(n) for n in names) for r in rows], struct)
+
+
+def ev(node, ts, event, **fields) -> dict:
+    return {"v": 2, "ts": float(ts), "mono_ms": int(ts * 1000), "node": node, "event": event, **fields}
+
+
+def pub(node, ts, msg_id, topic="a", client="p1", nbytes=10, epoch=1, created=None) -> dict:
+    return ev(node, ts, "message_published", msg_id=msg_id, topic=topic, qos=1, bytes=nbytes, client=client,
+              epoch=epoch, retain=False, created_ms=int(ts * 1000) if created is None else created)
+
+
+def stage(node, ts, kind, ids, client=None, epoch=1) -> dict:
+    return ev(node, ts, f"message_{kind}", msg_ids=list(ids), client=client, epoch=epoch)
+
+
+def test_valid_drops_malformed_rows(spark):
+    df = frame(spark, ev("primary", 1, "node_alive"), {"node": "backup", "malformed": True, "day": "unknown"})
+    assertDataFrameEqual(df.transform(t.valid).select("node", "event"), [("primary", "node_alive")])
+
+
+def test_to_table_flags_malformed_lines_and_names_their_node_from_the_segment(spark):
+    raw = frame(spark,
+                {**ev("primary", 86400.5, "node_alive"), "segment": "file:/x/events-primary-00000001.jsonl"},
+                {"_corrupt": "{broken", "segment": "file:/d/backup/events/events.jsonl"},
+                {**ev(None, 3, "node_alive"), "segment": "file:/y/events-monitor-00000002.jsonl"},
+                struct=schema.RAW.add("segment", "string"))
+    got = raw.transform(to_table).select("node", "event", "malformed", "day")
+    assertDataFrameEqual(got, spark.createDataFrame(
+        [("primary", "node_alive", False, "1970-01-02"), ("backup", None, True, "unknown"),
+         ("monitor", "node_alive", True, "1970-01-01")], "node string, event string, malformed boolean, day string"))
+
+
+def test_published_and_stages(spark):
+    df = frame(spark, pub("primary", 1, 7, topic="t"), ev("primary", 1, "node_alive"),
+               stage("primary", 2, "delivered", [7, 8], client="s1"))
+    assertDataFrameEqual(df.transform(t.published), spark.createDataFrame(
+        [("primary", 1, 7, "t", 1, 10, "p1", 1.0, 1000)],
+        "node string, epoch long, msg_id long, topic string, qos int, bytes long, client string, ts double, "
+        "created_ms long"))
+    assertDataFrameEqual(df.transform(t.stages), spark.createDataFrame(
+        [("primary", 1, 7, "delivered", "s1", 2.0), ("primary", 1, 8, "delivered", "s1", 2.0)],
+        "node string, epoch long, msg_id long, stage string, client string, ts double"))
+
+
+def test_stage_counts(spark):
+    df = frame(spark, stage("primary", 2, "delivered", [1, 2]), stage("primary", 3, "acknowledged", [1]),
+               stage("backup", 4, "delivered", [9]))
+    assertDataFrameEqual(df.transform(t.stages).transform(t.stage_counts), spark.createDataFrame(
+        [("backup", "delivered", 1), ("primary", "acknowledged", 1), ("primary", "delivered", 2)],
+        "node string, stage string, messages long"))
+
+
+def test_rates_per_minute(spark):
+    df = frame(spark, pub("primary", 0, 1, "a", nbytes=5), pub("primary", 59.9, 2, "a", nbytes=7),
+               pub("primary", 30, 3, "b"), pub("primary", 60, 4, "a"), pub("backup", 61, 1, "a", epoch=2))
+    minute = lambda m: datetime.datetime(1970, 1, 1, 0, m, tzinfo=UTC)  # noqa: E731
+    assertDataFrameEqual(df.transform(t.published).transform(t.rates_per_minute), spark.createDataFrame(
+        [(minute(0), "primary", "a", 2, 12), (minute(0), "primary", "b", 1, 10), (minute(1), "backup", "a", 1, 10),
+         (minute(1), "primary", "a", 1, 10)], "minute timestamp, node string, topic string, messages long, bytes long"))
+
+
+def test_latencies_take_the_first_stage_event_on_the_same_node_and_epoch(spark):
+    df = frame(spark, pub("primary", 10, 1, "a", created=9_990), pub("primary", 10, 2, "b", created=10_000),
+               stage("primary", 10.004, "replicated", [1, 2]), stage("primary", 10.020, "delivered", [1]),
+               stage("primary", 10.500, "delivered", [1]),  # a redelivery: not the latency
+               stage("backup", 10.1, "delivered", [2], epoch=2))  # another node's message 2
+    pub_df, st = df.transform(t.published), df.transform(t.stages)
+    assertDataFrameEqual(t.latencies(pub_df, st), spark.createDataFrame(
+        [("a", "replicated", "primary", 1, 1, 14), ("b", "replicated", "primary", 1, 2, 4),
+         ("a", "delivered", "primary", 1, 1, 30)],
+        "topic string, stage string, node string, epoch long, msg_id long, latency_ms long"))
+
+
+def test_latency_percentiles(spark):
+    lat = spark.createDataFrame([("a", "delivered", "primary", 1, i, i * 10) for i in range(1, 11)]
+                                + [("b", "delivered", "primary", 1, 99, 5)],
+                                "topic string, stage string, node string, epoch long, msg_id long, latency_ms long")
+    assertDataFrameEqual(t.latency_percentiles(lat), spark.createDataFrame(
+        [("a", "delivered", 10, 50, 90, 100, 100), ("b", "delivered", 1, 5, 5, 5, 5)],
+        "topic string, stage string, messages long, p50_ms long, p90_ms long, p99_ms long, max_ms long"))
+
+
+def decision(node, ts, kind, epoch) -> dict:
+    return ev(node, ts, "redundancy_decision", kind=kind, epoch=epoch, reason=f"{node}: {kind}")
+
+
+FAILOVER = [
+    decision("primary", 100, "bid", 1), decision("primary", 100.05, "activate", 1),
+    pub("primary", 150, 1), stage("primary", 150.01, "acknowledged", [1], client="s"),
+    pub("primary", 199.5, 2),  # stored, never acknowledged: in flight at the kill
+    ev("primary", 200.0, "node_alive", serving=True, epoch=1),  # the last pulse before the kill at ~200.3
+    ev("backup", 200.2, "node_alive", serving=False, epoch=1),
+    decision("backup", 201.2, "bid", 2), decision("monitor", 201.22, "vote", 2),
+    decision("backup", 201.25, "activate", 2),
+    pub("backup", 202, 1, epoch=2),
+]
+
+
+def test_incidents_reconstruct_a_lost_primary_from_all_three_nodes(spark):
+    got = frame(spark, *FAILOVER).transform(t.incidents)
+    assertDataFrameEqual(got, spark.createDataFrame(
+        [(2, "primary", "backup", "lost", 200.0, 201.2, 201.25, 1200, 50, 1250, 1)],
+        "epoch long, from_node string, to_node string, cause string, last_seen_old double, detected double, "
+        "takeover double, detection_ms long, takeover_ms long, unavailable_ms long, in_flight long"))
+
+
+def test_incidents_name_a_step_down_and_skip_the_first_activation(spark):
+    rows = [decision("primary", 10, "activate", 1), ev("primary", 20, "node_alive", serving=True, epoch=1),
+            decision("primary", 20.5, "step_down", 1), decision("backup", 20.6, "bid", 2),
+            decision("backup", 20.7, "activate", 2)]
+    got = frame(spark, *rows).transform(t.incidents).select("epoch", "from_node", "to_node", "cause", "unavailable_ms")
+    assertDataFrameEqual(got, [(2, "primary", "backup", "step_down", 700)])
+    assertDataFrameEqual(frame(spark, *rows[:2]).transform(t.incidents).select("epoch"), [])
+
+
+def test_availability(spark):
+    events = frame(spark, *FAILOVER, ev("monitor", 1100, "node_alive"))
+    got = t.availability(events, events.transform(t.incidents))
+    assertDataFrameEqual(got, spark.createDataFrame([(100.0, 1100.0, 1000.0, 1250, 1 - 1.25 / 1000)],
+                                                    "start double, end double, period_s double, unavailable_ms long, "
+                                                    "availability double"))
+
+
+def test_top_topics_and_clients(spark):
+    df = frame(spark, pub("primary", 1, 1, "a", "c1", 5), pub("primary", 1, 2, "a", "c2", 5),
+               pub("primary", 1, 3, "b", "c2", 50), pub("primary", 1, 4, "c", "c3", 1)).transform(t.published)
+    assertDataFrameEqual(t.top_topics(df, 2), spark.createDataFrame(
+        [("a", 2, 10), ("b", 1, 50)], "topic string, messages long, bytes long"), checkRowOrder=True)
+    assertDataFrameEqual(t.top_clients(df, 2), spark.createDataFrame(
+        [("c2", 2, 55), ("c1", 1, 5)], "client string, messages long, bytes long"), checkRowOrder=True)
+
+
+def test_delivery_problems(spark):
+    df = frame(spark, stage("primary", 1, "delivered", [1, 2], client="s"),
+               stage("backup", 5, "delivered", [1], client="s", epoch=2),  # resent after the takeover
+               stage("primary", 1, "delivered", [1], client="other"),
+               ev("primary", 9, "message_expired", client="s", msg_id=3, reason="expired"),
+               ev("primary", 9, "message_dropped", client="s", msg_id=4, reason="queue full"))
+    assertDataFrameEqual(t.delivery_problems(df, df.transform(t.stages)), spark.createDataFrame(
+        [("dropped", "queue full", 1), ("expired", "expired", 1), ("redelivered", "", 1)],
+        "what string, reason string, messages long"))
+
+
+def test_overload_episodes(spark):
+    busy = lambda ts: ev("primary", ts, "client_refused", reason_code=t.SERVER_BUSY)  # noqa: E731
+    df = frame(spark, busy(10), busy(15), ev("primary", 40, "broker_loop_lag", max_ms=700),
+               ev("primary", 41, "client_refused", reason_code=0x9C),  # a redirect, not overload
+               busy(12).copy() | {"node": "backup"})
+    assertDataFrameEqual(df.transform(t.overload_episodes), spark.createDataFrame(
+        [("backup", 12.0, 12.0, 1, 0, None), ("primary", 10.0, 15.0, 2, 0, None), ("primary", 40.0, 40.0, 0, 1, 700)],
+        "node string, start double, end double, busy_refusals long, loop_lags long, max_lag_ms long"))
+
+
+def test_event_counts_and_unlogged(spark):
+    df = frame(spark, ev("primary", 1, "node_alive"), ev("primary", 2, "node_alive"),
+               {"node": "primary", "malformed": True},
+               ev("primary", 3, "message_events_unsampled", counts={"message_published": 5}),
+               ev("primary", 4, "message_events_unsampled", counts={"message_published": 2, "message_delivered": 1}),
+               ev("backup", 5, "events_lost", count=3))
+    assertDataFrameEqual(df.transform(t.event_counts), spark.createDataFrame(
+        [("backup", "events_lost", 1), ("primary", "malformed", 1), ("primary", "message_events_unsampled", 2),
+         ("primary", "node_alive", 2)], "node string, event string, events long"))
+    assertDataFrameEqual(df.transform(t.valid).transform(t.unlogged), spark.createDataFrame(
+        [("backup", "events_lost", 3), ("primary", "message_delivered", 1), ("primary", "message_published", 7)],
+        "node string, what string, events long"))
+
+
+def test_transforms_chain_with_df_transform(spark):
+    df = frame(spark, *FAILOVER)
+    got = df.transform(t.valid).transform(t.published).transform(t.top_topics).withColumn("x", F.lit(1))
+    assertDataFrameEqual(got.select("topic", "messages", "x"), [("a", 3, 1)])
