@@ -151,3 +151,43 @@ def test_concurrent_changes_keep_a_single_order(group):
     assert primary["digest"] == backup["digest"] and primary["history"] == backup["history"]
     last = max(replies, key=lambda r: r["applied"][0]["version"])["applied"][0]["what"]
     assert last == f"limits.session_queue_max_messages set to {primary['limits']['set']['session_queue_max_messages']:,}"
+
+
+def test_limits_and_overload_settings_take_effect_at_once(group):
+    """A queue limit changed through config-sync refuses the next publish past it (v5 PUBACK 0x97) on the active,
+    and after a failover on the backup; an overload setting changes the listener's window at once."""
+    change(group, P, {"kind": "limits.set", "name": "session_queue_max_messages", "value": 3},
+           {"kind": "overload.set", "name": "max_window", "value": 7})
+    window = call(group, P, "/api/v1/redundancy")[1]["mqtt"]["window"]
+    assert 1 <= window <= 7, f"the listener's window is {window} after max_window = 7 (it was 100)"
+
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 600
+    slow = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="slow", protocol=mqtt.MQTTv5)
+    slow.connect(group.address(P), 1883, properties=props)
+    slow.loop_start()
+    slow.subscribe("lim/#", qos=1)
+    time.sleep(0.5)
+    slow.disconnect()
+    slow.loop_stop()
+
+    def publish_codes(host: str, count: int) -> list[int]:
+        codes: dict[int, int] = {}
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"lim-{host}", protocol=mqtt.MQTTv5)
+        pub.on_publish = lambda c, u, mid, rc, p: codes.__setitem__(mid, rc.value)
+        pub.connect(host, 1883)
+        pub.loop_start()
+        mids = []
+        for i in range(count):
+            info = pub.publish("lim/x", str(i).encode(), qos=1)
+            info.wait_for_publish(5)
+            mids.append(info.mid)
+        pub.disconnect()
+        pub.loop_stop()
+        return [codes.get(mid) for mid in mids]
+
+    assert publish_codes(group.address(P), 5) == [0, 0, 0, 0x97, 0x97]
+    group.kill(P)
+    group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
+    assert publish_codes(group.address(B), 1) == [0x97]  # the queue still holds 3: the backup enforces 3 too
+    assert 1 <= call(group, B, "/api/v1/redundancy")[1]["mqtt"]["window"] <= 7
