@@ -191,3 +191,52 @@ def test_limits_and_overload_settings_take_effect_at_once(group):
     group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
     assert publish_codes(group.address(B), 1) == [0x97]  # the queue still holds 3: the backup enforces 3 too
     assert 1 <= call(group, B, "/api/v1/redundancy")[1]["mqtt"]["window"] <= 7
+
+
+def test_only_the_mate_with_the_secret_speaks_on_8302(group):
+    """Config-sync's link is authenticated like the mate link, with keys of its own. The active proves itself
+    first: a stranger without the secret, and a mate-link handshake (right secret, wrong purpose), cannot
+    verify that proof, so they learn nothing and cannot go on; a forged proof and garbage are refused and
+    counted by the active; nothing changes and the real standby stays in sync."""
+    import os
+    import socket
+    import struct
+
+    from appliance.config import load_secret
+    from mate_link.secure import HandshakeFailed, StandbyHandshake
+
+    address = (group.address(P), group.config.ports.config_sync)
+    before = config(group, P)
+
+    def challenge_for(handshake) -> str:
+        """Run `handshake` against the active until it fails; the reason our side refused the active."""
+        with socket.create_connection(address, timeout=5) as s:
+            s.sendall(handshake.data_to_send())
+            try:
+                while chunk := s.recv(4096):
+                    handshake.receive_data(chunk)
+            except HandshakeFailed as exc:
+                return exc.reason
+        return "closed"
+
+    stranger = StandbyHandshake(b"not the group secret" * 2, group.config.name, B, os.urandom(32), "config-sync")
+    assert challenge_for(stranger) == "bad_proof"
+    mate_link_peer = StandbyHandshake(load_secret(group.config), group.config.name, B, os.urandom(32))
+    assert challenge_for(mate_link_peer) == "bad_proof"
+
+    with socket.create_connection(address, timeout=5) as s:  # a forged PROOF after the challenge
+        forger = StandbyHandshake(b"x" * 32, group.config.name, B, os.urandom(32), "config-sync")
+        s.sendall(forger.data_to_send())
+        s.recv(4096)
+        s.sendall(struct.pack(">I", 32) + os.urandom(32))
+        s.settimeout(5)
+        assert s.recv(4096) == b""  # closed on us
+    with socket.create_connection(address, timeout=5) as s:
+        s.sendall(b"\x00\x00\x00\x05hello, config")
+        s.settimeout(5)
+        assert s.recv(4096) == b""
+    refusals = call(group, P, "/api/v1/config-sync")[1]["refusals"]
+    assert refusals.get("malformed", 0) >= 1 and refusals.get("bad_proof", 0) >= 1, refusals
+    after = config(group, P)
+    assert (after["version"], after["digest"]) == (before["version"], before["digest"])
+    group.wait_for("the real standby still in sync", group.config_in_sync, timeout_s=5)
