@@ -229,22 +229,10 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     if not isinstance(auto_revert, bool):
         raise ConfigError(f"group.auto_revert must be true or false, not {auto_revert!r}")
 
-    timers_raw = _table(raw, "timers", required=False)
-    _check_keys(timers_raw, _SECTIONS["timers"], "[timers]")
-    timers = Timers(**timers_raw)
-    timers.validate()
-    ports_raw = _table(raw, "ports", required=False)
-    _check_keys(ports_raw, _SECTIONS["ports"], "[ports]")
-    ports = Ports(**ports_raw)
-    ports.validate()
-    limits_raw = _table(raw, "limits", required=False)
-    _check_keys(limits_raw, _SECTIONS["limits"], "[limits]")
-    limits = Limits(**limits_raw)
-    limits.validate()
-    events_raw = _table(raw, "events", required=False)
-    _check_keys(events_raw, _SECTIONS["events"], "[events]")
-    events = EventSettings(**events_raw)
-    events.validate()
+    timers = _settings(raw, "timers", Timers)
+    ports = _settings(raw, "ports", Ports)
+    limits = _settings(raw, "limits", Limits)
+    events = _settings(raw, "events", EventSettings)
 
     nodes_raw = _table(raw, "nodes")
     _check_keys(nodes_raw, _SECTIONS["nodes"], "[nodes]")
@@ -294,6 +282,15 @@ def _table(raw: dict, key: str, *, required: bool = True) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"the group file needs a [{key}] table")
     return value
+
+
+def _settings(raw: dict, name: str, cls):
+    """An optional table of typed settings: known keys only, each validated (a ConfigError names it)."""
+    table = _table(raw, name, required=False)
+    _check_keys(table, _SECTIONS[name], f"[{name}]")
+    settings = cls(**table)
+    settings.validate()
+    return settings
 
 
 def _check_keys(table: dict, allowed: set[str], where: str) -> None:
