@@ -10,13 +10,31 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import json
+import logging
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from .errors import LocalProtocolError
 
 
+class _BadRequestsAreOneLine(logging.Filter):
+    """aiohttp logs a client's malformed request (a line too long, a broken header) as an ERROR with
+    our traceback; it is the client's fault and already answered with a 400, so one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = "refused a malformed HTTP request from %s: %s", (peer, exc.message)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def build_app(node) -> web.Application:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _BadRequestsAreOneLine) for f in server_log.filters):
+        server_log.addFilter(_BadRequestsAreOneLine())
     app = web.Application(middlewares=[_errors_as_json])
     app["node"] = node
     app.router.add_get("/api/v1/redundancy", _redundancy)

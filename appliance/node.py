@@ -448,6 +448,7 @@ class Node:
             # A standby's latest catch-up on the mate link (mate_link/standby.py ResyncProgress.view), else None.
             "resync": None if self.replication is None or self.replication.standby is None
             else self.replication.standby.progress(now),
+            "mate_link_refusals": None if self.replication is None else self.replication.refusals(),
             "incarnation": core.state.incarnation,
             "uptime_ms": now - self.started_at,
             "lease_remaining_ms": max(0, core.lease_expiry - now) if core.may_serve(now) else 0,

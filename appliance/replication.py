@@ -14,6 +14,7 @@ Rules (every 50 ms, on the broker loop):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -47,6 +48,13 @@ class Replication:
         self._task: asyncio.Task | None = None
         self._syncing = asyncio.Lock()  # one sync at a time: a take-over awaits the standby link's stop
         broker.may_release = self._may_release
+
+    def refusals(self) -> dict[str, int]:
+        """Mate-link connections refused or dropped, by reason: as the listener and as the dialler."""
+        counts = collections.Counter(self.active.counters)
+        if self.standby is not None:
+            counts.update(self.standby.counters)
+        return dict(counts)
 
     def ready(self, epoch: int) -> bool:
         return epoch != 0 and epoch == self.ready_epoch

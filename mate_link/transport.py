@@ -102,6 +102,10 @@ class MateConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         if not self.closed:
+            if self.handshake.stage is Stage.WAITING:  # a truncated handshake: counted like any refusal
+                self.counters["handshake_incomplete"] += 1
+                log.warning("mate link with %s refused (handshake_incomplete): the connection ended "
+                            "before the handshake finished", self.peer)
             self.closed = True
             self.close_reason = f"connection lost ({exc})" if exc else "the peer closed the connection"
             self._on_closed(self, self.close_reason)
