@@ -87,6 +87,9 @@ def build_parser() -> Parser:
     from .analytics_cmd import add_parsers as _analytics_parsers
 
     _analytics_parsers(commands, _examples)
+    from .secret_cmd import add_parsers as _secret_parsers
+
+    _secret_parsers(commands, _add_group, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 

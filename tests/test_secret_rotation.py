@@ -1,0 +1,297 @@
+"""`pairmq secret rotate` on a live group of real node processes (appliance/keyring.py, cli/secret_cmd.py).
+
+What must hold: activity never moves because of a rotation (epochs and decisions unchanged while a
+QoS 1 publisher streams), no heartbeat is rejected, the mate link and config-sync keep working and
+re-handshake with the new key, a node with only the old secret is refused afterwards, a restart of
+each role mid-rotation resumes in the step it persisted, and bad inputs change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from appliance.keyring import Keyring
+from appliance.node import management_token
+from appliance.roles import Role
+from tests.config_api import change
+from tests.group import REPO, active_group
+from tests.streams import Publisher, Subscriber, check
+
+P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
+
+pytestmark = pytest.mark.processes
+
+
+def cli(g, *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "cli.main", "secret", *args, "--group", str(g.dir / "group.toml")]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def api(g, role: Role, path: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:
+    url = f"http://{g.address(role)}:{g.config.ports.management}{path}"
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                     method="GET" if body is None else "POST")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def view(g, role: Role) -> dict:
+    status, reply = api(g, role, "/api/v1/redundancy")
+    assert status == 200, reply
+    return reply
+
+
+def keys(g) -> dict[Role, tuple[list[int], int]]:
+    return {r: (v["key_ids"], v["send_key_id"]) for r in Role for v in [api(g, r, "/api/v1/secret")[1]]}
+
+
+def moves(g) -> dict[Role, int]:
+    """How many activations and step-downs each node has logged (a rotation must add none)."""
+    return {r: len([d for d in g.decisions(r) if d["kind"] in ("activate", "step_down")]) for r in Role}
+
+
+def bad_macs(g) -> dict[Role, int]:
+    return {r: view(g, r)["rejected_heartbeats"]["bad_mac"] for r in Role}
+
+
+def file_ring(g) -> Keyring:
+    return Keyring.from_text((g.dir / "secret").read_text(), "secret")
+
+
+def sees_both(g, role: Role) -> bool:
+    return all(p["seen"] for p in view(g, role)["peers"])
+
+
+def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refused_after(tmp_path):
+    with active_group(tmp_path / "group") as g:
+        old = file_ring(g)
+        assert old.view() == {"key_ids": [0], "send_key_id": 0}
+        before = {r: view(g, r) for r in Role}
+        moved = moves(g)
+        hosts = [g.address(P), g.address(B)]
+        sub = Subscriber("rot-sub", hosts)
+        sub.start()
+        pub = Publisher("rot-pub", hosts, 1, 1500, interval_s=0.004)
+        pub.start()
+        g.wait_for("the publisher to get going", lambda: len(pub.acked_now()) > 100, timeout_s=20)
+        result = cli(g, "rotate")
+        assert result.returncode == 0, result.stderr
+        during = len(pub.acked_now())
+        assert not pub.done_publishing(), "the rotation must run while the publisher streams: raise the count"
+        g.wait_for("every QoS 1 message to be acknowledged", pub.all_acked, timeout_s=90)
+        g.wait_for("the subscriber to receive them", lambda: len({s for _, s, _ in sub.snapshot()}) >= 1500,
+                   timeout_s=30)
+        report = check("rotation", [pub], [sub])
+        pub.stop()
+        sub.stop()
+        assert report.lost == 0 and report.order_violations == 0, report
+
+        # Progress, in order monitor, standby, active, for each of the three steps.
+        lines = result.stderr.splitlines()
+        for n, name in ((1, "add key id 1"), (2, "use key id 1"), (3, "retire key id 0")):
+            done = [line for line in lines if line.startswith(f"step {n}/3 ({name}): ")]
+            assert [line.split(": ")[1] for line in done] == ["monitor", "backup", "primary"], result.stderr
+        assert "rotation done" in result.stderr
+
+        after = {r: view(g, r) for r in Role}
+        for r in Role:
+            assert after[r]["epoch"] == before[r]["epoch"], f"{r.value}: the epoch moved"
+            assert after[r]["active_role"] == "primary", f"{r.value}: activity moved"
+            assert after[r]["keyring"] == {"key_ids": [1], "send_key_id": 1}
+            assert after[r]["rejected_heartbeats"]["bad_mac"] == 0, after[r]["rejected_heartbeats"]
+            assert after[r]["accepted_heartbeats"] > before[r]["accepted_heartbeats"]
+        assert moves(g) == moved, "a rotation must not activate or step down anyone"
+        assert 0 < during < 1500
+        new = file_ring(g)
+        assert new.view() == {"key_ids": [1], "send_key_id": 1} and new.keys[1] != old.keys[0]
+        assert (g.dir / "secret").stat().st_mode & 0o777 == 0o600
+        for r in Role:
+            state = g.config.node(r).data_dir / "keyring.json"
+            assert state.stat().st_mode & 0o777 == 0o600 and Keyring.load(state) == new
+        assert old.keys[0].hex() not in result.stdout + result.stderr, "the secret is never printed"
+
+        # The mate link and config-sync re-handshake with the new key: restart the backup (kill -9).
+        g.kill(B)
+        g.start(B)
+        g.wait_for("the restarted backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
+        g.wait_for("the restarted backup to be in sync", lambda: view(g, B)["in_sync"], timeout_s=20)
+        reply = change(g, P, {"kind": "limits.set", "name": "session_queue_max_messages", "value": 4321})
+        assert reply["confirmed_by_standby"] is True, reply
+        assert bad_macs(g) == {P: 0, B: 0, M: 0}
+
+        # A backup that comes back with only the OLD secret (state wiped, old credential) is refused.
+        g.kill(B)
+        (g.config.node(B).data_dir / "keyring.json").unlink()
+        creds = tmp_path / "creds"
+        creds.mkdir()
+        (creds / "pairmq-secret").write_text(old.keys[0].hex() + "\n")
+        os.environ["CREDENTIALS_DIRECTORY"] = str(creds)
+        try:
+            g.start(B)
+        finally:
+            del os.environ["CREDENTIALS_DIRECTORY"]
+        g.wait_for("the primary and monitor to reject the old-secret backup's heartbeats",
+                   lambda: bad_macs(g)[P] > 0 and bad_macs(g)[M] > 0, timeout_s=20)
+        g.wait_for("the old-secret backup to reject theirs", lambda: bad_macs(g)[B] > 0, timeout_s=20)
+        assert view(g, B)["keyring"] == {"key_ids": [0], "send_key_id": 0}
+        assert not any(p["seen"] for p in view(g, B)["peers"]), "nobody may accept the old secret"
+        assert view(g, P)["active_role"] == "primary" and g.probe_once()[P] == 0
+        g.wait_for("config-sync to refuse the old-secret backup's handshake",
+                   lambda: api(g, P, "/api/v1/config-sync")[1]["refusals"].get("bad_proof", 0) > 0, timeout_s=20)
+        # ...and one with the new secret (the rotated secret file) joins.
+        g.kill(B)
+        g.start(B)
+        g.wait_for("the new-secret backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
+        g.wait_for("the new-secret backup to be in sync", lambda: view(g, B)["in_sync"], timeout_s=20)
+        assert view(g, B)["keyring"] == {"key_ids": [1], "send_key_id": 1}
+        assert moves(g)[P] == moved[P], "the primary stayed active throughout"
+
+
+def test_restart_of_each_role_mid_rotation_resumes_where_it_persisted(tmp_path):
+    with active_group(tmp_path / "group") as g:
+        result = cli(g, "rotate", "--stop-after", "add")
+        assert result.returncode == 0, result.stderr
+        assert "stopped after step 1/3" in result.stderr
+        assert keys(g) == {r: ([0, 1], 0) for r in Role}
+        assert file_ring(g).view() == {"key_ids": [0, 1], "send_key_id": 0}
+
+        # The monitor restarts between step 1 and 2: it comes back holding both keys, sending with 0.
+        g.kill(M)
+        g.start(M)
+        g.wait_for("the restarted monitor to see both peers", lambda: sees_both(g, M), timeout_s=20)
+        assert keys(g)[M] == ([0, 1], 0)
+
+        result = cli(g, "rotate", "--resume", "--stop-after", "use")
+        assert result.returncode == 0, result.stderr
+        assert "step 1/3 (add key id 1): monitor: already done" in result.stderr
+        assert keys(g) == {r: ([0, 1], 1) for r in Role}
+        assert file_ring(g).view() == {"key_ids": [0, 1], "send_key_id": 1}
+
+        # The standby restarts between step 2 and 3 (kill -9): both keys, sending with 1.
+        g.kill(B)
+        g.start(B)
+        g.wait_for("the restarted backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
+        g.wait_for("the restarted backup to be in sync", lambda: view(g, B)["in_sync"], timeout_s=20)
+        assert keys(g)[B] == ([0, 1], 1)
+        epoch = view(g, P)["epoch"]
+        moved = moves(g)
+
+        # The active stops (SIGTERM hands over to the backup) and comes back as the standby.
+        g.signal(P, 15)
+        g.procs.pop(P).wait(20)
+        g.wait_for("the backup to serve", lambda: g.probe_once()[B] == 0, timeout_s=20)
+        g.start(P)
+        g.wait_for("the restarted primary to see both peers", lambda: sees_both(g, P), timeout_s=20)
+        assert keys(g)[P] == ([0, 1], 1)
+        assert moves(g)[M] == moved[M]
+        epoch_after_handover = view(g, B)["epoch"]
+        assert epoch_after_handover > epoch
+
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 0, result.stderr
+        retire = [line for line in result.stderr.splitlines() if line.startswith("step 3/3")]
+        assert [line.split(": ")[1] for line in retire] == ["monitor", "primary", "backup"], "active (backup) last"
+        assert keys(g) == {r: ([1], 1) for r in Role}
+        assert view(g, B)["epoch"] == epoch_after_handover and view(g, B)["active_role"] == "backup"
+        assert bad_macs(g) == {P: 0, B: 0, M: 0}
+
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 1 and "no rotation to resume" in result.stderr
+
+
+def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
+    with active_group(tmp_path / "group") as g:
+        ring = file_ring(g)
+        token = management_token(ring.send_secret)
+        steps = "/api/v1/secret/steps"
+
+        def unchanged() -> None:
+            assert keys(g) == {r: ([0], 0) for r in Role}
+            assert file_ring(g) == ring
+            assert not (g.config.node(P).data_dir / "keyring.json").exists()
+
+        from appliance.keyring import wrap
+        good = wrap(os.urandom(32), key_id=1, wrapping=ring, group="test", role="primary", nonce=os.urandom(12))
+        tampered = dict(good, ciphertext=good["ciphertext"][:-2] + ("00" if good["ciphertext"][-2:] != "00" else "11"))
+        cases = [
+            ({"step": "add", "key_id": 1, "wrapped": tampered}, token, 400, "does not authenticate"),
+            ({"step": "add", "key_id": 2, "wrapped": good}, token, 400, "does not authenticate"),  # wrapped for id 1
+            ({"step": "add", "key_id": 1, "wrapped": dict(good, wrap_key_id=7)}, token, 400, "key id 7"),
+            ({"step": "add", "key_id": 1}, token, 400, "never travels in clear"),
+            ({"step": "use", "key_id": 9}, token, 409, "does not hold key id 9"),
+            ({"step": "retire", "key_id": 0}, token, 409, "still sends with key id 0"),
+            ({"step": "spin", "key_id": 1}, token, 400, "step must be one of"),
+            ({"step": "use", "key_id": 256}, token, 400, "key_id must be a whole number"),
+            ({"step": "use", "key_id": 0}, "0" * 48, 401, "management token"),
+        ]
+        for body, tok, status, words in cases:
+            got, reply = api(g, P, steps, body, tok)
+            assert got == status and words in reply["error"], (body, got, reply)
+            assert reply["error"].count(". ") == 0, "one sentence"
+        # The same wrapped secret sent to another node does not open (it is bound to the primary).
+        got, reply = api(g, B, steps, {"step": "add", "key_id": 1, "wrapped": good}, token)
+        assert got == 400 and "does not authenticate" in reply["error"], reply
+        unchanged()
+
+        # Rotation while a node is unreachable: refused up front, nothing written anywhere.
+        g.kill(M)
+        result = cli(g, "rotate")
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "the monitor node" in result.stderr, result.stderr
+        assert "nothing was changed" in result.stderr
+        unchanged()
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 1 and "nothing was changed" in result.stderr
+        unchanged()
+
+        # A node down mid-rotation: the rotation stops at the step that needs it and says how to finish;
+        # the node comes back with the keys it persisted and --resume completes.
+        g.start(M)
+        g.wait_for("the monitor to see both peers", lambda: sees_both(g, M), timeout_s=20)
+        assert cli(g, "rotate", "--stop-after", "add").returncode == 0
+        g.kill(B)
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 1 and "backup" in result.stderr and "--resume" in result.stderr, result.stderr
+        assert keys(g)[P] == ([0, 1], 0) and keys(g)[M] == ([0, 1], 0), "no step may start without the backup"
+        g.start(B)
+        g.wait_for("the backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
+        result = cli(g, "rotate")  # a fresh rotation while one is under way is refused
+        assert result.returncode == 1 and "--resume" in result.stderr
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 0, result.stderr
+        assert keys(g) == {r: ([1], 1) for r in Role}
+        assert bad_macs(g) == {P: 0, B: 0, M: 0}
+        shown = json.loads(cli(g, "show", "--json").stdout)
+        assert [(n["role"], n["key_ids"], n["send_key_id"]) for n in shown["nodes"]] == [
+            ("primary", [1], 1), ("backup", [1], 1), ("monitor", [1], 1)]
+
+
+def test_secret_file_format_errors_are_one_sentence(tmp_path):
+    from appliance.errors import ConfigError
+
+    for text, words in [("", "is empty"), ("zz\n", "hex digits"), ("300:" + "ab" * 32, "key id '300'"),
+                        ("1:" + "ab" * 32 + "\n1:" + "cd" * 32, "key id 1 twice"), ("abcd", "too short"),
+                        ("\n".join(f"{i}:" + "ab" * 32 for i in range(3)), "has 3 keys")]:
+        with pytest.raises(ConfigError, match=words):
+            Keyring.from_text(text, "f")
+    assert Keyring.from_text("ab" * 32 + "\n", "f").view() == {"key_ids": [0], "send_key_id": 0}
+    two = Keyring.from_text("4:" + "cd" * 32 + "\n3:" + "ab" * 32, "f")
+    assert two.view() == {"key_ids": [3, 4], "send_key_id": 4}
+    assert Keyring.from_text(two.to_text(), "f") == two
+    bad = tmp_path / "keyring.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="delete it to start from the secret file"):
+        Keyring.load(bad)
