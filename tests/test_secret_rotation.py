@@ -70,11 +70,34 @@ def moves(g) -> dict[Role, int]:
 
 
 def bad_macs(g) -> dict[Role, int]:
-    return {r: view(g, r)["rejected_heartbeats"]["bad_mac"] for r in Role}
+    """Each node's bad_mac rejections; -1 for a node not answering yet (polled while one starts)."""
+    out = {}
+    for r in Role:
+        try:
+            out[r] = view(g, r)["rejected_heartbeats"]["bad_mac"]
+        except OSError:
+            out[r] = -1
+    return out
 
 
 def file_ring(g) -> Keyring:
     return Keyring.from_text((g.dir / "secret").read_text(), "secret")
+
+
+def dial_as_standby(g, port: int, ring: Keyring, purpose: str) -> str:
+    """One handshake as the backup with `ring`'s send key: "closed" if the active refuses our HELLO."""
+    import socket
+
+    from mate_link.secure import StandbyHandshake
+
+    handshake = StandbyHandshake(ring, g.config.name, B, os.urandom(32), purpose)
+    with socket.create_connection((g.address(P), port), timeout=5) as s:
+        s.sendall(handshake.data_to_send())
+        try:
+            data = s.recv(4096)
+        except ConnectionResetError:
+            return "closed"
+    return "closed" if not data else "challenged"
 
 
 def sees_both(g, role: Role) -> bool:
@@ -159,8 +182,13 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
         assert view(g, B)["keyring"] == {"key_ids": [0], "send_key_id": 0}
         assert not any(p["seen"] for p in view(g, B)["peers"]), "nobody may accept the old secret"
         assert view(g, P)["active_role"] == "primary" and g.probe_once()[P] == 0
-        g.wait_for("config-sync to refuse the old-secret backup's handshake",
-                   lambda: api(g, P, "/api/v1/config-sync")[1]["refusals"].get("bad_proof", 0) > 0, timeout_s=20)
+        # It never learns who is active, so it never dials: dial the active's mate link and config-sync
+        # ports with the old key ourselves (the real handshake over a real socket). Both refuse at the HELLO.
+        refused = api(g, P, "/api/v1/config-sync")[1]["refusals"].get("bad_proof", 0)
+        assert dial_as_standby(g, g.config.ports.mate_link, old, "mate-link") == "closed"
+        assert dial_as_standby(g, g.config.ports.config_sync, old, "config-sync") == "closed"
+        assert api(g, P, "/api/v1/config-sync")[1]["refusals"]["bad_proof"] == refused + 1
+        assert dial_as_standby(g, g.config.ports.config_sync, file_ring(g), "config-sync") == "challenged"
         # ...and one with the new secret (the rotated secret file) joins.
         g.kill(B)
         g.start(B)
