@@ -12,16 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from appliance.keyring import Keyring
 from appliance.node import management_token
 from appliance.roles import Role
-from tests.config_api import change
+from tests.config_api import call, change
 from tests.group import REPO, active_group
 from tests.streams import Publisher, Subscriber, check
 
@@ -36,16 +33,7 @@ def cli(g, *args: str) -> subprocess.CompletedProcess:
 
 
 def api(g, role: Role, path: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:
-    url = f"http://{g.address(role)}:{g.config.ports.management}{path}"
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     method="GET" if body is None else "POST")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+    return call(g, role, path, body, token=token or False)
 
 
 def view(g, role: Role) -> dict:
@@ -200,28 +188,26 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
 
 def test_restart_of_each_role_mid_rotation_resumes_where_it_persisted(tmp_path):
     with active_group(tmp_path / "group") as g:
-        result = cli(g, "rotate", "--stop-after", "add")
-        assert result.returncode == 0, result.stderr
-        assert "stopped after step 1/3" in result.stderr
-        assert keys(g) == {r: ([0, 1], 0) for r in Role}
-        assert file_ring(g).view() == {"key_ids": [0, 1], "send_key_id": 0}
+        def rotate_to(args: tuple[str, ...], send: int) -> str:
+            """Run `secret rotate ARGS`; every node and the secret file then hold keys 0 and 1, sending with `send`."""
+            result = cli(g, "rotate", *args)
+            assert result.returncode == 0, result.stderr
+            assert keys(g) == {r: ([0, 1], send) for r in Role}
+            assert file_ring(g).view() == {"key_ids": [0, 1], "send_key_id": send}
+            return result.stderr
 
+        def restart(role: Role) -> None:
+            g.kill(role)
+            g.start(role)
+            g.wait_for(f"the restarted {role.value} to see both peers", lambda: sees_both(g, role), timeout_s=20)
+
+        assert "stopped after step 1/3" in rotate_to(("--stop-after", "add"), 0)
         # The monitor restarts between step 1 and 2: it comes back holding both keys, sending with 0.
-        g.kill(M)
-        g.start(M)
-        g.wait_for("the restarted monitor to see both peers", lambda: sees_both(g, M), timeout_s=20)
+        restart(M)
         assert keys(g)[M] == ([0, 1], 0)
-
-        result = cli(g, "rotate", "--resume", "--stop-after", "use")
-        assert result.returncode == 0, result.stderr
-        assert "step 1/3 (add key id 1): monitor: already done" in result.stderr
-        assert keys(g) == {r: ([0, 1], 1) for r in Role}
-        assert file_ring(g).view() == {"key_ids": [0, 1], "send_key_id": 1}
-
+        assert "step 1/3 (add key id 1): monitor: already done" in rotate_to(("--resume", "--stop-after", "use"), 1)
         # The standby restarts between step 2 and 3 (kill -9): both keys, sending with 1.
-        g.kill(B)
-        g.start(B)
-        g.wait_for("the restarted backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
+        restart(B)
         g.wait_for("the restarted backup to be in sync", lambda: view(g, B)["in_sync"], timeout_s=20)
         assert keys(g)[B] == ([0, 1], 1)
         epoch = view(g, P)["epoch"]
