@@ -173,6 +173,9 @@ def _show_parser(commands) -> None:
     _add_group(c)
     c.set_defaults(handler=_cmd_show_config_sync)
     p.set_defaults(handler=_cmd_show_redundancy)
+    from .secret_cmd import add_show_parser as _secret_show_parser
+
+    _secret_show_parser(things, _add_group, _examples)
 
 
 def _redundancy_parser(commands) -> None:

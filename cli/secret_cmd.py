@@ -1,4 +1,4 @@
-"""`pairmq secret rotate [--resume] [--stop-after STEP]` and `pairmq secret show [--json]`.
+"""`pairmq secret rotate [--resume] [--stop-after STEP]` and `pairmq show secret [--json]`.
 
 Rules of a rotation (the node side is appliance/keyring.py):
 - Run on one host that has the group file and its secret file. It needs all three nodes answering
@@ -44,7 +44,7 @@ def add_parsers(commands, add_group, examples) -> None:
         "secret", help="rotate the group secret", description="Rotate the group secret on a live group.",
         epilog=examples("pairmq secret rotate --group /etc/pairmq/group.toml",
                         "pairmq secret rotate --resume            # finish a rotation that stopped",
-                        "pairmq secret show --json"))
+                        "pairmq show secret --json"))
     verbs = secret.add_subparsers(dest="verb", metavar="VERB", parser_class=type(secret))
     secret.set_defaults(handler=lambda args, term: _help(secret, term))
     p = verbs.add_parser("rotate", help="install a new group secret, one node at a time",
@@ -56,9 +56,13 @@ def add_parsers(commands, add_group, examples) -> None:
     p.add_argument("--stop-after", choices=("add", "use"), metavar="STEP",
                    help="stop once every node took STEP (add or use); continue later with --resume")
     p.set_defaults(handler=_cmd_rotate)
-    p = verbs.add_parser("show", help="each node's key ids and the one it sends with",
-                         description="Each node's key ids and the one it sends with (never a secret).",
-                         epilog=examples("pairmq secret show", "pairmq secret show --json"))
+
+
+def add_show_parser(things, add_group, examples) -> None:
+    """`pairmq show secret`, next to `show redundancy`."""
+    p = things.add_parser("secret", help="each node's secret key ids and the one it sends with",
+                          description="Each node's key ids and the one it sends with (never a secret).",
+                          epilog=examples("pairmq show secret", "pairmq show secret --json"))
     add_group(p)
     p.add_argument("--json", action="store_true", help='print {"schema": 1, "group", "nodes": [...]}')
     p.set_defaults(handler=_cmd_show)
@@ -82,7 +86,7 @@ def _fetch(config: GroupConfig, role: Role) -> dict:
     try:
         return get_json(f"{base_url(config, role)}/api/v1/secret", timeout_s=STEP_TIMEOUT_S)
     except ApiError as exc:
-        raise NodeUnreachable(f"the {role.value} node at {base_url(config, role)} did not answer ({exc})") from None
+        raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
 
 
 def _fetch_all(config: GroupConfig) -> dict[Role, dict]:
@@ -187,7 +191,7 @@ def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_af
     try:
         states = _fetch_all(config)
     except NodeUnreachable as exc:
-        hint = "start it and run `pairmq secret rotate --resume`" if resume else "a rotation needs all three nodes"
+        hint = "start it and run `pairmq secret rotate --resume`" if resume else "a rotation needs all three nodes answering"
         raise NodeUnreachable(f"{exc}; {hint}; nothing was changed") from None
     ring, old_id, new_id = _resume(config, states) if resume else _start(config, states, term)
     order = _order(config)
