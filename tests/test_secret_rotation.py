@@ -336,3 +336,66 @@ def test_secret_file_format_errors_are_one_sentence(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="delete it to start from the secret file"):
         Keyring.load(bad)
+
+
+def test_startup_keyring_persisted_wins_unless_the_secret_file_is_newer(tmp_path):
+    from appliance.keyring import startup_keyring
+
+    a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
+    state = tmp_path / "keyring.json"
+    file_old = Keyring({0: a}, 0)
+    assert startup_keyring(file_old, state) == file_old  # nothing persisted: the file
+    mid = Keyring({0: a, 1: b}, 1)
+    mid.save(state)
+    assert startup_keyring(file_old, state) == mid  # a restart mid-rotation keeps its step
+    assert startup_keyring(Keyring({1: b, 0: a}, 0), state) == mid  # same newest key: still the persisted step
+    replaced = Keyring({1: c}, 1)
+    assert startup_keyring(replaced, state) == replaced  # same id, another secret: replaced by hand
+    newer = Keyring({2: c}, 2)
+    assert startup_keyring(newer, state) == newer  # a higher key id: the operator installed a newer secret
+
+
+def test_a_wrapped_secret_opens_only_for_its_node_group_and_key_ids():
+    from appliance.keyring import BadWrap, unwrap, wrap
+
+    ring = Keyring({3: b"k" * 32}, 3)
+    new = os.urandom(32)
+    wrapped = wrap(new, key_id=4, wrapping=ring, group="g", role="backup", nonce=os.urandom(12))
+    assert new.hex() not in json.dumps(wrapped)
+    assert unwrap(wrapped, key_id=4, keyring=ring, group="g", role="backup") == new
+    for kw in ({"key_id": 5}, {"group": "h"}, {"role": "primary"}):
+        args = {"key_id": 4, "keyring": ring, "group": "g", "role": "backup", **kw}
+        with pytest.raises(BadWrap, match="does not authenticate"):
+            unwrap(wrapped, **args)
+    with pytest.raises(BadWrap, match="key id 3, which this node does not hold"):
+        unwrap(wrapped, key_id=4, keyring=Keyring({0: b"k" * 32}, 0), group="g", role="backup")
+    with pytest.raises(BadWrap, match="wrapped must be"):
+        unwrap({"wrap_key_id": 3, "nonce": "zz"}, key_id=4, keyring=ring, group="g", role="backup")
+
+
+def test_handshake_names_its_key_id_and_the_active_accepts_any_key_it_holds():
+    from mate_link.secure import ActiveHandshake, HandshakeFailed, Stage, StandbyHandshake
+
+    old, new = b"o" * 32, b"n" * 32
+
+    def run(standby_ring: Keyring, active_ring: Keyring):
+        standby = StandbyHandshake(standby_ring, "g", B, os.urandom(32))
+        active = ActiveHandshake(active_ring, "g", P, os.urandom(32))
+        active.receive_data(standby.data_to_send())
+        standby.receive_data(active.data_to_send())
+        active.receive_data(standby.data_to_send())
+        return standby, active
+
+    both = Keyring({0: old, 1: new}, 0)
+    for standby_ring in (Keyring({0: old}, 0), Keyring({1: new}, 1), both, Keyring({0: old, 1: new}, 1)):
+        standby, active = run(standby_ring, both)
+        assert standby.stage is active.stage is Stage.ESTABLISHED and active.key_id == standby_ring.send_id
+        assert active.channel is not None and standby.channel is not None
+        frame = standby.channel.seal(b"hello")
+        active.channel.receive_data(frame)
+        assert active.channel.next_frame() == b"hello"
+    with pytest.raises(HandshakeFailed, match="key id 0, which this node does not hold") as refused:
+        run(Keyring({0: old}, 0), Keyring({1: new}, 1))
+    assert refused.value.reason == "bad_proof"
+    with pytest.raises(HandshakeFailed, match="does not verify"):  # same key id, another secret
+        run(Keyring({1: old}, 1), Keyring({1: new}, 1))
