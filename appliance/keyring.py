@@ -21,6 +21,10 @@ Rules:
   ring's newest, or the same id with another secret (an operator replaced the secret by hand). So a
   restart mid-rotation resumes in the step it persisted, and a node whose state was wiped comes back
   with what its secret file says.
+- Each key has a fingerprint: 6 bytes of HKDF(secret, "key-check"), like an HSM's key check value. It
+  says whether two hosts hold the same secret for a key id without revealing it; the API and
+  `pairmq show secret` show it, and the CLI refuses to go on when a node holds another secret under
+  an id the secret file has (two operators rotating from two hosts, or a stale secret file).
 - A new secret crosses the network only wrapped: AES-256-GCM under HKDF(a key the node already holds),
   the associated data binding the group, the receiving role and both key ids, so a wrapped secret cannot
   be replayed to another node, group or key id. A bad tag changes nothing.
@@ -75,6 +79,9 @@ class Keyring:
 
     def view(self) -> dict:
         return {"key_ids": sorted(self.keys), "send_key_id": self.send_id}
+
+    def fingerprints(self) -> dict[str, str]:
+        return {str(k): fingerprint(v) for k, v in sorted(self.keys.items())}
 
     # --- the three steps (each returns self when already done) --------------------------
 
@@ -165,6 +172,12 @@ class Keyring:
         except (AssertionError, KeyError, TypeError, ValueError, AttributeError, ConfigError):
             raise ConfigError(f"keyring {path} has unexpected contents; delete it to start from the secret file") from None
         return cls(keys, send_id)
+
+
+def fingerprint(secret: bytes) -> str:
+    """A key check value: shows whether two secrets are the same, reveals nothing about them."""
+    return HKDF(algorithm=hashes.SHA256(), length=6, salt=b"pairmq-group-secret",
+                info=b"pairmq/key-check/v1").derive(secret).hex()
 
 
 def _ids(keys) -> str:

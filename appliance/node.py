@@ -489,7 +489,7 @@ class Node:
             "event_log": self.events.view(),
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
-            "keyring": self.keys.keyring.view(),  # key ids only, never a secret
+            "keyring": {**self.keys.keyring.view(), "fingerprints": self.keys.keyring.fingerprints()},  # never a secret
             "heartbeat_thread": {"broker_loop_age_ms": now - self.heartbeats.broker_alive_at,
                                  "broker_stall_ms": core.timing.broker_stall_ms,
                                  "max_timer_late_ms": self.heartbeats.max_timer_late_ms,

@@ -1,6 +1,7 @@
 """The management API's secret-rotation endpoints (the steps are appliance/keyring.py's rules).
 
-    GET  /api/v1/secret          this node's key ids and the one it sends with (open: ids are not secret)
+    GET  /api/v1/secret          this node's key ids, their fingerprints and the one it sends with
+                                 (open: neither ids nor fingerprints reveal a secret)
     POST /api/v1/secret/steps    {"step": "add", "key_id": N, "wrapped": {...}}   hold key N too
                                  {"step": "use", "key_id": N}                    send with key N
                                  {"step": "retire", "key_id": N}                 drop key N
@@ -24,7 +25,8 @@ def add_routes(app: web.Application) -> None:
 
 
 def _view(node) -> dict:
-    return {"role": node.role.value, **node.keys.keyring.view()}
+    ring = node.keys.keyring
+    return {"role": node.role.value, **ring.view(), "fingerprints": ring.fingerprints()}
 
 
 async def _show(request: web.Request) -> web.Response:

@@ -119,12 +119,18 @@ def _cmd_show(args, term: Terminal) -> int:
     if args.json:
         term.print_json({"schema": 1, "group": config.name, "nodes": nodes})
         return 0
+    try:
+        mine = _read_file(config).fingerprints()
+        term.note(f"{config.secret_file}: key ids " + ", ".join(f"{kid} ({fp})" for kid, fp in mine.items()))
+    except ConfigError as exc:
+        term.note(f"this host's secret file cannot be read ({exc})")
     table = Table(title=f"group {config.name}: secret key ids")
-    for column in ("node", "key ids", "sends with"):
+    for column in ("node", "key ids (fingerprint)", "sends with"):
         table.add_column(column)
     for n in nodes:
         if n["reachable"]:
-            table.add_row(n["role"], ", ".join(map(str, n["key_ids"])), str(n["send_key_id"]))
+            table.add_row(n["role"], ", ".join(f"{kid} ({fp})" for kid, fp in n["fingerprints"].items()),
+                          str(n["send_key_id"]))
         else:
             table.add_row(n["role"], "unreachable", "-")
     term.print_table(table)
@@ -162,6 +168,7 @@ def _start(config: GroupConfig, states: dict[Role, dict], term: Terminal) -> tup
                           f"{', '.join(map(str, sorted(ring.keys)))}: a rotation is under way; finish it with "
                           "`pairmq secret rotate --resume`")
     old_id = ring.send_id
+    _same_secrets(config, ring, states)
     for role, state in states.items():
         if state["key_ids"] != [old_id]:
             raise ConfigError(f"the {role.value} holds key ids {', '.join(map(str, state['key_ids']))}, the secret "
@@ -184,7 +191,19 @@ def _resume(config: GroupConfig, states: dict[Role, dict]) -> tuple[Keyring, int
             raise ConfigError(f"there is no rotation to resume: every node holds only key id {ring.send_id}")
         raise ConfigError(f"the secret file {config.secret_file} holds only key id {ring.send_id} but the nodes "
                           f"hold key ids {', '.join(map(str, sorted(held)))}; rotation cannot resume from this file")
+    _same_secrets(config, ring, states)
     return ring, min(ring.keys), max(ring.keys)
+
+
+def _same_secrets(config: GroupConfig, ring: Keyring, states: dict[Role, dict]) -> None:
+    """Every key id a node shares with the secret file must be the same secret (by fingerprint)."""
+    ours = ring.fingerprints()
+    for role, state in states.items():
+        for kid, theirs in state["fingerprints"].items():
+            if kid in ours and ours[kid] != theirs:
+                raise ConfigError(f"the {role.value} holds key id {kid} with another secret (fingerprint {theirs}) "
+                                  f"than {config.secret_file} (fingerprint {ours[kid]}): a rotation from another "
+                                  "host, or a stale secret file; nothing was changed")
 
 
 def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_after: str | None = None) -> int:

@@ -133,15 +133,15 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
         assert "rotation done" in result.stderr
 
         after = {r: view(g, r) for r in Role}
+        new = file_ring(g)
         for r in Role:
             assert after[r]["epoch"] == before[r]["epoch"], f"{r.value}: the epoch moved"
             assert after[r]["active_role"] == "primary", f"{r.value}: activity moved"
-            assert after[r]["keyring"] == {"key_ids": [1], "send_key_id": 1}
+            assert after[r]["keyring"] == {"key_ids": [1], "send_key_id": 1, "fingerprints": new.fingerprints()}
             assert after[r]["rejected_heartbeats"]["bad_mac"] == 0, after[r]["rejected_heartbeats"]
             assert after[r]["accepted_heartbeats"] > before[r]["accepted_heartbeats"]
         assert moves(g) == moved, "a rotation must not activate or step down anyone"
         assert 0 < during < 1500
-        new = file_ring(g)
         assert new.view() == {"key_ids": [1], "send_key_id": 1} and new.keys[1] != old.keys[0]
         assert (g.dir / "secret").stat().st_mode & 0o777 == 0o600
         for r in Role:
@@ -172,7 +172,7 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
         g.wait_for("the primary and monitor to reject the old-secret backup's heartbeats",
                    lambda: bad_macs(g)[P] > 0 and bad_macs(g)[M] > 0, timeout_s=20)
         g.wait_for("the old-secret backup to reject theirs", lambda: bad_macs(g)[B] > 0, timeout_s=20)
-        assert view(g, B)["keyring"] == {"key_ids": [0], "send_key_id": 0}
+        assert view(g, B)["keyring"] == {"key_ids": [0], "send_key_id": 0, "fingerprints": old.fingerprints()}
         assert not any(p["seen"] for p in view(g, B)["peers"]), "nobody may accept the old secret"
         assert view(g, P)["active_role"] == "primary" and g.probe_once()[P] == 0
         # It never learns who is active, so it never dials: dial the active's mate link and config-sync
@@ -187,7 +187,7 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
         g.start(B)
         g.wait_for("the new-secret backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
         g.wait_for("the new-secret backup to be in sync", lambda: view(g, B)["in_sync"], timeout_s=20)
-        assert view(g, B)["keyring"] == {"key_ids": [1], "send_key_id": 1}
+        assert view(g, B)["keyring"] == {"key_ids": [1], "send_key_id": 1, "fingerprints": new.fingerprints()}
         assert moves(g)[P] == moved[P], "the primary stayed active throughout"
 
 
@@ -275,6 +275,21 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
         assert got == 400 and "does not authenticate" in reply["error"], reply
         unchanged()
 
+        # Another host's rotation gave the backup another key id 1: this host's two-key file does not match it.
+        theirs = wrap(os.urandom(32), key_id=1, wrapping=ring, group="test", role="backup", nonce=os.urandom(12))
+        assert api(g, B, steps, {"step": "add", "key_id": 1, "wrapped": theirs}, token)[0] == 200
+        result = cli(g, "rotate")
+        assert result.returncode == 1 and "the backup holds key ids 0, 1" in result.stderr, result.stderr
+        ours = Keyring({0: ring.keys[0], 1: os.urandom(32)}, 0)
+        (g.dir / "secret").write_text(ours.to_text())
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 1 and "the backup holds key id 1 with another secret" in result.stderr
+        assert "nothing was changed" in result.stderr and file_ring(g) == ours
+        assert keys_of(g, P) == ([0], 0) and keys_of(g, M) == ([0], 0)
+        assert api(g, B, steps, {"step": "retire", "key_id": 1}, token)[0] == 200  # undo the other host's step
+        (g.dir / "secret").write_text(ring.to_text())
+        unchanged()
+
         # Rotation while a node is unreachable: refused up front, nothing written anywhere.
         g.kill(M)
         result = cli(g, "rotate")
@@ -284,16 +299,18 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
                                  "changed\n"), result.stderr
         assert "nothing was changed" in result.stderr
         unchanged((P, B))
+        fp = ring.fingerprints()["0"]
         shown = show_secret(g)
         assert shown.returncode == 0 and shown.stdout == (
-            "      group test: secret key ids      \n"
-            "┏━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━━━━┓\n"
-            "┃ node    ┃ key ids     ┃ sends with ┃\n"
-            "┡━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━━━┩\n"
-            "│ primary │ 0           │ 0          │\n"
-            "│ backup  │ 0           │ 0          │\n"
-            "│ monitor │ unreachable │ -          │\n"
-            "└─────────┴─────────────┴────────────┘\n"), shown.stdout
+            "           group test: secret key ids           \n"
+            "┏━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━┓\n"
+            "┃ node    ┃ key ids (fingerprint) ┃ sends with ┃\n"
+            "┡━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━┩\n"
+            f"│ primary │ 0 ({fp})      │ 0          │\n"
+            f"│ backup  │ 0 ({fp})      │ 0          │\n"
+            "│ monitor │ unreachable           │ -          │\n"
+            "└─────────┴───────────────────────┴────────────┘\n"), shown.stdout
+        assert shown.stderr == f"{g.dir / 'secret'}: key ids 0 ({fp})\n"
         result = cli(g, "rotate", "--resume")
         assert result.returncode == 1 and "nothing was changed" in result.stderr
         unchanged((P, B))
