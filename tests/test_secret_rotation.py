@@ -148,6 +148,11 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
             state = g.config.node(r).data_dir / "keyring.json"
             assert state.stat().st_mode & 0o777 == 0o600 and Keyring.load(state) == new
         assert old.keys[0].hex() not in result.stdout + result.stderr, "the secret is never printed"
+        for r in Role:  # each node logged its three steps, and never a secret
+            logged = [e for e in g.events(r) if e["event"] == "secret_rotation_step"]
+            assert [(e["step"], e["key_id"], e["send_key_id"]) for e in logged] == [
+                ("add", 1, 0), ("use", 1, 1), ("retire", 0, 1)], logged
+            assert not any(k.hex() in json.dumps(logged) for k in (old.keys[0], new.keys[1]))
 
         # The mate link and config-sync re-handshake with the new key: restart the backup (kill -9).
         g.kill(B)
@@ -416,3 +421,35 @@ def test_handshake_names_its_key_id_and_the_active_accepts_any_key_it_holds():
     assert refused.value.reason == "bad_proof"
     with pytest.raises(HandshakeFailed, match="does not verify"):  # same key id, another secret
         run(Keyring({1: old}, 1), Keyring({1: new}, 1))
+
+
+def test_a_refusal_mid_step_stops_there_and_the_group_keeps_working(tmp_path):
+    from appliance.keyring import wrap
+
+    with active_group(tmp_path / "group") as g:
+        ring = file_ring(g)
+        token = management_token(ring.send_secret)
+        # The backup holds a stray key id 2 (say, a half-done rotation from another host): it cannot take a third.
+        stray = wrap(os.urandom(32), key_id=2, wrapping=ring, group="test", role="backup", nonce=os.urandom(12))
+        assert api(g, B, "/api/v1/secret/steps", {"step": "add", "key_id": 2, "wrapped": stray}, token)[0] == 200
+        two = Keyring({0: ring.keys[0], 1: os.urandom(32)}, 0)
+        (g.dir / "secret").write_text(two.to_text())
+        epoch, moved = view(g, P)["epoch"], moves(g)
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 1
+        assert result.stderr.splitlines()[-1] == (
+            "error: step 1/3 (add) failed on the backup: this node already holds key ids 0, 2; finish the rotation "
+            "under way with `pairmq secret rotate --resume` first; the group keeps working on the keys it holds; "
+            "run `pairmq secret rotate --resume`"), result.stderr
+        assert "step 1/3 (add key id 1): monitor: done" in result.stderr
+        assert keys(g) == {M: ([0, 1], 0), B: ([0, 2], 0), P: ([0], 0)}, "stopped at the backup, the active untouched"
+        assert view(g, P)["epoch"] == epoch and moves(g) == moved and g.probe_once()[P] == 0
+        assert bad_macs(g) == {P: 0, B: 0, M: 0}
+        # The operator clears the stray key and resumes: the monitor's step is skipped, the rest done.
+        assert api(g, B, "/api/v1/secret/steps", {"step": "retire", "key_id": 2}, token)[0] == 200
+        result = cli(g, "rotate", "--resume")
+        assert result.returncode == 0, result.stderr
+        assert "step 1/3 (add key id 1): monitor: already done" in result.stderr
+        assert keys(g) == {r: ([1], 1) for r in Role} and file_ring(g).keys == {1: two.keys[1]}
+        assert view(g, P)["epoch"] == epoch and moves(g) == moved
+        assert bad_macs(g) == {P: 0, B: 0, M: 0}
