@@ -35,7 +35,7 @@ from .config import GroupConfig, load_keyring
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
-from .keyring import STATE_FILE, CurrentKeyring, Keyring, startup_keyring
+from .keyring import STATE_FILE, CurrentKeyring, startup_keyring
 from .management import ManagementServer
 from .planned_handover import HandoverRunner
 from .quorum.auth import HeartbeatAuth
@@ -403,7 +403,7 @@ class Node:
         if kind in ("client_accepted", "client_refused", "bad_packet"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
-    # --- the group secret (rotation steps: appliance/secret_api.py) ----------------------
+    # --- the group secret (rotation steps: appliance/secret_api.py install_keyring) -------
 
     @property
     def management_token(self) -> str:
@@ -412,25 +412,6 @@ class Node:
     def management_tokens(self) -> list[str]:
         """Changes are accepted with the token of any key this node holds (a rotation holds two)."""
         return [management_token(s) for s in self.keys.keys.values()]
-
-    def install_keyring(self, new: Keyring, step: str, key_id: int) -> None:
-        """Persist first (a restart resumes in this step), then heartbeats and the next link handshakes use it."""
-        old = self.keys.keyring
-        if new == old:
-            return
-        new.save(self.keyring_path)
-        with self.heartbeats.lock:
-            auth = self.core.auth
-            for kid, secret in new.keys.items():
-                if old.keys.get(kid) != secret:
-                    auth.add_key(kid, secret)
-            auth.send_key_id = new.send_id
-            for kid in old.keys.keys() - new.keys.keys():
-                auth.retire_key(kid)
-            self.keys.keyring = new
-        log.warning("%s: group secret: %s key id %d; holds key ids %s, sends with %d", self.role.value, step, key_id,
-                    sorted(new.keys), new.send_id)
-        self.events.write("secret_rotation_step", step=step, key_id=key_id, **new.view())
 
     # --- views --------------------------------------------------------------------
 

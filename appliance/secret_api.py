@@ -13,10 +13,13 @@ node's keyring refuses is 409; either way one sentence and nothing changed.
 from __future__ import annotations
 
 import json
+import logging
 
 from aiohttp import web
 
-from .keyring import MAX_KEY_ID, STEPS, BadWrap, KeyringRefused, unwrap
+from .keyring import MAX_KEY_ID, STEPS, BadWrap, Keyring, KeyringRefused, unwrap
+
+log = logging.getLogger("pairmq.node")
 
 
 def add_routes(app: web.Application) -> None:
@@ -68,5 +71,25 @@ async def _step(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     except KeyringRefused as exc:
         return _error(409, str(exc))
-    node.install_keyring(new, step, key_id)
+    install_keyring(node, new, step, key_id)
     return web.json_response({**_view(node), "changed": new != current})
+
+
+def install_keyring(node, new: Keyring, step: str, key_id: int) -> None:
+    """Persist first (a restart resumes in this step), then heartbeats and the next link handshakes use it."""
+    old = node.keys.keyring
+    if new == old:
+        return
+    new.save(node.keyring_path)
+    with node.heartbeats.lock:
+        auth = node.core.auth
+        for kid, secret in new.keys.items():
+            if old.keys.get(kid) != secret:
+                auth.add_key(kid, secret)
+        auth.send_key_id = new.send_id
+        for kid in old.keys.keys() - new.keys.keys():
+            auth.retire_key(kid)
+        node.keys.keyring = new
+    log.warning("%s: group secret: %s key id %d; holds key ids %s, sends with %d", node.role.value, step, key_id,
+                sorted(new.keys), new.send_id)
+    node.events.write("secret_rotation_step", step=step, key_id=key_id, **new.view())
