@@ -93,3 +93,20 @@ def install_keyring(node, new: Keyring, step: str, key_id: int) -> None:
     log.warning("%s: group secret: %s key id %d; holds key ids %s, sends with %d", node.role.value, step, key_id,
                 sorted(new.keys), new.send_id)
     node.events.write("secret_rotation_step", step=step, key_id=key_id, **new.view())
+    _close_links_keyed_with(node, old.keys.keys() - new.keys.keys())
+
+
+def _close_links_keyed_with(node, retired: set[int]) -> None:
+    """A link's session keys come from the key its handshake used: once that key is retired, the link is cut
+    and redialled under the current key, so a leaked old secret cannot read or forge it any longer."""
+    links = []
+    if node.replication is not None:
+        links += [("mate link", node.replication.active.conn),
+                  ("mate link", node.replication.standby.conn if node.replication.standby is not None else None)]
+    if node.configuration is not None:
+        links += [("config-sync", node.configuration.sync.conn), ("config-sync", node.configuration.sync._follow_conn)]
+    for name, conn in links:
+        if conn is not None and not conn.closed and conn.handshake.key_id in retired:
+            log.warning("%s: closing the %s keyed with retired key id %d; it reconnects with key id %d",
+                        node.role.value, name, conn.handshake.key_id, node.keys.send_id)
+            conn.close(f"its key id {conn.handshake.key_id} was retired")

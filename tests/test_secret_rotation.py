@@ -154,7 +154,14 @@ def test_rotation_under_qos1_traffic_never_moves_activity_and_old_secret_is_refu
                 ("add", 1, 0), ("use", 1, 1), ("retire", 0, 1)], logged
             assert not any(k.hex() in json.dumps(logged) for k in (old.keys[0], new.keys[1]))
 
-        # The mate link and config-sync re-handshake with the new key: restart the backup (kill -9).
+        # Links keyed with the retired key were cut and redialled with the new one (the backup retires first).
+        backup_log = (g.dir / "backup.log").read_text()
+        for name in ("mate link", "config-sync"):
+            assert f"backup: closing the {name} keyed with retired key id 0; it reconnects with key id 1" in backup_log
+        g.wait_for("the backup to be in sync again", lambda: view(g, B)["in_sync"] and g.config_in_sync(), timeout_s=20)
+        reply = change(g, P, {"kind": "limits.set", "name": "session_queue_max_messages", "value": 1234})
+        assert reply["confirmed_by_standby"] is True, reply
+        # And again after a restart of the backup (kill -9): its new handshakes use key id 1.
         g.kill(B)
         g.start(B)
         g.wait_for("the restarted backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
