@@ -303,7 +303,14 @@ def _check_keys(table: dict, allowed: set[str], where: str) -> None:
 
 
 def load_secret(config: GroupConfig) -> bytes:
-    """The group secret: a systemd credential if one is passed, else the secret file."""
+    """The group secret we send with: a systemd credential if one is passed, else the secret file."""
+    return load_keyring(config).send_secret
+
+
+def load_keyring(config: GroupConfig):
+    """The secret file's (or credential's) keyring: one key, or two during a rotation (appliance/keyring.py)."""
+    from .keyring import Keyring
+
     cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
     path = Path(cred_dir) / CREDENTIAL_NAME if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).exists() else config.secret_file
     try:
@@ -315,13 +322,7 @@ def load_secret(config: GroupConfig) -> bytes:
         raise ConfigError(f"cannot read group secret {path}: {exc}") from None
     if path == config.secret_file and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"group secret {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); run chmod 600 {path}")
-    try:
-        secret = bytes.fromhex(text)
-    except ValueError:
-        raise ConfigError(f"group secret {path} must be hex digits") from None
-    if len(secret) < 16:
-        raise ConfigError(f"group secret {path} is too short ({len(secret)} bytes; at least 16)")
-    return secret
+    return Keyring.from_text(text, str(path))
 
 
 def write_secret(path: Path) -> None:

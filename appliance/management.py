@@ -46,6 +46,9 @@ def build_app(node) -> web.Application:
     app.router.add_get("/api/v1/config", _config)
     app.router.add_get("/api/v1/config/document", _config_document)
     app.router.add_post("/api/v1/config/changes", _config_changes)
+    from .secret_api import add_routes as add_secret_routes
+
+    add_secret_routes(app)
     return app
 
 
@@ -205,8 +208,10 @@ async def _config_changes(request: web.Request) -> web.Response:
 
 
 def _authorized(request: web.Request, token: str) -> bool:
+    """The bearer token of any key the node holds (two during a secret rotation), else `token`."""
     header = request.headers.get("Authorization", "")
-    return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+    tokens = getattr(request.app["node"], "management_tokens", lambda: [token])()
+    return header.startswith("Bearer ") and any(hmac.compare_digest(header[7:].encode(), t.encode()) for t in tokens)
 
 
 class ManagementServer:

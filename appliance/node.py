@@ -31,10 +31,11 @@ import signal
 import time
 
 from . import sd_notify
-from .config import GroupConfig, load_secret
+from .config import GroupConfig, load_keyring
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
+from .keyring import STATE_FILE, CurrentKeyring, startup_keyring
 from .management import ManagementServer
 from .planned_handover import HandoverRunner
 from .quorum.auth import HeartbeatAuth
@@ -73,11 +74,13 @@ class Node:
         self.role = role
         self.spec = config.node(role)
         self.spec.data_dir.mkdir(parents=True, exist_ok=True)
-        secret = load_secret(config)
-        self.management_token = management_token(secret)
+        # The persisted keyring wins over the secret file unless the file is newer (appliance/keyring.py).
+        self.keyring_path = self.spec.data_dir / STATE_FILE
+        secret = self.keys = CurrentKeyring(startup_keyring(load_keyring(config), self.keyring_path))
         self.events = EventLog(self.spec.data_dir / "events", role.value, config.events)
         self.store = FileStore(self.spec.data_dir / "quorum.json")
-        self.core = QuorumCore(role, HeartbeatAuth(secret, config.name, role), Timing.from_timers(config.timers),
+        self.core = QuorumCore(role, HeartbeatAuth(secret.keys, config.name, role, send_key_id=secret.send_id),
+                               Timing.from_timers(config.timers),
                                self.store, now_ms())
         self.core.auto_revert = config.auto_revert
         self.handovers = HandoverRunner(self)
@@ -400,6 +403,16 @@ class Node:
         if kind in ("client_accepted", "client_refused", "bad_packet"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
+    # --- the group secret (rotation steps: appliance/secret_api.py install_keyring) -------
+
+    @property
+    def management_token(self) -> str:
+        return management_token(self.keys.keyring.send_secret)
+
+    def management_tokens(self) -> list[str]:
+        """Changes are accepted with the token of any key this node holds (a rotation holds two)."""
+        return [management_token(s) for s in self.keys.keys.values()]
+
     # --- views --------------------------------------------------------------------
 
     def activity_label(self, now: int) -> str:
@@ -458,6 +471,7 @@ class Node:
             "event_log": self.events.view(),
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
+            "keyring": {**self.keys.keyring.view(), "fingerprints": self.keys.keyring.fingerprints()},  # never a secret
             "heartbeat_thread": {"broker_loop_age_ms": now - self.heartbeats.broker_alive_at,
                                  "broker_stall_ms": core.timing.broker_stall_ms,
                                  "max_timer_late_ms": self.heartbeats.max_timer_late_ms,

@@ -87,6 +87,9 @@ def build_parser() -> Parser:
     from .analytics_cmd import add_parsers as _analytics_parsers
 
     _analytics_parsers(commands, _examples)
+    from .secret_cmd import add_parsers as _secret_parsers
+
+    _secret_parsers(commands, _add_group, _examples)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 
@@ -170,6 +173,9 @@ def _show_parser(commands) -> None:
     _add_group(c)
     c.set_defaults(handler=_cmd_show_config_sync)
     p.set_defaults(handler=_cmd_show_redundancy)
+    from .secret_cmd import add_show_parser as _secret_show_parser
+
+    _secret_show_parser(things, _add_group, _examples)
 
 
 def _redundancy_parser(commands) -> None:

@@ -5,10 +5,12 @@ Rules:
   HMAC-SHA256 under a key derived from the secret (HKDF, bound to the group name and this
   protocol's version), over a transcript of everything sent so far, labelled by direction so a
   proof cannot be reflected back.
-    standby → active   HELLO     magic, version, group, role, nonce_s (32 random bytes)
+    standby → active   HELLO     magic, version, group, role, key id, nonce_s (32 random bytes)
     active  → standby  CHALLENGE role, nonce_a, proof_a = HMAC(k, "active"  || H(HELLO || CHALLENGE-so-far))
     standby → active   PROOF     proof_s = HMAC(k, "standby" || H(HELLO || CHALLENGE))
-  The active proves first, so a standby never sends a proof to a stranger. Fresh nonces on both
+  The key id names which group secret the standby uses (appliance/keyring.py: two are held during a
+  rotation); the active uses that one if it holds it, else refuses (bad_proof, "unknown key id"). The
+  id is in the transcript, so it cannot be changed on the way. The active proves first, so a standby never sends a proof to a stranger. Fresh nonces on both
   sides make every proof single-use: a recorded handshake replays into nothing.
 - Each side accepts only its mate's role (primary ↔ backup) in its own group; a foreign group,
   another role, a wrong proof or a malformed message ends the handshake with `HandshakeFailed`
@@ -37,7 +39,7 @@ from appliance.errors import RemoteProtocolError
 from appliance.roles import Role
 
 MAGIC = b"PMQL"
-VERSION = 1
+VERSION = 2  # 2: the HELLO names its key id
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 MAX_GROUP_BYTES = 255
@@ -89,10 +91,21 @@ def _framed(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-class Handshake:
-    """What both ends share: buffering of length-prefixed handshake messages and the outcome."""
+def _key_set(secret) -> tuple[dict[int, bytes], int]:
+    """A bare secret is key id 0; a keyring (appliance/keyring.py) is read as it stands now."""
+    if isinstance(secret, bytes):
+        return {0: secret}, 0
+    return dict(secret.keys), secret.send_id
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+
+class Handshake:
+    """What both ends share: buffering of length-prefixed handshake messages and the outcome.
+
+    `secret` is a bare secret (key id 0) or a keyring: the standby sends with its keyring's send key,
+    the active accepts any key its keyring holds when the HELLO arrives.
+    """
+
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
         if me not in _ROLE_CODES:
             raise ValueError(f"only primary and backup have a mate link, not {me.value}")
         if len(nonce) != NONCE_BYTES:
@@ -104,7 +117,9 @@ class Handshake:
         self.nonce = nonce
         self.stage = Stage.WAITING
         self.channel: SecureChannel | None = None
-        self._key = _auth_key(secret, group, purpose)  # config-sync (8302) uses the same handshake, other keys
+        self._secrets, self.key_id = _key_set(secret)
+        self._purpose = purpose  # config-sync (8302) uses the same handshake, other keys
+        self._key = _auth_key(self._secrets[self.key_id], group, purpose)
         self._in = bytearray()
         self._out = bytearray()
 
@@ -161,10 +176,10 @@ class Handshake:
 class StandbyHandshake(Handshake):
     """The connecting side (the standby dials the active)."""
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
         super().__init__(secret, group, me, nonce, purpose)
         g = group.encode()
-        self._hello = MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me]]) + nonce
+        self._hello = MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me], self.key_id]) + nonce
         self._out += _framed(self._hello)
 
     def _on_message(self, body: bytes) -> None:
@@ -183,7 +198,7 @@ class StandbyHandshake(Handshake):
 class ActiveHandshake(Handshake):
     """The accepting side. Established once the standby's PROOF verifies."""
 
-    def __init__(self, secret: bytes, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
         super().__init__(secret, group, me, nonce, purpose)
         self._hello: bytes | None = None
         self._challenge = b""
@@ -205,7 +220,7 @@ class ActiveHandshake(Handshake):
         version, glen = body[4], body[5]
         if version != VERSION:
             self._fail("malformed", f"mate link version {version}, we speak {VERSION}")
-        if len(body) != 6 + glen + 1 + NONCE_BYTES:
+        if len(body) != 6 + glen + 2 + NONCE_BYTES:
             self._fail("malformed", f"a {len(body)}-byte HELLO")
         try:
             group = body[6:6 + glen].decode()
@@ -214,6 +229,12 @@ class ActiveHandshake(Handshake):
         if group != self.group:
             self._fail("foreign_group", f"group {group!r}, ours is {self.group!r}")
         self.peer = self._peer_role(body[6 + glen])
+        key_id = body[6 + glen + 1]
+        if key_id not in self._secrets:
+            self._fail("bad_proof", f"the standby uses key id {key_id}, which this node does not hold "
+                                    f"(it holds {', '.join(map(str, sorted(self._secrets)))})")
+        self.key_id = key_id
+        self._key = _auth_key(self._secrets[key_id], self.group, self._purpose)
         self._hello = body
         head = bytes([_ROLE_CODES[self.me]]) + self.nonce
         self._challenge = head + _proof(self._key, b"active", body + head)

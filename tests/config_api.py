@@ -14,12 +14,14 @@ from appliance.roles import Role
 from configsync.document import ConfigDocument
 
 
-def call(g, role: Role, path: str, body: dict | None = None, *, token: bool = True) -> tuple[int, dict]:
+def call(g, role: Role, path: str, body: dict | None = None, *, token: bool | str = True) -> tuple[int, dict]:
+    """`token`: True for the secret file's management token, a string for that one, False for none."""
     url = f"http://{g.config.node(role).address}:{g.config.ports.management}{path}"
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
     if token:
-        request.add_header("Authorization", f"Bearer {management_token(load_secret(g.config))}")
+        bearer = token if isinstance(token, str) else management_token(load_secret(g.config))
+        request.add_header("Authorization", f"Bearer {bearer}")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.load(response)
