@@ -1,0 +1,273 @@
+"""The virtual IP with real node processes in network namespaces (issue 6).
+
+Each node is its own host (tests/netns.py); the VIP 10.77.0.100/24 lives on eth0 of whichever
+routing host is active. A paho client in the client host knows only the VIP (tests/vip_client.py).
+
+Throughout each test a sampler reads both routing hosts' addresses with pyroute2 every ~10 ms and
+records any instant at which both held the VIP. One sample reads primary, backup, primary: a
+both-held sample needs the primary's address before and after the backup's, so a clean hand-off
+between two reads is never mistaken for an overlap.
+
+How a dead host counts: a node killed -9 leaves the VIP on its host's interface (the kernel even
+answers ARP for it). That host serves nobody, so from the kill until its address is gone it is
+not counted as a holder. The address goes when the host's node restarts (as systemd's
+Restart=on-failure does): the restarted node removes it before anything else, which the test
+checks in its event log. Meanwhile the gratuitous ARPs of the new holder are what move the
+client: its neighbour entry for the VIP gets the new holder's MAC although the dead host still
+answers for the address.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from pyroute2 import IPRoute
+
+from appliance.config import Timers, VipConfig
+from appliance.roles import Role
+from tests.group import REPO, Group
+from tests.netns import hosts  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.netns, pytest.mark.processes]
+P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
+VIP = "10.77.0.100"
+VIP_CONFIG = VipConfig(VIP, 24, {P: "eth0", B: "eth0"}, arp_count=3, arp_interval_ms=200)
+SETTLE_S = 3 * (Timers().lease_ms + Timers().takeover_margin_ms) / 1000
+
+
+class VipSampler(threading.Thread):
+    """Who holds the VIP, every ~10 ms, from the routing hosts' own address lists."""
+
+    def __init__(self, hosts, interval_s: float = 0.01) -> None:  # noqa: F811
+        super().__init__(daemon=True)
+        self.names = {h: hosts.netns_name(h) for h in ("primary", "backup")}
+        self.interval_s = interval_s
+        self.samples: list[tuple[int, frozenset[str]]] = []
+        self.overlaps: list[str] = []
+        self.dead: set[str] = set()
+        self.revived: list[tuple[int, str]] = []  # (ms, host): a dead host's address seen gone
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._started = threading.Event()
+
+    def mark_dead(self, host: str) -> None:
+        """`host`'s node is about to be killed: its leftover address does not count until it is gone."""
+        with self._lock:
+            self.dead.add(host)
+
+    def holders(self) -> frozenset[str]:
+        with self._lock:
+            return self.samples[-1][1] if self.samples else frozenset()
+
+    def run(self) -> None:
+        iprs = {}
+        try:
+            for host, name in self.names.items():  # pyroute2 objects stay on the thread that made them
+                iprs[host] = IPRoute(netns=name, flags=0)
+            self._started.set()
+            while not self._halt.is_set():
+                first_p = _holds(iprs["primary"])
+                b = _holds(iprs["backup"])
+                second_p = _holds(iprs["primary"])
+                now = time.monotonic_ns() // 1_000_000
+                held = frozenset(h for h, yes in (("primary", first_p and second_p), ("backup", b)) if yes)
+                seen = frozenset(h for h, yes in (("primary", first_p or second_p), ("backup", b)) if yes)
+                with self._lock:
+                    for host in list(self.dead):
+                        if host not in seen:
+                            self.dead.discard(host)
+                            self.revived.append((now, host))
+                    if len(held - self.dead) > 1:
+                        self.overlaps.append(f"at {now} ms both {', '.join(sorted(held))} held {VIP}")
+                    self.samples.append((now, seen))
+                self._halt.wait(self.interval_s)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+            self._started.set()
+        finally:
+            for ipr in iprs.values():
+                ipr.close()
+
+    def begin(self) -> VipSampler:
+        self.start()
+        assert self._started.wait(10), "the VIP sampler did not start"
+        return self
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join(10)
+        assert self.error is None, f"the VIP sampler failed: {self.error!r}"
+        assert len(self.samples) > 100, f"only {len(self.samples)} samples"
+        assert self.overlaps == [], self.overlaps[:5]
+
+    def wait_holders(self, expected: set[str], timeout_s: float = 10) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.holders() == frozenset(expected):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the VIP is held by {sorted(self.holders())}, not {sorted(expected)}")
+
+
+def _holds(ipr) -> bool:
+    return any(m.get_attr("IFA_LOCAL") == VIP for m in ipr.get_addr(family=2))
+
+
+class VipClient:
+    """tests/vip_client.py in the client host; its JSON lines collected as they come."""
+
+    def __init__(self, hosts) -> None:  # noqa: F811
+        self.proc = hosts.popen("client", [sys.executable, "-m", "tests.vip_client", "--host", VIP], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.lines: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def echoes_after(self, ms: int) -> int:
+        return sum(1 for e in list(self.lines) if e["ev"] == "echo" and e["ms"] > ms)
+
+    def wait_echoes(self, count: int, after_ms: int, what: str, group: Group, timeout_s: float = 20) -> None:
+        group.wait_for(f"{count} echoes through the VIP {what}", lambda: self.echoes_after(after_ms) >= count,
+                       timeout_s=timeout_s)
+
+    def wait_reconnected(self, after_ms: int, group: Group, timeout_s: float = 20) -> int:
+        """When the client, having lost its connection after `after_ms`, was accepted again."""
+        def reconnected():
+            lines = [e for e in list(self.lines) if e["ms"] > after_ms]
+            lost = next((i for i, e in enumerate(lines) if e["ev"] == "disconnected"), None)
+            if lost is None:
+                return None
+            return next((e["ms"] for e in lines[lost:] if e["ev"] == "connected" and e["rc"] == 0), None)
+
+        return group.wait_for("the client to reconnect to the VIP", reconnected, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def group(hosts, tmp_path):  # noqa: F811
+    addresses = {r: hosts.address(r.value) for r in Role}
+    with Group(tmp_path / "group", addresses, hosts=hosts, vip=VIP_CONFIG) as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=20)
+        g.wait_for("the primary to announce the VIP", lambda: events(g, P, "vip_announced"), timeout_s=10)
+        yield g
+        assert g.accept_order_violations() == []
+
+
+def events(group: Group, role: Role, kind: str, after_ms: int = 0) -> list[dict]:
+    return [e for e in group.events(role) if e["event"] == kind and e["mono_ms"] > after_ms]
+
+
+def mac(hosts, host: str) -> str:  # noqa: F811
+    out = hosts.run(host, ["ip", "-j", "link", "show", "eth0"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)[0]["address"]
+
+
+def client_neighbour(hosts) -> str | None:  # noqa: F811
+    """The MAC the client host's ARP table holds for the VIP (None: no entry)."""
+    out = hosts.run("client", ["ip", "-j", "neigh", "show", VIP], capture_output=True, text=True, check=True).stdout
+    entries = [e for e in json.loads(out or "[]") if "lladdr" in e]
+    return entries[0]["lladdr"] if entries else None
+
+
+def accepted_client(group: Group, role: Role, after_ms: int) -> bool:
+    return any(e["client_id"] == "vip-client" and e["peer"].startswith("10.77.0.10:")
+               for e in events(group, role, "client_accepted", after_ms))
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts):  # noqa: F811
+    sampler = VipSampler(hosts).begin()
+    client = VipClient(hosts)
+    try:
+        sampler.wait_holders({"primary"})
+        client.wait_echoes(10, 0, "to the primary", group)
+        assert accepted_client(group, P, 0)
+        assert client_neighbour(hosts) == mac(hosts, "primary")
+
+        sampler.mark_dead("primary")
+        killed_at = now_ms()
+        group.kill(P)
+        group.wait_for("the backup to take over", lambda: group.decisions(B, "activate"), timeout_s=10)
+        group.wait_for("the backup to announce the VIP", lambda: events(group, B, "vip_announced"), timeout_s=10)
+        back_at = client.wait_reconnected(killed_at, group)
+        client.wait_echoes(10, back_at, "to the backup", group)
+        assert accepted_client(group, B, killed_at)
+        # The dead primary's host still holds the address and would answer ARP for it: the client moved
+        # because the backup's gratuitous ARPs rewrote its neighbour entry.
+        assert sampler.holders() == {"primary", "backup"}
+        assert client_neighbour(hosts) == mac(hosts, "backup")
+
+        restarted_at = now_ms()
+        group.start(P)  # what systemd's Restart=on-failure does
+        sampler.wait_holders({"backup"})
+        assert [h for _, h in sampler.revived] == ["primary"]
+        # The restarted node removed the leftover address before it did anything else.
+        since = [e for e in group.events(P) if e["mono_ms"] >= restarted_at]
+        first = next(e for e in since if e["event"] in ("vip_removed", "redundancy_decision", "client_accepted"))
+        assert first["event"] == "vip_removed", since[:5]
+        assert first["why"] == "left by an earlier run of this node (removed at start-up)"
+        group.wait_for("the restarted primary to answer as a standby", lambda: group.probe_once() == {P: 3, B: 0},
+                       timeout_s=20)
+        time.sleep(SETTLE_S)
+        assert sampler.holders() == {"backup"}, "the restarted standby must not take the VIP"
+        client.wait_echoes(5, now_ms(), "to the backup after the primary's restart", group)
+    finally:
+        client.close()
+        sampler.finish()
+    print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
+
+
+def test_release_activity_moves_the_vip_without_overlap(group, hosts):  # noqa: F811
+    sampler = VipSampler(hosts).begin()
+    client = VipClient(hosts)
+    try:
+        sampler.wait_holders({"primary"})
+        client.wait_echoes(10, 0, "to the primary", group)
+        released_at = now_ms()
+        out = hosts.run("client", [sys.executable, "-m", "cli.main", "redundancy", "release-activity",
+                                   "--group", str(group.dir / "group.toml")],
+                        capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert out.returncode == 0, out.stderr + group.logs_tail(20)
+        sampler.wait_holders({"backup"})
+        group.wait_for("the backup to announce the VIP", lambda: events(group, B, "vip_announced"), timeout_s=10)
+        back_at = client.wait_reconnected(released_at, group)
+        client.wait_echoes(10, back_at, "to the backup", group)
+        assert accepted_client(group, B, released_at)
+        assert client_neighbour(hosts) == mac(hosts, "backup")
+        [removed] = events(group, P, "vip_removed", released_at)
+        assert "the backup holds every op" in removed["why"]
+        [added] = events(group, B, "vip_added", released_at)
+        assert removed["mono_ms"] <= added["mono_ms"]
+        time.sleep(SETTLE_S)
+        assert sampler.holders() == {"backup"}
+    finally:
+        client.close()
+        sampler.finish()
+    print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
+
+
+def _transitions(sampler: VipSampler) -> str:
+    out, last = [], None
+    for t, held in sampler.samples:
+        if held != last:
+            out.append(f"{t - sampler.samples[0][0]} ms: {'+'.join(sorted(held)) or 'nobody'}")
+            last = held
+    return "; ".join(out)
