@@ -271,3 +271,50 @@ def _transitions(sampler: VipSampler) -> str:
             out.append(f"{t - sampler.samples[0][0]} ms: {'+'.join(sorted(held)) or 'nobody'}")
             last = held
     return "; ".join(out)
+
+
+def test_vip_failures_are_one_sentence_and_the_broker_still_serves(hosts, tmp_path):  # noqa: F811
+    """A primary without CAP_NET_ADMIN/CAP_NET_RAW, and a backup whose interface does not exist: each says
+    why in one sentence (log, event log, redundancy view), once however often it retries, and serves its
+    host-list clients all the same."""
+    addresses = {r: hosts.address(r.value) for r in Role}
+    vip = VipConfig(VIP, 24, {P: "eth0", B: "eth9"}, arp_count=3, arp_interval_ms=200)
+    no_caps = ("setpriv", "--bounding-set=-net_admin,-net_raw", "--")
+    with Group(tmp_path / "group", addresses, hosts=hosts, vip=vip) as g:
+        g.start(P, wrap=no_caps)
+        g.start(B, M)
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        g.wait_for("the primary to fail to add the VIP", lambda: events(g, P, "vip_failed"), timeout_s=10)
+        no_admin = ("cannot add virtual IP 10.77.0.100/24 on eth0: operation not permitted "
+                    "(the node needs CAP_NET_ADMIN)")
+        time.sleep(2.5)  # more than one retry (vip.RETRY_S)
+        assert [e["error"] for e in events(g, P, "vip_failed")] == [no_admin]
+        assert no_admin in (g.dir / "primary.log").read_text()
+        views = show_redundancy(g, hosts)
+        assert views[P]["vip"] == {"address": "10.77.0.100/24", "interface": "eth0", "held": False,
+                                   "error": no_admin, "announcements": 0, "adds": 0, "removals": 0}
+        assert views[B]["vip"]["error"] is None and views[M]["vip"] is None
+        assert not host_holds(hosts, "primary")
+
+        g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=20)
+        g.kill(P)
+        g.wait_for("the backup to take over", lambda: g.probe_once()[B] == 0, timeout_s=10)
+        missing = "cannot hold virtual IP 10.77.0.100/24: interface eth9 does not exist on this host"
+        g.wait_for("the backup to fail to add the VIP", lambda: events(g, B, "vip_failed"), timeout_s=10)
+        time.sleep(2.5)
+        assert [e["error"] for e in events(g, B, "vip_failed")] == [missing]
+        assert show_redundancy(g, hosts)[B]["vip"]["error"] == missing
+        assert g.probe_once()[B] == 0
+
+
+def show_redundancy(group: Group, hosts) -> dict[Role, dict]:  # noqa: F811
+    out = hosts.run("client", [sys.executable, "-m", "cli.main", "show", "redundancy", "--json",
+                               "--group", str(group.dir / "group.toml")], capture_output=True, text=True, cwd=REPO,
+                    timeout=30)
+    assert out.returncode == 0, out.stderr
+    return {Role(n["role"]): n for n in json.loads(out.stdout)["nodes"] if n["reachable"]}
+
+
+def host_holds(hosts, host: str) -> bool:  # noqa: F811
+    out = hosts.run(host, ["ip", "-j", "addr", "show", "eth0"], capture_output=True, text=True, check=True).stdout
+    return any(a["local"] == VIP for link in json.loads(out) for a in link.get("addr_info", []))
