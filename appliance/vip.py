@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the group file has no [vip] table: nothing to release")
         return 0
     role = Role(args.role)
+    log.setLevel(logging.CRITICAL)  # the one line below says it all
     holder = VipHolder(config.vip, config.vip.interfaces[role])
     removed = holder.release("released after the node stopped")
     if holder.error:

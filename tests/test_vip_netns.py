@@ -318,3 +318,21 @@ def show_redundancy(group: Group, hosts) -> dict[Role, dict]:  # noqa: F811
 def host_holds(hosts, host: str) -> bool:  # noqa: F811
     out = hosts.run(host, ["ip", "-j", "addr", "show", "eth0"], capture_output=True, text=True, check=True).stdout
     return any(a["local"] == VIP for link in json.loads(out) for a in link.get("addr_info", []))
+
+
+def test_release_command_removes_a_leftover_vip(hosts, tmp_path):  # noqa: F811
+    """`python -m appliance.vip release` (systemd's ExecStopPost) removes what a killed node left."""
+    addresses = {r: hosts.address(r.value) for r in Role}
+    group = Group(tmp_path / "group", addresses, hosts=hosts, vip=VIP_CONFIG)  # the file only: no node runs
+    argv = [sys.executable, "-m", "appliance.vip", "release", "--role", "primary",
+            "--group", str(group.dir / "group.toml")]
+    hosts.run("primary", ["ip", "addr", "add", f"{VIP}/24", "dev", "eth0"], check=True)
+    assert host_holds(hosts, "primary")
+    out = hosts.run("primary", argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "virtual IP 10.77.0.100/24 removed from eth0\n", "")
+    assert not host_holds(hosts, "primary")
+    again = hosts.run("primary", argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (again.returncode, again.stdout) == (0, "virtual IP 10.77.0.100/24 was not on eth0\n")
+    bad = hosts.run("primary", [*argv[:6], "--group", str(tmp_path / "missing.toml")], capture_output=True,
+                    text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: group file ") and bad.stderr.count("\n") == 1
