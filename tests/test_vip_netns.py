@@ -264,6 +264,35 @@ def test_release_activity_moves_the_vip_without_overlap(group, hosts):  # noqa: 
     print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
 
 
+def test_an_active_cut_off_from_its_peers_gives_the_vip_up_before_the_backup_takes_it(group, hosts):  # noqa: F811
+    """Both hosts stay alive: the primary's lease expires, it removes the VIP, and only then (lease + margin
+    after its last claim) may the backup take activity and the VIP. The client still reaches both hosts."""
+    sampler = VipSampler(hosts).begin()
+    client = VipClient(hosts)
+    try:
+        sampler.wait_holders({"primary"})
+        client.wait_echoes(10, 0, "to the primary", group)
+        cut_at = now_ms()
+        hosts.cut("primary", "backup")
+        hosts.cut("primary", "monitor")
+        sampler.wait_holders({"backup"})
+        back_at = client.wait_reconnected(cut_at, group)
+        client.wait_echoes(10, back_at, "to the backup", group)
+        assert accepted_client(group, B, cut_at)
+        assert client_neighbour(hosts) == mac(hosts, "backup")
+        [removed] = events(group, P, "vip_removed", cut_at)
+        assert "lease expired" in removed["why"]
+        [added] = events(group, B, "vip_added", cut_at)
+        assert removed["mono_ms"] < added["mono_ms"]
+        hosts.heal()
+        time.sleep(SETTLE_S)
+        assert sampler.holders() == {"backup"}
+    finally:
+        client.close()
+        sampler.finish()
+    print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
+
+
 def _transitions(sampler: VipSampler) -> str:
     out, last = [], None
     for t, held in sampler.samples:
