@@ -246,8 +246,8 @@ def _remove(vip: VipConfig, interface: str) -> bool:
 
 class _ArpAnnouncer:
     """Gratuitous ARP: an ARP request for the VIP from the VIP (RFC 5227's announcement), sent from the
-    interface's MAC to broadcast. Linux updates an existing neighbour entry from one even inside its
-    locktime; one socket for the whole burst."""
+    interface's MAC to broadcast: a host with a neighbour entry for the VIP updates it to our MAC. One socket
+    for the whole burst."""
 
     def __init__(self, address: str, interface: str) -> None:
         self.address, self.interface = address, interface
