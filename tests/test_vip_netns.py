@@ -220,8 +220,10 @@ def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts)
         sampler.wait_holders({"backup"})
         assert [h for _, h in sampler.revived] == ["primary"]
         # The restarted node removed the leftover address before it did anything else.
-        since = [e for e in group.events(P) if e["mono_ms"] >= restarted_at]
-        first = next(e for e in since if e["event"] in ("vip_removed", "redundancy_decision", "client_accepted"))
+        kinds = ("vip_removed", "redundancy_decision", "client_accepted")
+        since = group.wait_for("the restarted primary's event log", lambda: [
+            e for e in group.events(P) if e["mono_ms"] >= restarted_at and e["event"] in kinds], timeout_s=10)
+        first = since[0]
         assert first["event"] == "vip_removed", since[:5]
         assert first["why"] == "left by an earlier run of this node (removed at start-up)"
         group.wait_for("the restarted primary to answer as a standby", lambda: group.probe_once() == {P: 3, B: 0},
