@@ -16,7 +16,10 @@ Rules:
 4. A failure (no CAP_NET_ADMIN or CAP_NET_RAW, no such interface) is one
    sentence in the log, the event log and the redundancy view, logged once per
    new sentence; it never stops the broker, whose host-list clients do not need
-   the VIP. While the node is active, adding is retried every RETRY_S.
+   the VIP. While the node is active, adding is retried every RETRY_S, and
+   every CHECK_S it checks that the address is still there: something else
+   (an operator, a network manager) may have deleted it; then it is added and
+   announced again.
 5. netlink and the raw ARP socket are used from this module's own thread, or
    from the thread that asks for a removal, never from the broker's event loop.
    One change at a time (`_ops`); a removal that finds an add under way waits
@@ -37,6 +40,7 @@ from .config import VipConfig
 log = logging.getLogger("pairmq.vip")
 
 RETRY_S = 2.0  # while active and the address could not be added
+CHECK_S = 2.0  # while held: still on the interface?
 STOP_JOIN_S = 2.0
 BROADCAST = "ff:ff:ff:ff:ff:ff"
 
@@ -115,15 +119,34 @@ class VipHolder:
         _warm_up()  # scapy's import takes 0.3-1.5 s: not between taking activity and the first announcement
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or (self._want and not self.held))
+                woken = self._cond.wait_for(lambda: self._stopping or (self._want and not self.held), timeout=CHECK_S)
                 if self._stopping:
                     return
                 why = self._why
-            if self._add(why):
+            if not woken:
+                self._check_still_held()
+            elif self._add(why):
                 self._announce()
             else:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping or not self._want, timeout=RETRY_S)
+
+    def _check_still_held(self) -> None:
+        with self._ops:
+            with self._cond:
+                if not (self._want and self.held):
+                    return
+            try:
+                if _holds(self.vip, self.interface):
+                    return
+            except VipError as exc:
+                self._fail("check", str(exc))
+                return
+            self.held = False  # the loop adds and announces it again
+            self._why = "it had disappeared from the interface (removed by something else)"
+        log.error("virtual IP %s disappeared from %s while this node is active; adding it again",
+                  self.vip.with_prefix, self.interface)
+        self._on_event("vip_lost", {"address": self.vip.with_prefix, "interface": self.interface})
 
     def _add(self, why: str) -> bool:
         with self._ops:
@@ -201,6 +224,17 @@ def _present(ipr, index: int, vip: VipConfig) -> list[int]:
     """The prefix lengths the VIP has on the interface (a stale one may have an older prefix)."""
     return [msg["prefixlen"] for msg in ipr.get_addr(family=2)
             if msg["index"] == index and msg.get_attr("IFA_LOCAL") == vip.address]
+
+
+def _holds(vip: VipConfig, interface: str) -> bool:
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        with IPRoute() as ipr:
+            return vip.prefix_len in _present(ipr, _ifindex(ipr, interface, vip), vip)
+    except (NetlinkError, OSError) as exc:
+        raise _netlink_error("check", vip, interface, exc) from None
 
 
 def _add(vip: VipConfig, interface: str) -> None:

@@ -103,7 +103,7 @@ class VipSampler(threading.Thread):
         self._halt.set()
         self.join(10)
         assert self.error is None, f"the VIP sampler failed: {self.error!r}"
-        assert len(self.samples) > 100, f"only {len(self.samples)} samples"
+        assert len(self.samples) >= 20, f"only {len(self.samples)} samples"
         assert self.overlaps == [], self.overlaps[:5]
 
     def wait_holders(self, expected: set[str], timeout_s: float = 10) -> None:
@@ -260,6 +260,14 @@ def test_release_activity_moves_the_vip_without_overlap(group, hosts):  # noqa: 
         assert removed["mono_ms"] <= added["mono_ms"]
         time.sleep(SETTLE_S)
         assert sampler.holders() == {"backup"}
+
+        # Something else deletes the address from the active's interface: the node puts it back.
+        deleted_at = now_ms()
+        hosts.run("backup", ["ip", "addr", "del", f"{VIP}/24", "dev", "eth0"], check=True)
+        group.wait_for("the backup to notice", lambda: events(group, B, "vip_lost", deleted_at), timeout_s=10)
+        sampler.wait_holders({"backup"})
+        group.wait_for("the VIP announced again", lambda: events(group, B, "vip_announced", deleted_at),
+                       timeout_s=10)
     finally:
         client.close()
         sampler.finish()
