@@ -20,6 +20,7 @@ answers for the address.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -237,17 +238,23 @@ def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts)
     print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
 
 
-def test_release_activity_moves_the_vip_without_overlap(group, hosts):  # noqa: F811
+@pytest.mark.parametrize("how", ["release-activity", "SIGTERM"])
+def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F811
+    """release-activity through the CLI, or SIGTERM (`systemctl stop`) of the active, which hands over too."""
     sampler = VipSampler(hosts).begin()
     client = VipClient(hosts)
     try:
         sampler.wait_holders({"primary"})
         client.wait_echoes(10, 0, "to the primary", group)
         released_at = now_ms()
-        out = hosts.run("client", [sys.executable, "-m", "cli.main", "redundancy", "release-activity",
-                                   "--group", str(group.dir / "group.toml")],
-                        capture_output=True, text=True, cwd=REPO, timeout=30)
-        assert out.returncode == 0, out.stderr + group.logs_tail(20)
+        if how == "SIGTERM":
+            group.signal(P, signal.SIGTERM)
+            assert group.procs.pop(P).wait(20) == 0, group.logs_tail(20)
+        else:
+            out = hosts.run("client", [sys.executable, "-m", "cli.main", "redundancy", "release-activity",
+                                       "--group", str(group.dir / "group.toml")],
+                            capture_output=True, text=True, cwd=REPO, timeout=30)
+            assert out.returncode == 0, out.stderr + group.logs_tail(20)
         sampler.wait_holders({"backup"})
         group.wait_for("the backup to announce the VIP", lambda: events(group, B, "vip_announced"), timeout_s=10)
         back_at = client.wait_reconnected(released_at, group)
