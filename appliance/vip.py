@@ -93,6 +93,11 @@ class VipHolder:
             except VipError as exc:
                 self._fail("remove", str(exc))
                 return False
+            except Exception as exc:  # on the heartbeat thread: a pyroute2 surprise must not stop the node
+                log.exception("removing the virtual IP failed")
+                self._fail("remove", f"cannot remove virtual IP {self.vip.with_prefix} from {self.interface}: "
+                                     f"{exc!r}")
+                return False
             self.held = False
         if removed:
             self.removals += 1
@@ -116,20 +121,35 @@ class VipHolder:
     # --- our thread ----------------------------------------------------------------------
 
     def _main(self) -> None:
-        _warm_up()  # scapy's import takes 0.3-1.5 s: not between taking activity and the first announcement
+        try:
+            _warm_up()  # scapy's import takes 0.3-1.5 s: not between taking activity and the first announcement
+        except Exception as exc:  # the announcement says so again, in its own sentence
+            log.error("cannot load scapy for gratuitous ARP: %r", exc)
         while True:
-            with self._cond:
-                woken = self._cond.wait_for(lambda: self._stopping or (self._want and not self.held), timeout=CHECK_S)
-                if self._stopping:
+            try:
+                if self._turn():
                     return
-                why = self._why
-            if not woken:
-                self._check_still_held()
-            elif self._add(why):
-                self._announce()
-            else:
+            except Exception as exc:  # a bug or a pyroute2/scapy surprise: say it, keep trying while active
+                log.exception("the virtual IP thread failed")
+                self._fail("add", f"cannot hold virtual IP {self.vip.with_prefix} on {self.interface}: {exc!r}")
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or not self._want, timeout=RETRY_S)
+                    self._cond.wait_for(lambda: self._stopping, timeout=RETRY_S)
+
+    def _turn(self) -> bool:
+        """One wait and what it calls for; True once stopping."""
+        with self._cond:
+            woken = self._cond.wait_for(lambda: self._stopping or (self._want and not self.held), timeout=CHECK_S)
+            if self._stopping:
+                return True
+            why = self._why
+        if not woken:
+            self._check_still_held()
+        elif self._add(why):
+            self._announce()
+        else:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or not self._want, timeout=RETRY_S)
+        return False
 
     def _check_still_held(self) -> None:
         with self._ops:

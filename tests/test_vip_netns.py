@@ -19,6 +19,7 @@ answers for the address.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -195,11 +196,7 @@ def now_ms() -> int:
 
 
 def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts):  # noqa: F811
-    sampler = VipSampler(hosts).begin()
-    client = VipClient(hosts)
-    try:
-        sampler.wait_holders({"primary"})
-        client.wait_echoes(10, 0, "to the primary", group)
+    with watched(group, hosts) as (sampler, client):
         assert accepted_client(group, P, 0)
         assert client_neighbour(hosts) == mac(hosts, "primary")
 
@@ -232,20 +229,44 @@ def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts)
         time.sleep(SETTLE_S)
         assert sampler.holders() == {"backup"}, "the restarted standby must not take the VIP"
         client.wait_echoes(5, now_ms(), "to the backup after the primary's restart", group)
+
+
+@contextlib.contextmanager
+def watched(group: Group, hosts):  # noqa: F811
+    """The sampler and the VIP-only client around a test body, the primary holding the VIP and echoing."""
+    sampler = VipSampler(hosts).begin()
+    client = VipClient(hosts)
+    try:
+        sampler.wait_holders({"primary"})
+        client.wait_echoes(10, 0, "to the primary", group)
+        yield sampler, client
     finally:
         client.close()
         sampler.finish()
     print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
 
 
+def moved_to_backup(group: Group, hosts, sampler: VipSampler, client: VipClient, since_ms: int) -> dict:  # noqa: F811
+    """After a fault at `since_ms`: the backup holds and announced the VIP, the client reconnected through it and
+    its messages come back, its neighbour entry has the backup's MAC, and the primary had removed the VIP before
+    the backup added it. Returns the primary's `vip_removed` event."""
+    sampler.wait_holders({"backup"})
+    group.wait_for("the backup to announce the VIP", lambda: events(group, B, "vip_announced", since_ms),
+                   timeout_s=10)
+    back_at = client.wait_reconnected(since_ms, group)
+    client.wait_echoes(10, back_at, "to the backup", group)
+    assert accepted_client(group, B, since_ms)
+    assert client_neighbour(hosts) == mac(hosts, "backup")
+    [removed] = events(group, P, "vip_removed", since_ms)
+    [added] = events(group, B, "vip_added", since_ms)
+    assert removed["mono_ms"] < added["mono_ms"]
+    return removed
+
+
 @pytest.mark.parametrize("how", ["release-activity", "SIGTERM"])
 def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F811
     """release-activity through the CLI, or SIGTERM (`systemctl stop`) of the active, which hands over too."""
-    sampler = VipSampler(hosts).begin()
-    client = VipClient(hosts)
-    try:
-        sampler.wait_holders({"primary"})
-        client.wait_echoes(10, 0, "to the primary", group)
+    with watched(group, hosts) as (sampler, client):
         released_at = now_ms()
         if how == "SIGTERM":
             group.signal(P, signal.SIGTERM)
@@ -255,16 +276,8 @@ def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F
                                        "--group", str(group.dir / "group.toml")],
                             capture_output=True, text=True, cwd=REPO, timeout=30)
             assert out.returncode == 0, out.stderr + group.logs_tail(20)
-        sampler.wait_holders({"backup"})
-        group.wait_for("the backup to announce the VIP", lambda: events(group, B, "vip_announced"), timeout_s=10)
-        back_at = client.wait_reconnected(released_at, group)
-        client.wait_echoes(10, back_at, "to the backup", group)
-        assert accepted_client(group, B, released_at)
-        assert client_neighbour(hosts) == mac(hosts, "backup")
-        [removed] = events(group, P, "vip_removed", released_at)
+        removed = moved_to_backup(group, hosts, sampler, client, released_at)
         assert "the backup holds every op" in removed["why"]
-        [added] = events(group, B, "vip_added", released_at)
-        assert removed["mono_ms"] <= added["mono_ms"]
         time.sleep(SETTLE_S)
         assert sampler.holders() == {"backup"}
 
@@ -275,39 +288,20 @@ def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F
         sampler.wait_holders({"backup"})
         group.wait_for("the VIP announced again", lambda: events(group, B, "vip_announced", deleted_at),
                        timeout_s=10)
-    finally:
-        client.close()
-        sampler.finish()
-    print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
 
 
 def test_an_active_cut_off_from_its_peers_gives_the_vip_up_before_the_backup_takes_it(group, hosts):  # noqa: F811
     """Both hosts stay alive: the primary's lease expires, it removes the VIP, and only then (lease + margin
     after its last claim) may the backup take activity and the VIP. The client still reaches both hosts."""
-    sampler = VipSampler(hosts).begin()
-    client = VipClient(hosts)
-    try:
-        sampler.wait_holders({"primary"})
-        client.wait_echoes(10, 0, "to the primary", group)
+    with watched(group, hosts) as (sampler, client):
         cut_at = now_ms()
         hosts.cut("primary", "backup")
         hosts.cut("primary", "monitor")
-        sampler.wait_holders({"backup"})
-        back_at = client.wait_reconnected(cut_at, group)
-        client.wait_echoes(10, back_at, "to the backup", group)
-        assert accepted_client(group, B, cut_at)
-        assert client_neighbour(hosts) == mac(hosts, "backup")
-        [removed] = events(group, P, "vip_removed", cut_at)
+        removed = moved_to_backup(group, hosts, sampler, client, cut_at)
         assert "lease expired" in removed["why"]
-        [added] = events(group, B, "vip_added", cut_at)
-        assert removed["mono_ms"] < added["mono_ms"]
         hosts.heal()
         time.sleep(SETTLE_S)
         assert sampler.holders() == {"backup"}
-    finally:
-        client.close()
-        sampler.finish()
-    print(f"VIP samples: {len(sampler.samples)}, holders over time: {_transitions(sampler)}")
 
 
 def _transitions(sampler: VipSampler) -> str:
