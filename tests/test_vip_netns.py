@@ -212,6 +212,11 @@ def test_kill_9_of_the_active_moves_the_vip_and_the_client_follows(group, hosts)
         # because the backup's gratuitous ARPs rewrote its neighbour entry.
         assert sampler.holders() == {"primary", "backup"}
         assert client_neighbour(hosts) == mac(hosts, "backup")
+        [activated] = group.decisions(B, "activate")
+        [added] = events(group, B, "vip_added", killed_at)
+        print(f"kill -9 -> backup active {activated['mono_ms'] - killed_at} ms, VIP added "
+              f"{added['mono_ms'] - activated['mono_ms']} ms later, client back through the VIP "
+              f"{back_at - added['mono_ms']} ms after that")
 
         restarted_at = now_ms()
         group.start(P)  # what systemd's Restart=on-failure does
@@ -260,6 +265,8 @@ def moved_to_backup(group: Group, hosts, sampler: VipSampler, client: VipClient,
     [removed] = events(group, P, "vip_removed", since_ms)
     [added] = events(group, B, "vip_added", since_ms)
     assert removed["mono_ms"] < added["mono_ms"]
+    print(f"the primary removed the VIP {added['mono_ms'] - removed['mono_ms']} ms before the backup added it; "
+          f"client back through the VIP {back_at - added['mono_ms']} ms after that")
     return removed
 
 
