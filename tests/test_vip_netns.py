@@ -383,3 +383,25 @@ def test_release_command_removes_a_leftover_vip(hosts, tmp_path):  # noqa: F811
     bad = hosts.run("primary", [*argv[:6], "--group", str(tmp_path / "missing.toml")], capture_output=True,
                     text=True, cwd=REPO, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: group file ") and bad.stderr.count("\n") == 1
+
+
+def test_mqtt_over_tls_through_the_vip(hosts, tmp_path):  # noqa: F811
+    """With [tls], port 8883 answers on the VIP too: mosquitto_pub in the client host verifies the VIP
+    (an IP SAN of the certificate) and gets its QoS 1 publish acknowledged by the active."""
+    from appliance.config import TlsConfig
+    from tests.certs import make_pki
+
+    pki = make_pki(tmp_path / "pki", (VIP, hosts.address("primary"), hosts.address("backup")))
+    addresses = {r: hosts.address(r.value) for r in Role}
+    with Group(tmp_path / "group", addresses, hosts=hosts, vip=VIP_CONFIG,
+               tls=TlsConfig(pki.cert_file, pki.key_file)) as g:
+        g.start()
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        g.wait_for("the primary to announce the VIP", lambda: events(g, P, "vip_announced"), timeout_s=10)
+        started = now_ms()
+        out = hosts.run("client", ["mosquitto_pub", "-h", VIP, "-p", "8883", "--cafile", str(pki.ca_file),
+                                   "-i", "vip-tls", "-q", "1", "-t", "vip/tls", "-m", "hello"],
+                        capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        g.wait_for("the primary's log of the TLS client", lambda: any(
+            e["client_id"] == "vip-tls" for e in events(g, P, "client_accepted", started)), timeout_s=10)
