@@ -179,16 +179,17 @@ class Node:
 
                 check = self._credential_check
                 overload = self.configuration.document.effective_overload()
+                vip = self.config.vip.address if self.config.vip else None  # the listeners accept there too
                 self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, overload=overload,
                                              on_event=self._mqtt_event, broker=self.broker, credential_check=check,
-                                             virtual_ip=self.config.vip.address if self.config.vip else None)
+                                             virtual_ip=vip)
                 if self.config.tls is not None:
                     from .tls import server_context
 
                     self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self, overload=overload,
                                                      on_event=self._mqtt_event, broker=self.broker,
                                                      credential_check=check, ssl=server_context(self.config.tls),
-                                                     virtual_ip=self.config.vip.address if self.config.vip else None)
+                                                     virtual_ip=vip)
                 await self.broker.start()
                 await self.replication.start()
                 await self.configuration.start()
