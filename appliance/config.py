@@ -22,6 +22,13 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   file) turns on MQTT over TLS (>= 1.2) on ports.mqtt_tls (8883): both files
   must exist and load, the key must be unencrypted and match the certificate.
   Checked at load (appliance/tls.py), so a node never starts half-configured.
+- an optional [vip] table: the virtual IP the active holds (appliance/vip.py).
+  `address` is an IPv4 address with its prefix length (10.0.0.100/24), not the
+  network or broadcast address of its subnet and not any node's address;
+  `interface` names the NIC, one name for both message-routing hosts or one
+  per node ({primary = "eth0", backup = "ens3"}; never the monitor, which
+  never holds it); arp_count (1..100) gratuitous ARPs, arp_interval_ms
+  (10..10000) apart, announce it.
 """
 
 from __future__ import annotations
@@ -166,6 +173,21 @@ class TlsConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class VipConfig:
+    """The optional virtual IP: `address` without its prefix, which is `prefix_len`."""
+
+    address: str
+    prefix_len: int
+    interfaces: dict[Role, str]  # primary and backup
+    arp_count: int = 3
+    arp_interval_ms: int = 200
+
+    @property
+    def with_prefix(self) -> str:
+        return f"{self.address}/{self.prefix_len}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GroupConfig:
     name: str
     nodes: dict[Role, NodeSpec]
@@ -177,6 +199,7 @@ class GroupConfig:
     tls: TlsConfig | None = None
     limits: Limits = Limits()
     events: EventSettings = EventSettings()
+    vip: VipConfig | None = None
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -196,6 +219,7 @@ _SECTIONS = {
     "nodes": {r.value for r in Role},
     "tls": {"cert_file", "key_file"},
     "events": {f.name for f in dataclasses.fields(EventSettings)},
+    "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -255,8 +279,9 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
     tls = _parse_tls(raw, base)
+    vip = _parse_vip(raw, addresses)
     return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
-                       events)
+                       events, vip)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -275,6 +300,71 @@ def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
 
     check_tls_files(tls)
     return tls
+
+
+_IFNAME_MAX = 15  # IFNAMSIZ - 1
+_VIP_RANGES = {"arp_count": (1, 100), "arp_interval_ms": (10, 10_000)}
+
+
+def _parse_vip(raw: dict, node_addresses: list[str]) -> VipConfig | None:
+    if "vip" not in raw:
+        return None
+    table = _table(raw, "vip")
+    _check_keys(table, _SECTIONS["vip"], "[vip]")
+    text = table.get("address")
+    example = "like 10.0.0.100/24"
+    if not isinstance(text, str) or "/" not in text:
+        raise ConfigError(f"vip.address must be an IPv4 address with its prefix length, {example}, not {text!r}")
+    try:
+        iface = ipaddress.ip_interface(text.strip())
+    except ValueError:
+        raise ConfigError(f"vip.address must be an IPv4 address with its prefix length, {example}, "
+                          f"not {text!r}") from None
+    if iface.version != 4:
+        raise ConfigError(f"vip.address {text!r} is IPv6; the virtual IP is announced by ARP, so it must be IPv4")
+    net = iface.network
+    if iface.ip.is_loopback or iface.ip.is_multicast or iface.ip.is_unspecified:
+        raise ConfigError(f"vip.address {text!r} is not a unicast address a client can reach")
+    if net.prefixlen < 31 and iface.ip in (net.network_address, net.broadcast_address):
+        raise ConfigError(f"vip.address {text!r} is the {'network' if iface.ip == net.network_address else 'broadcast'}"
+                          f" address of {net}, not a host address")
+    for address in node_addresses:
+        if ipaddress.ip_address(address) == iface.ip:
+            raise ConfigError(f"vip.address {iface.ip} is also a node's address; the virtual IP must be an address "
+                              f"of its own, which moves with activity")
+    settings = {}
+    for key, (low, high) in _VIP_RANGES.items():
+        value = table.get(key, VipConfig.__dataclass_fields__[key].default)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"vip.{key} must be a whole number from {low:,} to {high:,}, not {value!r}")
+        settings[key] = value
+    return VipConfig(str(iface.ip), net.prefixlen, _vip_interfaces(table.get("interface")), **settings)
+
+
+def _vip_interfaces(value) -> dict[Role, str]:
+    """One interface name for both message-routing hosts, or a table naming each."""
+    routing = (Role.PRIMARY, Role.BACKUP)
+    if value is None:
+        raise ConfigError('vip.interface must name the network interface that carries the virtual IP: one name '
+                          'for both hosts ("eth0") or one per node ({primary = "eth0", backup = "ens3"})')
+    if not isinstance(value, dict):
+        value = {role.value: value for role in routing}
+    for key in value:
+        if key == Role.MONITOR.value:
+            raise ConfigError("vip.interface names an interface for the monitor, which never holds the virtual IP")
+        if key not in {r.value for r in routing}:
+            raise ConfigError(f"unknown node {key!r} in vip.interface (known: backup, primary)")
+    interfaces = {}
+    for role in routing:
+        name = value.get(role.value)
+        if name is None:
+            raise ConfigError(f"vip.interface names no interface for the {role.value}")
+        if (not isinstance(name, str) or not name or len(name) > _IFNAME_MAX or name in (".", "..")
+                or any(c in name for c in "/: \t\n")):
+            raise ConfigError(f"vip.interface for the {role.value} must be an interface name of 1 to "
+                              f"{_IFNAME_MAX} characters without '/', ':' or spaces, not {name!r}")
+        interfaces[role] = name
+    return interfaces
 
 
 def _table(raw: dict, key: str, *, required: bool = True) -> dict:
@@ -360,6 +450,13 @@ def render_group(config: GroupConfig) -> str:
     if config.tls is not None:
         lines += ["", "[tls]", f"cert_file = {_q(str(config.tls.cert_file))}",
                   f"key_file = {_q(str(config.tls.key_file))}"]
+    if config.vip is not None:
+        vip = config.vip
+        names = set(vip.interfaces.values())
+        interface = (_q(names.pop()) if len(names) == 1 else
+                     "{" + ", ".join(f"{r.value} = {_q(n)}" for r, n in vip.interfaces.items()) + "}")
+        lines += ["", "[vip]", f"address = {_q(vip.with_prefix)}", f"interface = {interface}",
+                  f"arp_count = {vip.arp_count}", f"arp_interval_ms = {vip.arp_interval_ms}"]
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,10 @@ Rules:
 - Before every core call this thread passes on the broker loop's latest
   liveness stamp (`broker_alive_at`, written by the broker loop ~10 times a
   second); the core's rule R6 decides what a stale stamp means.
+- A step-down goes to `before_send` before the step-down's heartbeat leaves
+  (that heartbeat may carry the yield that lets the mate take over at once):
+  what only the active may hold outside the core, the virtual IP, is given
+  up first (appliance/vip.py).
 - Decisions go to `on_decision` on this thread, outside the lock. Whatever
   must touch the broker is posted to its loop by the callback; safety never
   waits for that hand-off, because the MQTT gate asks the core on every packet.
@@ -48,8 +52,10 @@ def now_ms() -> int:
 class HeartbeatThread:
     def __init__(self, core: QuorumCore, bind: tuple[str, int], peers: list[tuple[str, int]], *,
                  on_decision: Callable[[Decision], None], on_ready: Callable[[], None],
-                 on_lag: Callable[[int, int], None], on_crash: Callable[[BaseException], None]) -> None:
+                 on_lag: Callable[[int, int], None], on_crash: Callable[[BaseException], None],
+                 before_send: Callable[[list[Decision]], None] | None = None) -> None:
         self.core = core
+        self._before_send = before_send
         self.lock = threading.Lock()
         self.broker_alive_at = now_ms()  # written by the broker loop; an int store is atomic under the GIL
         self.send_errors = 0
@@ -162,6 +168,8 @@ class HeartbeatThread:
             now = now_ms()
             ready = not self._ready and (now >= self.core.boot_at + self.core.timing.quiet_ms
                                          or any(self.core.sees(r, now) for r in self.core.peers))
+        if self._before_send is not None and any(d.kind == "step_down" for d in decisions):
+            self._before_send(decisions)
         for data in datagrams:
             for addr in self._peers:
                 try:

@@ -18,6 +18,11 @@ broker by `call_soon_threadsafe` (clients dropped); safety does not wait for
 it, because the MQTT gate asks the core's time-based lease on every packet.
 Everything the node does is logged as a decision sentence and written to its
 event log.
+
+With a [vip] table, a routing node holds the virtual IP while it is active
+(appliance/vip.py): removed first at start-up (a node killed -9 left it), added
+on "activate", removed on "step_down" before the step-down's heartbeat leaves,
+and first thing at shutdown.
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ class Node:
         self.keyring_path = self.spec.data_dir / STATE_FILE
         secret = self.keys = CurrentKeyring(startup_keyring(load_keyring(config), self.keyring_path))
         self.events = EventLog(self.spec.data_dir / "events", role.value, config.events)
+        self.vip = None
+        if config.vip is not None and role.routes_messages:
+            from .vip import VipHolder
+
+            self.vip = VipHolder(config.vip, config.vip.interfaces[role],
+                                 on_event=lambda kind, fields: self.events.write(kind, **fields))
         self.store = FileStore(self.spec.data_dir / "quorum.json")
         self.core = QuorumCore(role, HeartbeatAuth(secret.keys, config.name, role, send_key_id=secret.send_id),
                                Timing.from_timers(config.timers),
@@ -127,7 +138,7 @@ class Node:
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
             on_decision=self._act_on, on_ready=lambda: self._post(self._quorum_ready), on_lag=self._on_lag,
-            on_crash=self._on_heartbeat_crash)
+            on_crash=self._on_heartbeat_crash, before_send=self._before_heartbeats_leave)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
         self._failure: str | None = None
@@ -162,20 +173,26 @@ class Node:
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
         try:
+            if self.vip is not None:  # before anything else: a node killed -9 while active left it on the interface
+                await asyncio.to_thread(self.vip.release, "left by an earlier run of this node (removed at start-up)")
+                self.vip.start()
             self.heartbeats.start()
             if self.role.routes_messages:
                 from .mqtt.listener import MqttListener
 
                 check = self._credential_check
                 overload = self.configuration.document.effective_overload()
+                vip = self.config.vip.address if self.config.vip else None  # the listeners accept there too
                 self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, overload=overload,
-                                             on_event=self._mqtt_event, broker=self.broker, credential_check=check)
+                                             on_event=self._mqtt_event, broker=self.broker, credential_check=check,
+                                             virtual_ip=vip)
                 if self.config.tls is not None:
                     from .tls import server_context
 
                     self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self, overload=overload,
                                                      on_event=self._mqtt_event, broker=self.broker,
-                                                     credential_check=check, ssl=server_context(self.config.tls))
+                                                     credential_check=check, ssl=server_context(self.config.tls),
+                                                     virtual_ip=vip)
                 await self.broker.start()
                 await self.replication.start()
                 await self.configuration.start()
@@ -202,6 +219,8 @@ class Node:
 
     async def _shutdown(self) -> None:
         sd_notify.notify("STOPPING=1")
+        if self.vip is not None:  # first: a stopping node serves nobody
+            await asyncio.to_thread(self.vip.stop, f"the {self.role.value} node is stopping")
         for listener in (self.listener, self.tls_listener):
             with contextlib.suppress(Exception):
                 if listener:
@@ -314,10 +333,19 @@ class Node:
             self._post(self._drop_clients_after_step_down)
         if decision.kind == "auto_revert":
             self._post(self._auto_revert)
+        if decision.kind == "activate" and self.vip is not None:
+            self.vip.hold(decision.reason)
         if decision.kind == "activate" and self.replication is not None:
             self._post(self.replication.poke)  # rebuild the broker core now, not at the next 50 ms sync
         if decision.kind in ("activate", "step_down"):
             sd_notify.notify(f"STATUS={decision.reason}")
+
+    def _before_heartbeats_leave(self, decisions) -> None:
+        """On the heartbeat thread, before a step-down's heartbeat (maybe a yield the mate acts on) leaves."""
+        if self.vip is not None:
+            for decision in decisions:
+                if decision.kind == "step_down":
+                    self.vip.release(decision.reason)
 
     def _auto_revert(self) -> None:
         async def revert() -> None:
@@ -469,6 +497,7 @@ class Node:
             "last_decision": decisions[-1] if decisions else None,
             "decisions": decisions,
             "event_log": self.events.view(),
+            "vip": None if self.vip is None else self.vip.view(),
             "accepted_heartbeats": core.auth.accepted,
             "rejected_heartbeats": dict(core.auth.rejected),
             "keyring": {**self.keys.keyring.view(), "fingerprints": self.keys.keyring.fingerprints()},  # never a secret

@@ -132,3 +132,21 @@ def _last_decision(role: str, decision: dict | None) -> Text:
     # Reasons start with the deciding node's role, which the row already shows.
     reason = reason.removeprefix(f"{role}: ")
     return Text.assemble(reason, (f" ({age(decision.get('ms_ago'))} ago)", "dim"))
+
+
+def vip_table(nodes: list[dict]) -> Table | None:
+    """Who holds the virtual IP (the view's `vip`, docs/operations.md), or None without a [vip] table."""
+    rows = [n for n in nodes if n.get("reachable", True) and n.get("vip")]
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, title=f"Virtual IP {rows[0]['vip']['address']}", title_justify="left",
+                  pad_edge=False, collapse_padding=True, show_edge=False)
+    for name in ("Role", "Interface", "Held"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("Gratuitous ARPs", justify="right", no_wrap=True)
+    table.add_column("Error")
+    for node in rows:
+        vip = node["vip"]
+        table.add_row(node["role"], vip["interface"], Text("yes", "bold green") if vip["held"] else Text("no"),
+                      f"{vip['announcements']:,}", Text(vip["error"], "red") if vip["error"] else NOT_APPLICABLE)
+    return table

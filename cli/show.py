@@ -11,7 +11,7 @@ from appliance.config import GroupConfig
 from appliance.errors import PairMQError
 
 from . import api
-from .render import redundancy_table, resync_table
+from .render import redundancy_table, resync_table, vip_table
 from .terminal import Terminal
 
 WATCH_INTERVAL_S = 1.0
@@ -34,6 +34,8 @@ def show_redundancy(term: Terminal, config: GroupConfig, *, as_json: bool, watch
         term.print_table(redundancy_table(nodes, title=title(config)))
         if (resync := resync_table(nodes)) is not None:
             term.print_table(resync)
+        if (vip := vip_table(nodes)) is not None:
+            term.print_table(vip)
     return 0
 
 
@@ -43,8 +45,8 @@ def _watch(term: Terminal, config: GroupConfig) -> int:
         nodes = api.fetch_redundancy(config)
         footer = Text(f"refreshed {time.strftime('%H:%M:%S')} every {WATCH_INTERVAL_S:g} s; Ctrl-C to stop",
                       style="dim")
-        resync = resync_table(nodes)
-        return Group(redundancy_table(nodes, title=title(config)), *([resync] if resync is not None else []), footer)
+        extra = [t for t in (resync_table(nodes), vip_table(nodes)) if t is not None]
+        return Group(redundancy_table(nodes, title=title(config)), *extra, footer)
 
     try:
         with term.live(frame()) as live:

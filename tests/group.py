@@ -25,7 +25,8 @@ from pathlib import Path
 from appliance.access_file import access_path, write_access
 from appliance.broker.access import AccessPolicy
 from appliance.eventlog import EventSettings, read_events
-from appliance.config import GroupConfig, Limits, NodeSpec, Timers, TlsConfig, load_group, render_group, write_secret
+from appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
+                               write_secret)
 from appliance.roles import Role
 
 # PAIRMQ_TEST_LOOPBACK=127.0.0.11 moves groups to .11-.13 with a lock of their own, so that several
@@ -85,13 +86,13 @@ class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
                  tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False,
-                 events: EventSettings = EventSettings()) -> None:
+                 events: EventSettings = EventSettings(), vip: VipConfig | None = None) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
         config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits,
-                             auto_revert=auto_revert, events=events)
+                             auto_revert=auto_revert, events=events, vip=vip)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:
@@ -107,9 +108,10 @@ class Group:
 
     # --- processes -------------------------------------------------------------------
 
-    def start(self, *roles: Role) -> None:
+    def start(self, *roles: Role, wrap: tuple[str, ...] = ()) -> None:
+        """`wrap`: a command prefix, e.g. setpriv to start a node without some capabilities."""
         for role in roles or tuple(Role):
-            argv = [sys.executable, "-m", "cli.main", "node", "--role", role.value,
+            argv = [*wrap, sys.executable, "-m", "cli.main", "node", "--role", role.value,
                     "--group", str(self.dir / "group.toml")]
             profile_dir = os.environ.get("PAIRMQ_PROFILE_DIR")  # cProfile the primary's main thread (bench/)
             if profile_dir and role is Role.PRIMARY:

@@ -62,6 +62,7 @@ import asyncio
 import collections
 import logging
 import ssl as _ssl
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 # asyncio's default (100) overflows in a reconnect storm: the kernel then drops the handshake's last ACK and the
 # client's CONNECT waits for SYN-ACK retransmits (1 s, 3 s, 7 s...). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
+IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # linux/in.h
 LAG_SAMPLE_S = 0.05
 TOPIC_CACHE_MAX = 4096  # encoded topic fields kept for deliveries; cleared whole when full
 _PUBLISH_FIRST_BYTE = tuple(bytes([0x30 | flags]) for flags in range(16))
@@ -119,7 +121,8 @@ class MqttListener:
                  max_output_bytes: int = 64 << 20,
                  overload: OverloadLimits = OverloadLimits(),
                  credential_check: CredentialCheck | None = None,
-                 ssl: _ssl.SSLContext | None = None) -> None:
+                 ssl: _ssl.SSLContext | None = None,
+                 virtual_ip: str | None = None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -129,6 +132,8 @@ class MqttListener:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.host = host
+        self.virtual_ip = virtual_ip  # also accepted there, whenever this host holds it (appliance/vip.py)
+        self._vip_server: asyncio.AbstractServer | None = None
         self.requested_port = port
         self.max_packet_size = max_packet_size
         self.connect_timeout_s = connect_timeout_s
@@ -200,6 +205,10 @@ class MqttListener:
             lambda: MqttConnection(self), self.host, self.requested_port, reuse_address=True,
             backlog=LISTEN_BACKLOG, ssl=self._ssl,
             ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
+        if self.virtual_ip is not None:
+            self._vip_server = await self._loop.create_server(
+                lambda: MqttConnection(self), sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
+                ssl=self._ssl, ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
         self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
 
     async def stop(self) -> None:
@@ -210,6 +219,9 @@ class MqttListener:
         if self._lag_timer is not None:
             self._lag_timer.cancel()
         server.close()
+        vip_server, self._vip_server = self._vip_server, None
+        if vip_server is not None:
+            vip_server.close()
         self.drop_clients(ReasonCode.SERVER_SHUTTING_DOWN)
         if self._conns:
             self._all_closed = asyncio.Event()
@@ -425,3 +437,18 @@ class MqttListener:
                 for conn in held:
                     conn.mate_drained()
         self._lag_timer = loop.call_at(now + LAG_SAMPLE_S, self._sample_load, now + LAG_SAMPLE_S)
+
+
+def _freebind_socket(address: str, port: int) -> socket.socket:
+    """A listening socket on an address this host may not hold yet (IP_FREEBIND): the virtual IP's
+    connections arrive once it is added, without rebinding on every failover."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+        sock.bind((address, port))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
