@@ -41,6 +41,7 @@ from .broker.access import VerifiedCache, verify_password
 
 MAX_PENDING_CHECKS = 8
 MAX_HEADER_CHARS = 4096
+PRINCIPAL = web.RequestKey("principal", str)  # "token" or "admin:<user>", for handlers that care who asked
 CHALLENGES = ('Basic realm="PairMQ management", charset="UTF-8"', 'Bearer realm="PairMQ management"')
 
 
@@ -100,7 +101,7 @@ class ApiAuth:
     def __init__(self, token: str, admin: AdminFile, limiter: FailureLimiter | None = None) -> None:
         self.token = token
         self.admin = admin
-        self.limiter = limiter or FailureLimiter()
+        self.limiter = limiter if limiter is not None else FailureLimiter()
         self.cache = VerifiedCache(secrets.token_bytes(32), 64)
         self.counters: collections.Counter[str] = collections.Counter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pairmq-api-scrypt")
@@ -185,7 +186,7 @@ def auth_middleware(auth: ApiAuth):
     @web.middleware
     async def authenticate(request: web.Request, handler):
         try:
-            request["principal"] = await auth.check(request)
+            request[PRINCIPAL] = await auth.check(request)
         except Refused as exc:
             headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else {}
             response = web.json_response({"error": str(exc)}, status=exc.status, headers=headers)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .api_auth import PRINCIPAL
 from .eventlog import segments
 
 SCHEMA = 1
@@ -114,7 +115,7 @@ def _bounded(rows: list[dict], limit: int, key: str) -> dict:
 async def _index(request: web.Request) -> web.Response:
     node = request.app["node"]
     return web.json_response({"schema": SCHEMA, "role": node.role.value, "group": node.config.name,
-                              "principal": request.get("principal"),
+                              "principal": request.get(PRINCIPAL),
                               "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import urllib.parse
 
 from rich import box
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -70,17 +71,18 @@ def show(term: Terminal, config: GroupConfig, what: str, *, as_json: bool, clien
     return 0
 
 
-def _table(title: str) -> Table:
-    return Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, collapse_padding=True,
-                 show_edge=False)
+def _table() -> Table:
+    return Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
 
 
-def _title(doc: dict, what: str) -> str:
-    return f"Group {doc['group']}: {doc['total']} {what} on the {doc['node']} ({doc['address']})"
+def _titled(doc: dict, what: str, table: Table) -> Group:
+    """The title on a line of its own: a narrow table would wrap it."""
+    return Group(Text(f"Group {doc['group']}: {doc['total']} {what} on the {doc['node']} ({doc['address']})",
+                      style="italic"), table)
 
 
-def clients_table(doc: dict) -> Table:
-    table = _table(_title(doc, "clients"))
+def clients_table(doc: dict) -> Group:
+    table = _table()
     for name in ("Client ID", "User", "Peer", "MQTT"):
         table.add_column(name, no_wrap=name != "Client ID")
     for name in ("Keep-alive", "Connected", "In flight", "Queued"):
@@ -90,11 +92,11 @@ def clients_table(doc: dict) -> Table:
                       c["peer"] + (" (TLS)" if c["tls"] else ""), c["protocol"], f"{c['keep_alive_s']} s",
                       age(int(c["connected_s"] * 1000)), f"{c['inflight_out']} out, {c['inflight_in']} in",
                       f"{c['queued']:,}")
-    return table
+    return _titled(doc, "clients", table)
 
 
-def sessions_table(doc: dict) -> Table:
-    table = _table(_title(doc, "sessions"))
+def sessions_table(doc: dict) -> Group:
+    table = _table()
     for name in ("Client ID", "State", "MQTT"):
         table.add_column(name, no_wrap=name != "Client ID")
     for name in ("Expiry", "Subscriptions", "Queued", "In flight", "Queued bytes"):
@@ -104,11 +106,11 @@ def sessions_table(doc: dict) -> Table:
         expiry = "never" if s["expiry_s"] is None else f"{s['expiry_s']} s"
         table.add_row(s["client_id"], state, s["protocol"], expiry, str(s["subscriptions"]), f"{s['queued']:,}",
                       str(s["inflight"]), size(s["queued_bytes"]))
-    return table
+    return _titled(doc, "sessions", table)
 
 
-def subscriptions_table(doc: dict) -> Table:
-    table = _table(_title(doc, "subscriptions"))
+def subscriptions_table(doc: dict) -> Group:
+    table = _table()
     table.add_column("Client ID")
     table.add_column("Filter")
     table.add_column("QoS", justify="right", no_wrap=True)
@@ -121,7 +123,7 @@ def subscriptions_table(doc: dict) -> Table:
         if s["subscription_id"]:
             options.append(f"id {s['subscription_id']}")
         table.add_row(s["client_id"], s["filter"], str(s["qos"]), ", ".join(options) or NOT_APPLICABLE)
-    return table
+    return _titled(doc, "subscriptions", table)
 
 
 RENDERERS = {"clients": clients_table, "sessions": sessions_table, "subscriptions": subscriptions_table}

@@ -53,7 +53,7 @@ PACKETS_PER_TURN = 256
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_l", "_loop", "transport", "_packets", "peer", "accepted", "closing", "close_reason", "client_id",
+        "_l", "_loop", "transport", "_packets", "peer", "accepted", "accepted_at", "closing", "close_reason", "client_id",
         "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
         "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted")
 
