@@ -11,7 +11,8 @@ Rules:
   (appliance/admin_credential.py; what a browser sends to the status page).
 - A missing or wrong credential is a 401 JSON error with WWW-Authenticate
   challenges for both schemes (Basic first, so a browser shows its prompt).
-- Failures are counted per client address (`FailureLimiter`): past
+- Wrong credentials are counted per client address (`FailureLimiter`; a
+  request without any is not a guess, it is how a browser starts): past
   `max_failures` within `window_ms`, that address gets 429 with Retry-After
   until the window ends, and no credential of its is checked at all. The
   table is bounded (`max_addresses`, oldest entry out first).
@@ -129,8 +130,9 @@ class ApiAuth:
             principal = await self._verify(request.headers.get("Authorization"))
         except Refused as exc:
             if exc.status == 401:
-                self.limiter.failed(address, time.monotonic_ns() // 1_000_000)
                 self.counters["refused"] += 1
+                if request.headers.get("Authorization"):
+                    self.limiter.failed(address, time.monotonic_ns() // 1_000_000)
             raise
         self.limiter.succeeded(address)
         self.counters["accepted"] += 1

@@ -174,3 +174,13 @@ def test_admin_file_is_private_and_bad_files_are_one_sentence(tmp_path):
         assert fragment in str(refused.value)
     with pytest.raises(ConfigError, match="at least 12 characters"):
         new_credential("admin", "short")
+
+
+def test_requests_without_a_credential_are_not_counted_as_guesses(tmp_path):
+    """A browser's first request carries none; only wrong credentials count towards the limit."""
+    async def body(session, url, auth):
+        for _ in range(5):
+            assert (await call(session, url))[0] == 401
+        assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+
+    run_app(tmp_path, body, limiter=FailureLimiter(max_failures=2, window_ms=60_000))
