@@ -29,6 +29,7 @@ from .terminal import Terminal
 
 ROUTING = (Role.PRIMARY, Role.BACKUP)
 WHAT = ("clients", "sessions", "subscriptions")
+CLIENT_ID_MIN_WIDTH = 10  # a narrow terminal folds long ids rather than dropping the column
 
 
 def fetch_active(config: GroupConfig, path: str, query: dict | None = None) -> tuple[Role, dict]:
@@ -83,9 +84,11 @@ def _titled(doc: dict, what: str, table: Table) -> Group:
 
 def clients_table(doc: dict) -> Group:
     table = _table()
-    for name in ("Client ID", "User", "Peer", "MQTT"):
-        table.add_column(name, no_wrap=name != "Client ID")
-    for name in ("Keep-alive", "Connected", "In flight", "Queued"):
+    table.add_column("Client ID", min_width=CLIENT_ID_MIN_WIDTH, overflow="fold")
+    table.add_column("User", overflow="fold")
+    table.add_column("Peer", overflow="fold")
+    table.add_column("MQTT", no_wrap=True)
+    for name in ("Keep-alive", "Online", "In flight", "Queued"):
         table.add_column(name, justify="right", no_wrap=True)
     for c in doc["clients"]:
         table.add_row(c["client_id"], c["username"] or Text(NOT_APPLICABLE, "dim"),
@@ -97,8 +100,9 @@ def clients_table(doc: dict) -> Group:
 
 def sessions_table(doc: dict) -> Group:
     table = _table()
-    for name in ("Client ID", "State", "MQTT"):
-        table.add_column(name, no_wrap=name != "Client ID")
+    table.add_column("Client ID", min_width=CLIENT_ID_MIN_WIDTH, overflow="fold")
+    for name in ("State", "MQTT"):
+        table.add_column(name, no_wrap=True)
     for name in ("Expiry", "Subscriptions", "Queued", "In flight", "Queued bytes"):
         table.add_column(name, justify="right", no_wrap=True)
     for s in doc["sessions"]:
@@ -111,8 +115,8 @@ def sessions_table(doc: dict) -> Group:
 
 def subscriptions_table(doc: dict) -> Group:
     table = _table()
-    table.add_column("Client ID")
-    table.add_column("Filter")
+    table.add_column("Client ID", min_width=CLIENT_ID_MIN_WIDTH, overflow="fold")
+    table.add_column("Filter", min_width=CLIENT_ID_MIN_WIDTH, overflow="fold")
     table.add_column("QoS", justify="right", no_wrap=True)
     table.add_column("Options", no_wrap=True)
     for s in doc["subscriptions"]:
