@@ -9,6 +9,7 @@ Requests are plain urllib/http.client; the admin password is set with the real `
 import base64
 import http.client
 import json
+import os
 import subprocess
 import sys
 import time
@@ -119,6 +120,15 @@ def test_clients_sessions_and_subscriptions_on_the_active_and_a_standby(group):
         assert status == 200 and subs["subscriptions"] == [{
             "client_id": "api-v5", "filter": "plant/+/temp", "qos": 1, "no_local": True,
             "retain_as_published": False, "retain_handling": 1, "subscription_id": 7}]
+        shown = pairmq(group, "show", "subscriptions", "--client", "api-v5", "--json")
+        assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+        assert json.loads(shown.stdout) == {"schema": 1, "group": "test", "node": "primary",
+                                            "address": group.address(P), "total": 1, "truncated": False,
+                                            "subscriptions": subs["subscriptions"]}
+        table = pairmq(group, "show", "sessions")
+        assert table.returncode == 0 and "Group test: 3 sessions on the primary" in table.stdout, table
+        assert [line.split()[:2] for line in table.stdout.splitlines()[3:]] == [
+            ["api-311", "online"], ["api-offline", "offline"], ["api-v5", "online"]]
         assert call(group, P, "/api/v1/subscriptions?client=nobody")[1]["subscriptions"] == []
         assert call(group, P, "/api/v1/subscriptions?limit=1")[1]["truncated"] is True
 
@@ -156,6 +166,15 @@ def test_events_are_the_nodes_own_latest_lines(group):
     stamps = [e["ts"] for e in doc["events"]]
     assert stamps == sorted(stamps) and time.time() - stamps[-1] < 10
     assert call(group, M, f"/api/v1/events?since={time.time() + 3600}")[1]["events"] == []
+    tail = pairmq(group, "events", "tail", "--role", "monitor", "--limit", "3", "--json")
+    assert tail.returncode == 0, tail.stderr
+    doc = json.loads(tail.stdout)
+    assert doc["node"] == "monitor" and len(doc["events"]) == 3 and doc["events"][0]["node"] == "monitor"
+    lines = pairmq(group, "events", "tail", "--role", "monitor", "--limit", "2").stdout.splitlines()
+    assert len(lines) == 2 and all(" monitor " in line for line in lines), lines
+    refused = pairmq(group, "events", "tail", "--limit", "0")
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "error: the primary node refused: limit must be a whole number from 1 to 1000, not 0"], refused.stderr
     first = group.events(M)[0]
     status, doc = call(group, M, f"/api/v1/events?since={first['ts']}&limit=1000")
     assert doc["events"][0] == first  # the whole log since the first event, oldest first
@@ -183,6 +202,12 @@ def test_failed_attempts_are_limited_per_client_address(group):
     assert 1 <= int(headers["Retry-After"]) <= 60
     assert request(group, P, "/api/v1/redundancy", token)[0] == 200  # another address is not affected
     assert request(group, B, "/api/v1/redundancy", token, source=source)[0] == 200  # nor another node
+
+
+def pairmq(g, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args, "--group", str(g.dir / "group.toml")],
+                          capture_output=True, text=True, timeout=30, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "160"})  # tables as wide as a pipe gets them
 
 
 def group_token(g) -> str:
