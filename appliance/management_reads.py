@@ -115,7 +115,7 @@ def _bounded(rows: list[dict], limit: int, key: str) -> dict:
 async def _index(request: web.Request) -> web.Response:
     node = request.app["node"]
     return web.json_response({"schema": SCHEMA, "role": node.role.value, "group": node.config.name,
-                              "principal": request.get(PRINCIPAL),
+                              "principal": request.get(PRINCIPAL), "auth": request.app["auth"].view(),
                               "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
 

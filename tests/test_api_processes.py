@@ -66,6 +66,7 @@ def test_every_route_on_every_node_needs_a_credential(group):
             assert headers.get_all("WWW-Authenticate")[0].startswith("Basic realm=")
         status, doc, _ = request(group, role, "/api/v1", basic("admin", ADMIN_PASSWORD))
         assert status == 200 and doc["principal"] == "admin:admin" and doc["role"] == role.value
+        assert doc["auth"]["admin_configured"] is True and doc["auth"]["admin_file_problem"] is None
         assert {(e["method"], e["path"]) for e in doc["endpoints"]} == {(m, p) for m, p, _ in ENDPOINTS}
         assert call(group, role, "/api/v1/redundancy")[0] == 200  # the group's bearer token
         status, doc, _ = request(group, role, "/api/v1/redundancy", basic("admin", ADMIN_PASSWORD + "!"))
