@@ -184,3 +184,36 @@ def test_requests_without_a_credential_are_not_counted_as_guesses(tmp_path):
         assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
 
     run_app(tmp_path, body, limiter=FailureLimiter(max_failures=2, window_ms=60_000))
+
+
+def test_any_authorization_header_is_refused_cleanly(tmp_path):
+    """Whatever a client puts in the header: a principal for the two real credentials, else Refused(401)
+    with one sentence; never another exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from appliance.api_auth import Refused
+
+    path = tmp_path / "admin"
+    write_admin(path, new_credential("admin", PASSWORD))
+    auth = ApiAuth(TOKEN, AdminFile(path), FailureLimiter(max_failures=10**9))
+    loop = asyncio.new_event_loop()
+    latin1 = st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=200)
+    b64 = st.binary(max_size=100).map(lambda b: base64.b64encode(b).decode())
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(latin1, latin1.map(lambda t: "Bearer " + t), latin1.map(lambda t: "Basic " + t),
+                     b64.map(lambda t: "Basic " + t), st.just(f"bearer {TOKEN}")))
+    def check(header):
+        try:
+            principal = loop.run_until_complete(auth._verify(header))
+        except Refused as exc:
+            assert exc.status == 401 and str(exc) and "\n" not in str(exc)
+        else:
+            assert principal == "token" and header.lower() == f"bearer {TOKEN}"
+
+    try:
+        check()
+    finally:
+        loop.close()
+        auth.close()
