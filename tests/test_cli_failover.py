@@ -151,3 +151,14 @@ def test_a_bad_group_file_is_one_sentence(tmp_path):
                                 text=True, timeout=30, cwd=REPO)
         assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
         assert result.stderr.startswith("error: ") and "bogus" in result.stderr, result.stderr
+
+
+def test_a_node_with_a_malformed_admin_file_does_not_start(tmp_path):
+    """Never guess who may manage the group: one sentence, exit 1, before any socket is bound."""
+    group = Group(tmp_path / "group")  # written, not entered: no ports are taken
+    (group.dir / "admin").write_text('{"version": 1, "username": "admin"}')
+    result = subprocess.run([sys.executable, "-m", "cli.main", "node", "--role", "monitor", "--group",
+                             str(group.dir / "group.toml")], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"the admin credential {group.dir / 'admin'} must be {{version: 1, username, password}}" in \
+        result.stderr.strip().splitlines()[-1], result.stderr
