@@ -1,20 +1,30 @@
 """The management API on port 8080 (aiohttp), the only thing the CLI talks to.
 
-Reads are open on the node's own address; changes need the bearer token
-derived from the group secret. Errors are JSON: {"error": "one sentence"}.
-This is the redundancy slice of the API; the operations work adds the rest.
+Rules:
+- It binds the node's own address only (never 0.0.0.0).
+- Every route, reads and routes added later included, needs a credential:
+  the group's bearer token or the admin password over HTTP Basic
+  (appliance/api_auth.py, one middleware in front of everything).
+- Errors are JSON: {"error": "one sentence"}.
+- A change the node cannot take because it is not active (release-activity,
+  revert-activity, config changes) is a 409 that names the active's
+  management address in `active` (null when none is active). force-activity
+  is the exception by design: it is how a non-active node is made active.
+- The read endpoints behind the CLI's show commands are in management_reads.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import logging
 
 from aiohttp import http_exceptions, web
 
+from .admin_credential import AdminFile, admin_path
+from .api_auth import ApiAuth, auth_middleware
 from .errors import LocalProtocolError
+from .management_reads import active_management_address, add_routes
 
 
 class _BadRequestsAreOneLine(logging.Filter):
@@ -31,12 +41,20 @@ class _BadRequestsAreOneLine(logging.Filter):
         return True
 
 
-def build_app(node) -> web.Application:
+def new_auth(node) -> ApiAuth:
+    """The node's API credentials; a malformed admin file stops the node here with one sentence."""
+    return ApiAuth(node.management_tokens, AdminFile(admin_path(node.config)))
+
+
+def build_app(node, auth: ApiAuth | None = None) -> web.Application:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _BadRequestsAreOneLine) for f in server_log.filters):
         server_log.addFilter(_BadRequestsAreOneLine())
-    app = web.Application(middlewares=[_errors_as_json])
+    auth = auth or new_auth(node)
+    app = web.Application(middlewares=[_errors_as_json, auth_middleware(auth)])
     app["node"] = node
+    app["auth"] = auth
+    add_routes(app)
     app.router.add_get("/api/v1/redundancy", _redundancy)
     app.router.add_get("/api/v1/message-spool", _message_spool)
     app.router.add_post("/api/v1/redundancy/force-activity", _force_activity)
@@ -78,9 +96,7 @@ async def _message_spool(request: web.Request) -> web.Response:
 
 
 async def _change_body(request: web.Request, flag: str) -> dict | web.Response:
-    """An authorized change's JSON object whose optional `flag` is a boolean, or the error to answer."""
-    if not _authorized(request, request.app["node"].management_token):
-        return _error(401, "a valid management token is required for changes")
+    """A change's JSON object whose optional `flag` is a boolean, or the error to answer."""
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -122,10 +138,19 @@ async def _handover(request: web.Request, why: str, **kw) -> web.Response:
     try:
         outcome = await node.handover(why, **kw)
     except LocalProtocolError as exc:
-        return _error(409, str(exc))
+        return _refusal(node, str(exc))
     if outcome.result == "aborted":
-        return _error(409, outcome.sentence)
+        return _refusal(node, outcome.sentence)
     return web.json_response(outcome.json(node.role))
+
+
+def _refusal(node, sentence: str) -> web.Response:
+    """409 naming the active node's management address (null if none is active, or it is this node)."""
+    active = active_management_address(node)
+    mine = f"{node.spec.address}:{node.config.ports.management}"
+    return web.json_response({"error": sentence, "active": None if active == mine else active}, status=409)
+
+
 # --- configuration (config-sync) ------------------------------------------------------------------
 
 
@@ -159,10 +184,7 @@ async def _config(request: web.Request) -> web.Response:
 
 
 async def _config_document(request: web.Request) -> web.Response:
-    """The whole document, password records included: for `pairmq config assert` (token only)."""
-    node = request.app["node"]
-    if not _authorized(request, node.management_token):
-        return _error(401, "a valid management token is required to read the configuration document")
+    """The whole document, password records included: for `pairmq config assert`."""
     configuration = _configuration(request)
     return web.json_response({"version": configuration.store.head.version,
                               "digest": configuration.store.head.digest,
@@ -176,8 +198,6 @@ async def _config_changes(request: web.Request) -> web.Response:
     from configsync.service import NotActive
 
     node = request.app["node"]
-    if not _authorized(request, node.management_token):
-        return _error(401, "a valid management token is required for changes")
     configuration = _configuration(request)
     try:
         body = await request.json()
@@ -207,20 +227,14 @@ async def _config_changes(request: web.Request) -> web.Response:
         "config_sync": configuration.sync.status().value})
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    """The bearer token of any key the node holds (two during a secret rotation), else `token`."""
-    header = request.headers.get("Authorization", "")
-    tokens = getattr(request.app["node"], "management_tokens", lambda: [token])()
-    return header.startswith("Bearer ") and any(hmac.compare_digest(header[7:].encode(), t.encode()) for t in tokens)
-
-
 class ManagementServer:
     def __init__(self, node) -> None:
         self.node = node
+        self.auth = new_auth(node)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.node), access_log=None)
+        self._runner = web.AppRunner(build_app(self.node, self.auth), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.node.spec.address, self.node.config.ports.management,
                            reuse_address=True)
@@ -229,3 +243,4 @@ class ManagementServer:
     async def stop(self) -> None:
         if self._runner:
             await self._runner.cleanup()
+        self.auth.close()

@@ -32,7 +32,7 @@ from appliance.config import Limits, Timers
 from appliance.roles import Role
 from bench.brokers import log
 from bench.spoolfill import fill
-from cli.api import base_url, get_json
+from cli.api import base_url, get_json, token
 from tests.group import Group
 
 POLL_S = 0.1
@@ -44,7 +44,7 @@ TIMERS = Timers(lease_ms=5_000, takeover_margin_ms=500, broker_stall_ms=60_000) 
 
 def view(g: Group, role: Role) -> dict | None:
     try:
-        return get_json(f"{base_url(g.config, role)}/api/v1/redundancy", timeout_s=2.0)
+        return get_json(f"{base_url(g.config, role)}/api/v1/redundancy", timeout_s=2.0, token=token(g.config))
     except Exception:  # noqa: BLE001 - not up yet, or busy: poll again
         return None
 

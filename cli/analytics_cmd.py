@@ -25,7 +25,9 @@ def add_parsers(commands, examples) -> None:
     verbs = analytics.add_subparsers(dest="verb", metavar="VERB", parser_class=type(analytics))
     analytics.set_defaults(handler=lambda args, term: _help(analytics, term))
     p = verbs.add_parser("summarize", help="summarize event logs",
-                         description=__doc__.split("\n\n", 1)[1])
+                         description=__doc__.split("\n\n", 1)[1],
+                         epilog=examples("pairmq analytics summarize local/data",
+                                         "pairmq analytics summarize /var/lib/pairmq --out /tmp/report --json"))
     p.add_argument("logs", nargs="+", metavar="LOGS", help="directories or files of event log segments")
     p.add_argument("--master", metavar="URL", help="Spark master URL (default: local[2], in this process)")
     p.add_argument("--out", metavar="DIR", help="ingest into and write the reports to DIR (local or Hadoop path)")

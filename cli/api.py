@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import socket
 import urllib.error
 import urllib.request
 
-from appliance.config import GroupConfig
-from appliance.errors import PairMQError
+from appliance.config import GroupConfig, load_secret
+from appliance.errors import ConfigError, PairMQError
 from appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0
 MAX_RESPONSE_BYTES = 1 << 20
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+TOKEN_ENV = "PAIRMQ_TOKEN"  # for a host where the operator cannot read the group secret
 
 
 class ApiError(PairMQError):
     """A node answered with an error, or with something that is not the API."""
+
+    status: int | None = None  # the HTTP status of an error answer
 
 
 class NodeUnreachable(ApiError):
@@ -36,6 +40,19 @@ def base_url(config: GroupConfig, role: Role) -> str:
     address = config.node(role).address
     host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{config.ports.management}"
+
+
+def token(config: GroupConfig) -> str:
+    """The management token every request carries: $PAIRMQ_TOKEN, else derived from the group secret."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
+    from appliance.node import management_token
+
+    try:
+        return management_token(load_secret(config))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (the CLI signs its requests with the token derived from it; run as a user "
+                          f"who can read it, or set ${TOKEN_ENV})") from None
 
 
 def get_json(url: str, *, timeout_s: float = READ_TIMEOUT_S, token: str | None = None) -> dict:
@@ -60,7 +77,9 @@ def _call(request: urllib.request.Request, timeout_s: float) -> dict:
             message = json.loads(body)["error"]
         except (ValueError, KeyError, TypeError):
             message = f"{request.full_url} answered HTTP {exc.code} {exc.reason}"
-        raise ApiError(str(message)) from None
+        error = ApiError(str(message))
+        error.status = exc.code
+        raise error from None
     except urllib.error.URLError as exc:
         raise NodeUnreachable(_describe(exc.reason, timeout_s)) from None
     except (TimeoutError, socket.timeout) as exc:
@@ -100,16 +119,16 @@ def fetch_redundancy(config: GroupConfig, *, timeout_s: float = READ_TIMEOUT_S) 
     A node that does not answer is an entry `{"role", "address", "reachable":
     false, "error"}`; one that does gets `"reachable": true` added to its view.
     """
-    roles = list(Role)
+    roles, key = list(Role), token(config)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(roles)) as pool:
-        futures = [pool.submit(_fetch_one, config, role, timeout_s) for role in roles]
+        futures = [pool.submit(_fetch_one, config, role, timeout_s, key) for role in roles]
         return [future.result() for future in futures]
 
 
-def _fetch_one(config: GroupConfig, role: Role, timeout_s: float) -> dict:
+def _fetch_one(config: GroupConfig, role: Role, timeout_s: float, key: str) -> dict:
     address = config.node(role).address
     try:
-        view = get_json(f"{base_url(config, role)}/api/v1/redundancy", timeout_s=timeout_s)
+        view = get_json(f"{base_url(config, role)}/api/v1/redundancy", timeout_s=timeout_s, token=key)
     except ApiError as exc:
         return {"role": role.value, "address": address, "reachable": False, "error": str(exc)}
     return {**view, "reachable": True}

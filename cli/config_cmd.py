@@ -22,7 +22,7 @@ from rich import box
 from rich.table import Table
 
 from appliance.broker.access import SALT_BYTES, Action, hash_password
-from appliance.config import GroupConfig, load_group, load_secret
+from appliance.config import GroupConfig, load_group
 from appliance.errors import PairMQError
 from appliance.roles import Role
 from configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
@@ -44,9 +44,7 @@ def _config(args) -> GroupConfig:
 
 
 def _token(config: GroupConfig) -> str:
-    from appliance.node import management_token
-
-    return management_token(load_secret(config))
+    return api.token(config)
 
 
 def submit(term: Terminal, config: GroupConfig, *changes: dict) -> dict:
@@ -80,12 +78,12 @@ def read_config(config: GroupConfig, path: str = "/api/v1/config", *, token: str
     for r in ([role] if role else ROUTING):
         try:
             url = f"{api.base_url(config, r)}{path}"
-            document = api.get_json(url, token=token)
+            document = api.get_json(url, token=token or _token(config))
         except api.ApiError as exc:
             errors.append(f"the {r.value}: {exc}")
             continue
         found = found or document
-        status = api.get_json(f"{api.base_url(config, r)}/api/v1/redundancy")
+        status = api.get_json(f"{api.base_url(config, r)}/api/v1/redundancy", token=_token(config))
         if role is not None or status.get("serving"):
             return document
     if found is not None:
@@ -198,7 +196,8 @@ def show_config_sync(term: Terminal, config: GroupConfig, *, as_json: bool) -> i
     for role in ROUTING:
         try:
             nodes.append({"role": role.value, "reachable": True,
-                          **api.get_json(f"{api.base_url(config, role)}/api/v1/config-sync")})
+                          **api.get_json(f"{api.base_url(config, role)}/api/v1/config-sync",
+                                         token=_token(config))})
         except api.ApiError as exc:
             nodes.append({"role": role.value, "reachable": False, "error": str(exc)})
     if not any(n["reachable"] for n in nodes):

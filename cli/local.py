@@ -147,6 +147,14 @@ def up(term: Terminal, directory: Path) -> int:
             write_access(access_path(written.config.node(role).data_dir), AccessPolicy(allow_anonymous=True))
         term.note(f"anonymous MQTT clients are allowed; refuse them with `pairmq config anonymous refuse "
                   f"--group {layout.group_file}` after adding users")
+        from appliance.admin_credential import DEFAULT_USER, generate_password
+
+        from .admin_cmd import set_admin
+
+        password = generate_password()
+        set_admin(written.config, DEFAULT_USER, password)
+        term.note(f"the management API's admin password (user {DEFAULT_USER}, for a browser; shown once, change it "
+                  f"with `pairmq admin passwd --group {layout.group_file}`): {password}")
     config = load_group(layout.group_file)
     load_secret(config)  # a missing or unsafe secret is this command's error, not three dead nodes
     _refuse_taken_ports(config, directory)

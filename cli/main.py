@@ -78,6 +78,10 @@ def build_parser() -> Parser:
     _local_parser(commands)
     _show_parser(commands)
     _redundancy_parser(commands)
+    _events_parser(commands)
+    from .admin_cmd import add_parsers as _admin_parsers
+
+    _admin_parsers(commands, _add_group, _examples)
     from .config_cmd import add_parsers as _config_parsers
 
     _config_parsers(commands, _add_group, _examples)
@@ -108,7 +112,8 @@ def _init_parser(commands) -> None:
         epilog=_examples("pairmq init --dir /etc/pairmq --name orders --primary 10.0.0.1 --backup 10.0.0.2 "
                          "--monitor 10.0.0.3",
                          "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
-                         "pairmq init --dir /etc/pairmq --force           # replace the group file and secret"))
+                         "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
+                         "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password"))
     p.add_argument("--dir", type=Path, default=DEFAULT_GROUP_PATH.parent,
                    help=f"where to write group.toml and secret (default: {DEFAULT_GROUP_PATH.parent})")
     p.add_argument("--name", default="pairmq", help="the group name (default: pairmq)")
@@ -117,6 +122,9 @@ def _init_parser(commands) -> None:
     p.add_argument("--data-dir", default="/var/lib/pairmq", metavar="PATH",
                    help="base of each node's data directory (default: /var/lib/pairmq)")
     p.add_argument("--force", action="store_true", help="replace an existing group file and secret")
+    p.add_argument("--admin-password-stdin", action="store_true", dest="password_stdin",
+                   help="read the management API's admin password from stdin's first line (default: generate "
+                        "one and print it once)")
     p.set_defaults(handler=_cmd_init)
 
 
@@ -176,6 +184,50 @@ def _show_parser(commands) -> None:
     from .secret_cmd import add_show_parser as _secret_show_parser
 
     _secret_show_parser(things, _add_group, _examples)
+    _show_broker_parsers(things)
+
+
+def _show_broker_parsers(things) -> None:
+    for what, help_text, description in (
+            ("clients", "the connected clients on the active node",
+             "Client id, user, peer address, MQTT version, keep-alive, connected since, in-flight and queued "
+             "messages of every client connected to the active node."),
+            ("sessions", "the sessions on the active node, offline ones included",
+             "Every session the active node holds: online or offline, expiry, subscriptions, queued and "
+             "in-flight messages."),
+            ("subscriptions", "the subscriptions on the active node",
+             "Every subscription on the active node: client, filter, QoS and MQTT 5 options.")):
+        p = things.add_parser(what, help=help_text, description=description,
+                              epilog=_examples(f"pairmq show {what}", f"pairmq show {what} --json",
+                                               *(["pairmq show subscriptions --client sensor-7"]
+                                                 if what == "subscriptions" else [])))
+        p.add_argument("--json", action="store_true",
+                       help=f"print a JSON document: {{group, node, address, {what}: [...], total, truncated}}")
+        p.add_argument("--limit", type=int, metavar="N", help="show at most N rows (1-10000, default 1000)")
+        if what == "subscriptions":
+            p.add_argument("--client", metavar="ID", help="only this client's subscriptions")
+        _add_group(p)
+        p.set_defaults(handler=_cmd_show_broker, what=what)
+
+
+def _events_parser(commands) -> None:
+    events = commands.add_parser("events", help="a node's event log",
+                                 description="Read a node's event log through its management API.",
+                                 epilog=_examples("pairmq events tail", "pairmq events tail --role backup --json"))
+    actions = events.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    events.set_defaults(handler=lambda args, term: _help(events, term))
+    p = actions.add_parser(
+        "tail", help="the latest events of one node",
+        description="The latest events of one node's event log, oldest first, one per line (or --json).",
+        epilog=_examples("pairmq events tail", "pairmq events tail --role monitor --limit 20",
+                         "pairmq events tail --since 1795000000 --json"))
+    p.add_argument("--role", choices=[r.value for r in Role], default="primary",
+                   help="whose event log (default: primary)")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events (1-1000, default 50)")
+    p.add_argument("--since", type=float, metavar="TS", help="only events at or after TS (seconds since the epoch)")
+    p.add_argument("--json", action="store_true", help="print a JSON document: {group, node, events: [...]}")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_events_tail)
 
 
 def _redundancy_parser(commands) -> None:
@@ -224,8 +276,20 @@ def _redundancy_parser(commands) -> None:
 def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     from .init_group import group_addresses, write_group
 
+    from appliance.admin_credential import DEFAULT_USER, check_password, generate_password
+
+    from .admin_cmd import set_admin
+
     addresses = group_addresses(args.primary, args.backup, args.monitor)
+    if args.password_stdin:
+        from .config_cmd import _read_password
+
+        password = _read_password(args).decode()
+        check_password(password)  # before anything is written
+    else:
+        password = generate_password()
     written = write_group(args.dir, name=args.name, addresses=addresses, data_dir=args.data_dir, force=args.force)
+    admin_file = set_admin(written.config, DEFAULT_USER, password)
     term.note(f"{'replaced' if written.replaced else 'wrote'} {written.group_file} (group {written.config.name!r})")
     term.note(f"{'replaced' if written.replaced else 'wrote'} {written.secret_file} (mode 0600; keep it private)")
     if all(address.startswith("127.") for _, address, _ in written.node_commands()):
@@ -234,6 +298,10 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
         term.note("copy both files to the same paths on each host, then run there:")
     for role, address, command in written.node_commands():
         term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
+    term.note(f"wrote {admin_file} (the management API's admin credential, mode 0600; copy it with the secret)")
+    if not args.password_stdin:
+        term.print_text(f"admin password (user {DEFAULT_USER}, shown once; change it with `pairmq admin passwd`): "
+                        f"{password}")
     return 0
 
 
@@ -263,6 +331,20 @@ def _cmd_show_config_sync(args: argparse.Namespace, term: Terminal) -> int:
     from .config_cmd import show_config_sync
 
     return show_config_sync(term, load_group(group_path(args)), as_json=args.json)
+
+
+def _cmd_show_broker(args: argparse.Namespace, term: Terminal) -> int:
+    from .show_broker import show
+
+    return show(term, load_group(group_path(args)), args.what, as_json=args.json,
+                client=getattr(args, "client", None), limit=args.limit)
+
+
+def _cmd_events_tail(args: argparse.Namespace, term: Terminal) -> int:
+    from .show_broker import events_tail
+
+    return events_tail(term, load_group(group_path(args)), Role(args.role), as_json=args.json, since=args.since,
+                       limit=args.limit)
 
 
 def _cmd_force_activity(args: argparse.Namespace, term: Terminal) -> int:

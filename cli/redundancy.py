@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appliance.config import GroupConfig, load_secret
+from appliance.config import GroupConfig
 from appliance.errors import PairMQError
 from appliance.roles import Role
 
@@ -68,6 +68,4 @@ def _active_role(config: GroupConfig) -> Role:
 
 
 def _token(config: GroupConfig) -> str:
-    from appliance.node import management_token
-
-    return management_token(load_secret(config))
+    return api.token(config)

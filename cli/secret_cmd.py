@@ -82,9 +82,26 @@ def _config(args) -> GroupConfig:
 # --- reading the group ------------------------------------------------------------------
 
 
+def _get(config: GroupConfig, role: Role, path: str) -> dict:
+    """GET with the token of each key in the secret file, newest first, until the node takes one:
+    mid-rotation a node may hold either key."""
+    from appliance.node import management_token
+
+    ring = _read_file(config)
+    key_ids = sorted(ring.keys, reverse=True)
+    for key_id in key_ids:
+        try:
+            return get_json(f"{base_url(config, role)}{path}", timeout_s=STEP_TIMEOUT_S,
+                            token=management_token(ring.keys[key_id]))
+        except ApiError as exc:
+            if exc.status != 401 or key_id == key_ids[-1]:
+                raise
+    raise AssertionError("unreachable: the secret file holds at least one key")
+
+
 def _fetch(config: GroupConfig, role: Role) -> dict:
     try:
-        return get_json(f"{base_url(config, role)}/api/v1/secret", timeout_s=STEP_TIMEOUT_S)
+        return _get(config, role, "/api/v1/secret")
     except ApiError as exc:
         raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
 
@@ -98,7 +115,7 @@ def _order(config: GroupConfig) -> list[Role]:
     active = None
     for role in (Role.PRIMARY, Role.BACKUP):
         try:
-            if get_json(f"{base_url(config, role)}/api/v1/redundancy", timeout_s=STEP_TIMEOUT_S).get("serving"):
+            if _get(config, role, "/api/v1/redundancy").get("serving"):
                 active = role
         except ApiError:
             pass

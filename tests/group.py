@@ -193,12 +193,22 @@ class Group:
         syncs = [d for d in self.decisions(Role.BACKUP, "sync") if "in sync" in d["reason"]]
         return bool(syncs) and "out of sync" not in syncs[-1]["reason"]
 
+    def api(self, role: Role, path: str, timeout_s: float = 5.0) -> dict:
+        """GET a management API path on `role` with the group's token (every route needs a credential);
+        an error answer raises urllib's HTTPError."""
+        from appliance.config import load_secret
+        from appliance.node import management_token
+
+        url = f"http://{self.address(role)}:{self.config.ports.management}{path}"
+        request = urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {management_token(load_secret(self.config))}"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.load(response)
+
     def config_in_sync(self, active: Role = Role.PRIMARY) -> bool:
         """The active's config-sync view says its standby holds its configuration (issue 5)."""
-        url = f"http://{self.address(active)}:{self.config.ports.management}/api/v1/config-sync"
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return json.load(response)["status"] == "In-Sync"
+            return self.api(active, "/api/v1/config-sync", timeout_s=2)["status"] == "In-Sync"
         except (OSError, ValueError, KeyError):
             return False
 

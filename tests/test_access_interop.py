@@ -17,7 +17,6 @@ off again) through the configuration API on the active (config-sync).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import queue
 import signal
@@ -27,7 +26,6 @@ import struct
 import subprocess
 import time
 import uuid
-import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -80,8 +78,7 @@ def _serving(g: Group) -> bool:
 
 
 def node_view(g: Group) -> dict:
-    with urllib.request.urlopen(f"http://{HOST}:{g.config.ports.management}/api/v1/redundancy", timeout=5) as r:
-        return json.load(r)
+    return g.api(Role.PRIMARY, "/api/v1/redundancy")
 
 
 def set_policy(g: Group, policy: AccessPolicy) -> None:

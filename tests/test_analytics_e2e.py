@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -158,9 +157,7 @@ def test_a_full_disk_stops_event_logging_not_the_node(tmp_path):
         assert len(receive(got, 10)) == 10
         sub.disconnect()
         sub.loop_stop()
-        url = f"http://{g.address(P)}:{g.config.ports.management}/api/v1/redundancy"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            log = json.load(r)["event_log"]
+        log = g.api(P, "/api/v1/redundancy")["event_log"]
         assert log["failed"] == f"No space left on device ({events_dir / 'events.jsonl'})"
         assert log["written"] == 0 and log["lost"] > 10
         assert g.events(B), "the backup's log is unaffected"

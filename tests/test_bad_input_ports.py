@@ -62,9 +62,7 @@ def swept(tmp_path_factory):
 
 
 def view(g: Group, role: Role) -> dict:
-    url = f"http://{g.address(role)}:{g.config.ports.management}/api/v1/redundancy"
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        return json.load(answer)
+    return g.api(role, "/api/v1/redundancy")
 
 
 def _decisions(g: Group, role: Role) -> list[str]:
@@ -111,9 +109,7 @@ def refusals(g: Group, role: Role, part: str) -> int:
 
 
 def config_sync_view(g: Group, role: Role) -> dict:
-    url = f"http://{g.address(role)}:{g.config.ports.management}/api/v1/config-sync"
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        return json.load(answer)
+    return g.api(role, "/api/v1/config-sync")
 
 
 # --- the mate link (8301) and config-sync (8302): garbage, truncated, oversized -----------------
@@ -165,7 +161,8 @@ def test_garbage_and_oversized_http_get_a_4xx(swept, role):
         "an oversized header": (b"GET /api/v1/redundancy HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000
                                 + b"\r\n\r\n", (400, 431)),
         "an oversized request line": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", (400, 414)),
-        "an unknown path": (b"GET /api/v1/no-such-thing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", (404,)),
+        # Every route needs a credential, unknown ones too (routes can't be probed): 401, not 404.
+        "an unknown path": (b"GET /api/v1/no-such-thing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", (401,)),
     }
     for name, (request, statuses) in cases.items():
         status, answer = http_raw(swept, role, request)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import urllib.error
-import urllib.request
 
 import pytest
 
@@ -42,18 +41,15 @@ def group(tmp_path_factory):
 
 
 def spool_view(group: Group) -> dict:
-    url = f"http://{group.address(Role.PRIMARY)}:{group.config.ports.management}/api/v1/message-spool"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
+    return group.api(Role.PRIMARY, "/api/v1/message-spool")
 
 
 def test_the_spool_view_is_on_routing_nodes_only(group):
     view = spool_view(group)
     assert view["limits"] == {"session_queue_max_messages": QUEUE_LIMIT, "session_queue_max_bytes": 64 << 20,
                               "spool_max_bytes": SPOOL_LIMIT_BYTES}
-    url = f"http://{group.address(Role.MONITOR)}:{group.config.ports.management}/api/v1/message-spool"
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url, timeout=5)
+        group.api(Role.MONITOR, "/api/v1/message-spool")
     assert refused.value.code == 404
     assert json.load(refused.value) == {"error": "the monitor routes no messages: it has no message spool"}
 

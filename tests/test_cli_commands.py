@@ -89,7 +89,35 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
     assert "replaced" in result.stderr
     assert load_group(tmp_path / "group.toml").name == "other"
     assert (tmp_path / "secret").read_bytes() != before["secret"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["group.toml", "secret"]  # no temporary files left
+    assert (tmp_path / "admin").read_bytes() != before["admin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["admin", "group.toml", "secret"]  # no temporary files left
+
+
+def test_init_prints_a_generated_admin_password_once_or_takes_the_operators(tmp_path):
+    from appliance.admin_credential import read_admin
+    from appliance.broker.access import verify_password
+
+    result = pairmq("init", "--dir", str(tmp_path / "a"))
+    assert result.returncode == 0, result.stderr
+    line = [l for l in result.stdout.splitlines() if l.startswith("admin password (user admin")]
+    assert len(line) == 1 and f"wrote {(tmp_path / 'a' / 'admin').resolve()}" in result.stderr
+    password = line[0].rsplit(": ", 1)[1]
+    credential = read_admin(tmp_path / "a" / "admin")
+    assert credential.username == "admin" and verify_password(credential.record, password.encode())
+    assert stat.S_IMODE((tmp_path / "a" / "admin").stat().st_mode) == 0o600
+    assert password not in (tmp_path / "a" / "admin").read_text()
+
+    chosen = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path / "b"),
+                             "--admin-password-stdin"], input="my own admin password\n", capture_output=True,
+                            text=True, timeout=30, cwd=REPO)
+    assert chosen.returncode == 0 and "admin password" not in chosen.stdout, chosen
+    assert verify_password(read_admin(tmp_path / "b" / "admin").record, b"my own admin password")
+
+    short = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path / "c"),
+                            "--admin-password-stdin"], input="short\n", capture_output=True, text=True, timeout=30,
+                           cwd=REPO)
+    assert_one_sentence(short, "the admin password must have at least 12 characters", code=1)
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("args,fragments", [

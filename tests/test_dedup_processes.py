@@ -19,12 +19,10 @@ loopback group on the shared fixed ports.
 from __future__ import annotations
 
 import collections
-import json
 import queue
 import signal
 import threading
 import time
-import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -112,9 +110,7 @@ def collect(sub: Client, expected: set[bytes], timeout_s: float = 10) -> collect
 
 
 def spool_view(group: Group, role: Role) -> dict:
-    url = f"http://{group.address(role)}:{group.config.ports.management}/api/v1/message-spool"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
+    return group.api(role, "/api/v1/message-spool")
 
 
 def in_client_host(hosts, body) -> None:  # noqa: F811

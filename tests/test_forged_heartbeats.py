@@ -23,11 +23,9 @@ every datagram twice (outgoing and incoming), so captures are de-duplicated.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from scapy.all import IP, UDP, AsyncSniffer, L3RawSocket, Raw
@@ -77,9 +75,7 @@ def ours(group: Group) -> bool:
 
 
 def redundancy(group: Group, role: Role) -> dict:
-    url = f"http://{group.address(role)}:{group.config.ports.management}/api/v1/redundancy"
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        return json.load(answer)
+    return group.api(role, "/api/v1/redundancy")
 
 
 def steady(group: Group, backup_incarnation: int) -> bool:

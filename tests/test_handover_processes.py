@@ -141,12 +141,7 @@ def test_sigterm_on_the_active_hands_over_and_exits_0(group):
 
 def _primary_sees_backup(group) -> bool:
     """The primary's own view (its sync decisions may be older: an in-sync drop at start-up says "out of sync")."""
-    import json
-    import urllib.request
-
-    url = f"http://{group.address(P)}:{group.config.ports.management}/api/v1/redundancy"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        peers = json.load(response)["peers"]
+    peers = group.api(P, "/api/v1/redundancy")["peers"]
     return any(peer["role"] == "backup" and peer["seen"] for peer in peers)
 
 

@@ -83,6 +83,12 @@ def test_up_status_down(local_dir):
     assert "created" in up.stderr and "is up in" in up.stderr
     # The embedded default lets anonymous clients in, explicitly: an access file on each routing node.
     assert "anonymous MQTT clients are allowed" in up.stderr
+    # And an admin password for the management API, printed once, whose scrypt record is the admin file.
+    from appliance.admin_credential import read_admin
+    from appliance.broker.access import verify_password
+
+    [password] = [line.rsplit(": ", 1)[1] for line in up.stderr.splitlines() if "admin password" in line]
+    assert verify_password(read_admin(local_dir / "admin").record, password.encode())
     pub = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-t", "local/anonymous", "-m", "hi"],
                          capture_output=True, text=True, timeout=10)
     assert pub.returncode == 0, pub.stderr

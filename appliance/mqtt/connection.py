@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING
 
 from appliance.mqtt.codec import (
@@ -52,7 +53,7 @@ PACKETS_PER_TURN = 256
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_l", "_loop", "transport", "_packets", "peer", "accepted", "closing", "close_reason", "client_id",
+        "_l", "_loop", "transport", "_packets", "peer", "accepted", "accepted_at", "closing", "close_reason", "client_id",
         "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
         "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted")
 
@@ -63,6 +64,7 @@ class MqttConnection(asyncio.Protocol):
         self._packets = PacketReader(max_packet_size=listener.max_packet_size)
         self.peer = "?"
         self.accepted = False
+        self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
         self.closing = False
         self.close_reason = ""
         self.client_id: str | None = None
@@ -264,6 +266,7 @@ class MqttConnection(asyncio.Protocol):
         """CONNACK success (from the broker, or here without one), then read the client's packets."""
         self.keep_alive_s = c.keep_alive_s
         self.accepted = True  # before any write: a drop_clients from here on must DISCONNECT
+        self.accepted_at = time.time()
         self.username = c.username
         self._l.accepted_count += 1
         broker = self._l.broker

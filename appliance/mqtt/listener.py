@@ -189,6 +189,10 @@ class MqttListener:
         """Clients that got CONNACK success and are still connected."""
         return self.accepted_count
 
+    def connections(self) -> list:
+        """The open connections, accepted or not (management API: `pairmq show clients`)."""
+        return list(self._conns)
+
     def stats(self) -> dict[str, object]:
         """For the management API."""
         return {"clients": self.accepted_count, "connections": len(self._conns),

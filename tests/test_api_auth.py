@@ -1,0 +1,219 @@
+"""The management API's authentication middleware (appliance/api_auth.py) and admin file, in process.
+
+The middleware runs in a real aiohttp app behind a real socket (aiohttp's
+TestServer on this work tree's primary loopback address, a free port), in
+front of a route registered after it the way the status page and /metrics
+are: whatever is added later is covered. The limiter is sans-I/O and is
+stepped with explicit times.
+"""
+
+import asyncio
+import base64
+import json
+import os
+import stat
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from appliance.admin_credential import AdminFile, new_credential, read_admin, write_admin
+from appliance.api_auth import PRINCIPAL, ApiAuth, FailureLimiter, auth_middleware
+from appliance.errors import ConfigError
+from appliance.roles import Role
+from tests.group import LOOPBACK
+
+TOKEN = "ab" * 24
+PASSWORD = "correct horse battery"
+
+
+def basic(user: str, password: str) -> dict:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def run_app(tmp_path, body, *, limiter: FailureLimiter | None = None, admin: bool = True):
+    """Serve an app with the real middleware and two routes; run `body(session, url, auth)`."""
+    path = tmp_path / "admin"
+    if admin:
+        write_admin(path, new_credential("admin", PASSWORD))
+    auth = ApiAuth(TOKEN, AdminFile(path), limiter)
+
+    async def main():
+        app = web.Application(middlewares=[auth_middleware(auth)])
+        async def redundancy(request):
+            return web.json_response({"who": request[PRINCIPAL]})
+
+        async def status_page(request):
+            return web.Response(text="status page")
+
+        app.router.add_get("/api/v1/redundancy", redundancy)
+        app.router.add_get("/", status_page)  # "added later"
+        server = TestServer(app, host=LOOPBACK[Role.PRIMARY], port=0)
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await body(session, str(server.make_url("")), auth)
+        finally:
+            await server.close()
+            auth.close()
+
+    return asyncio.run(main())
+
+
+async def call(session, url, path="/api/v1/redundancy", headers=None):
+    async with session.get(url + path, headers=headers or {}) as r:
+        text = await r.text()
+        return r.status, text, r.headers
+
+
+def test_every_route_needs_a_credential_and_401_names_both_schemes(tmp_path):
+    async def body(session, url, auth):
+        for path in ("/api/v1/redundancy", "/", "/no/such/route"):
+            status, text, headers = await call(session, url, path)
+            assert status == 401, path
+            assert json.loads(text)["error"].startswith("authentication required")
+            assert headers.getall("WWW-Authenticate") == ['Basic realm="PairMQ management", charset="UTF-8"',
+                                                          'Bearer realm="PairMQ management"']
+        assert (await call(session, url, "/", {"Authorization": f"Bearer {TOKEN}"}))[:2] == (200, "status page")
+        status, text, _ = await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert (status, json.loads(text)) == (200, {"who": "token"})
+        status, text, _ = await call(session, url, headers=basic("admin", PASSWORD))
+        assert (status, json.loads(text)) == (200, {"who": "admin:admin"})
+        assert (await call(session, url, "/no/such/route", {"Authorization": f"Bearer {TOKEN}"}))[0] == 404
+
+    run_app(tmp_path, body)
+
+
+@pytest.mark.parametrize("header, fragment", [
+    (f"Bearer {'cd' * 24}", "not this group's management token"),
+    ("Bearer", "not this group's management token"),
+    ("Basic " + base64.b64encode(f"admin:{PASSWORD}x".encode()).decode(), "wrong admin user name or password"),
+    ("Basic " + base64.b64encode(f"root:{PASSWORD}".encode()).decode(), "wrong admin user name or password"),
+    ("Basic !!!notbase64", "not base64 of user:password"),
+    ("Basic " + base64.b64encode(b"no-colon").decode(), "not base64 of user:password"),
+    ("Basic " + base64.b64encode(b"\xff\xfe:x").decode(), "not base64 of user:password"),
+    ("Digest username=admin", "unsupported authentication scheme 'digest'"),
+    ("Bearer " + "x" * 5000, "too long"),
+])
+def test_wrong_credentials_get_one_sentence_401(tmp_path, header, fragment):
+    async def body(session, url, auth):
+        status, text, headers = await call(session, url, headers={"Authorization": header})
+        assert status == 401 and fragment in json.loads(text)["error"], text
+        assert len(headers.getall("WWW-Authenticate")) == 2
+        assert auth.counters["refused"] == 1
+
+    run_app(tmp_path, body)
+
+
+def test_basic_without_an_admin_file_points_at_the_token(tmp_path):
+    async def body(session, url, auth):
+        status, text, _ = await call(session, url, headers=basic("admin", PASSWORD))
+        assert status == 401 and "no admin password is set on this node" in json.loads(text)["error"]
+        assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+
+    run_app(tmp_path, body, admin=False)
+
+
+def test_a_changed_admin_file_takes_effect_and_a_broken_one_keeps_the_last_good(tmp_path):
+    async def body(session, url, auth):
+        assert (await call(session, url, headers=basic("admin", PASSWORD)))[0] == 200
+        write_admin(auth.admin.path, new_credential("ops", "another long password"))
+        assert (await call(session, url, headers=basic("admin", PASSWORD)))[0] == 401
+        assert (await call(session, url, headers=basic("ops", "another long password")))[0] == 200
+        auth.admin.path.write_text("{not json")
+        assert (await call(session, url, headers=basic("ops", "another long password")))[0] == 200
+        assert "is not JSON" in auth.admin.problem and "stays in force" in auth.admin.problem
+
+    run_app(tmp_path, body)
+
+
+def test_repeated_failures_from_one_address_get_429_even_with_a_good_credential(tmp_path):
+    async def body(session, url, auth):
+        for _ in range(3):
+            assert (await call(session, url, headers={"Authorization": "Bearer wrong"}))[0] == 401
+        status, text, headers = await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status == 429, text
+        assert json.loads(text)["error"].startswith("too many failed authentication attempts from ")
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        assert auth.counters["rate_limited"] == 1 and auth.counters["accepted"] == 0
+
+    run_app(tmp_path, body, limiter=FailureLimiter(max_failures=3, window_ms=60_000))
+
+
+def test_limiter_window_reset_and_bounded_table():
+    limiter = FailureLimiter(max_failures=2, window_ms=1000, max_addresses=3)
+    limiter.failed("a", 0)
+    assert limiter.retry_after_ms("a", 10) is None
+    limiter.failed("a", 100)
+    assert limiter.retry_after_ms("a", 400) == 600
+    assert limiter.retry_after_ms("b", 400) is None
+    assert limiter.retry_after_ms("a", 1000) is None  # the window ended: forgiven, and forgotten
+    assert len(limiter) == 0
+    limiter.failed("a", 2000)
+    limiter.succeeded("a")
+    assert len(limiter) == 0
+    for i in range(10_000):  # a spray of addresses keeps at most max_addresses entries
+        limiter.failed(f"10.0.{i // 256}.{i % 256}", 3000 + i)
+    assert len(limiter) == 3
+
+
+def test_admin_file_is_private_and_bad_files_are_one_sentence(tmp_path):
+    path = tmp_path / "admin"
+    write_admin(path, new_credential("admin", PASSWORD))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    doc = json.loads(path.read_text())
+    assert PASSWORD not in path.read_text() and doc["password"]["scheme"] == "scrypt"
+    assert read_admin(tmp_path / "missing") is None
+    for text, fragment in (("[]", "must be {version: 1, username, password}"),
+                           ('{"version": 1, "username": "a", "password": {"scheme": "md5"}}', "scheme"),
+                           ("{", "is not JSON")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="admin credential") as refused:
+            AdminFile(path)
+        assert fragment in str(refused.value)
+    with pytest.raises(ConfigError, match="at least 12 characters"):
+        new_credential("admin", "short")
+
+
+def test_requests_without_a_credential_are_not_counted_as_guesses(tmp_path):
+    """A browser's first request carries none; only wrong credentials count towards the limit."""
+    async def body(session, url, auth):
+        for _ in range(5):
+            assert (await call(session, url))[0] == 401
+        assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+
+    run_app(tmp_path, body, limiter=FailureLimiter(max_failures=2, window_ms=60_000))
+
+
+def test_any_authorization_header_is_refused_cleanly(tmp_path):
+    """Whatever a client puts in the header: a principal for the two real credentials, else Refused(401)
+    with one sentence; never another exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from appliance.api_auth import Refused
+
+    path = tmp_path / "admin"
+    write_admin(path, new_credential("admin", PASSWORD))
+    auth = ApiAuth(TOKEN, AdminFile(path), FailureLimiter(max_failures=10**9))
+    loop = asyncio.new_event_loop()
+    latin1 = st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=200)
+    b64 = st.binary(max_size=100).map(lambda b: base64.b64encode(b).decode())
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(latin1, latin1.map(lambda t: "Bearer " + t), latin1.map(lambda t: "Basic " + t),
+                     b64.map(lambda t: "Basic " + t), st.just(f"bearer {TOKEN}")))
+    def check(header):
+        try:
+            principal = loop.run_until_complete(auth._verify(header))
+        except Refused as exc:
+            assert exc.status == 401 and str(exc) and "\n" not in str(exc)
+        else:
+            assert principal == "token" and header.lower() == f"bearer {TOKEN}"
+
+    try:
+        check()
+    finally:
+        loop.close()
+        auth.close()
