@@ -28,6 +28,9 @@ def build_app(node) -> web.Application:
     app.router.add_get("/api/v1/config", _config)
     app.router.add_get("/api/v1/config/document", _config_document)
     app.router.add_post("/api/v1/config/changes", _config_changes)
+    from .status_page import add_routes  # /, /metrics, /api/v1/status, /api/v1/group, the decision stream
+
+    add_routes(app)
     return app
 
 
