@@ -6,7 +6,8 @@ Rules:
   (persisted, bumped at every start) then the sequence, so ids only grow, across restarts too.
 - On connect a client gets the recent decisions (at most HISTORY, as in the redundancy view), or with
   `Last-Event-ID` only those after it (all recent ones if the id is from an earlier incarnation), then
-  each new one as it happens, and a `: keep-alive` comment after KEEPALIVE_S of silence.
+  an `event: live` (the backlog is out), then each new one as it happens, and a `: keep-alive` comment
+  after KEEPALIVE_S of silence.
 - Bounded: one shared ring of HISTORY events, no queue per client (a stream reads the ring from its own
   position), at most MAX_STREAMS open streams (more get 503), and a client that does not take a write
   within WRITE_TIMEOUT_S, or falls more than HISTORY events behind, is dropped.
@@ -28,6 +29,7 @@ HISTORY = 64  # the quorum core keeps as many (appliance/quorum/core.py DECISION
 MAX_STREAMS = 32
 KEEPALIVE_S = 15.0
 WRITE_TIMEOUT_S = 5.0
+GONE_CHECK_S = 1.0  # how often an idle stream looks whether its client is still there
 
 
 class DecisionFeed:
@@ -102,6 +104,7 @@ class DecisionFeed:
         try:
             await response.prepare(request)
             await _write(response, b"retry: 1000\n\n")
+            quiet_s = 0.0
             resumed = True  # the first read may start before the ring (an old Last-Event-ID): send what is left
             while not self._closing:
                 wake = self._wake
@@ -109,16 +112,27 @@ class DecisionFeed:
                 if fell_behind and not resumed:
                     self.dropped += 1
                     break  # it missed events: reconnecting with its Last-Event-ID says so, silence would not
-                resumed = False
                 for position, text in events:
                     await _write(response, text)
+                if resumed:  # the backlog is out: a client can tell history from what happens next
+                    await _write(response, f"event: live\ndata: {json.dumps({'node': self.role})}\n\n")
+                    resumed = False
                 if events:
+                    quiet_s = 0.0
                     continue
                 try:
-                    await asyncio.wait_for(wake.wait(), KEEPALIVE_S)
+                    await asyncio.wait_for(wake.wait(), GONE_CHECK_S)
                 except asyncio.TimeoutError:
-                    await _write(response, b": keep-alive\n\n")
-        except (ConnectionResetError, asyncio.TimeoutError):
+                    # aiohttp does not cancel a handler whose client left: look, so its slot frees within a second
+                    if request.transport is None or request.transport.is_closing():
+                        break
+                    quiet_s += GONE_CHECK_S
+                    if quiet_s >= KEEPALIVE_S:
+                        await _write(response, b": keep-alive\n\n")
+                        quiet_s = 0.0
+        except ConnectionResetError:
+            pass  # the client went away
+        except asyncio.TimeoutError:
             self.dropped += 1
         finally:
             self.streams -= 1

@@ -96,7 +96,11 @@ def collect(node, now: int) -> list[Metric]:
     for reason in REASONS:
         rejected.add(view["rejected_heartbeats"].get(reason, 0), reason=reason)
     metrics += [rejected, c("pairmq_decisions_total", "Redundancy decisions this node process made.").add(
-        node.decisions.seq)]
+        node.decisions.seq),
+        g("pairmq_decision_streams", "Open decision streams (GET /api/v1/decisions/stream).").add(
+            node.decisions.streams),
+        c("pairmq_decision_streams_dropped_total", "Decision streams dropped because the client read too slowly.").add(
+            node.decisions.dropped)]
     if view["in_sync"] is not None:
         metrics.append(g("pairmq_in_sync", "1 while this routing node holds the active's data (or is it).").add(
             int(view["in_sync"])))

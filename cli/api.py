@@ -10,9 +10,11 @@ what happened (refused, no answer within the timeout).
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from appliance.config import GroupConfig
@@ -142,3 +144,61 @@ def redundancy_action(config: GroupConfig, role: Role, action: str, body: dict, 
         raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
     except ApiError as exc:
         raise ApiError(f"the {role.value} node refused: {exc}") from None
+
+
+# --- the decision stream (server-sent events) ----------------------------------------
+
+STREAM_CONNECT_TIMEOUT_S = 1.0
+STREAM_READ_TIMEOUT_S = 40.0  # the node sends a keep-alive every 15 s: silence this long is a dead stream
+
+
+def open_stream(url: str, *, last_event_id: str | None = None, timeout_s: float = STREAM_CONNECT_TIMEOUT_S):
+    """GET a text/event-stream: the open `http.client.HTTPResponse` (read it with `sse_events`).
+
+    `timeout_s` bounds the connection and the answer's headers; after that a read waits up to
+    STREAM_READ_TIMEOUT_S (the keep-alives come every 15 s). Errors as `get_json`'s.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": last_event_id} if last_event_id else {})
+    try:
+        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+        response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as exc:
+        connection.close()
+        raise NodeUnreachable(_describe(exc, timeout_s)) from None
+    if response.status != 200:
+        body = response.read(MAX_RESPONSE_BYTES + 1)
+        connection.close()
+        try:
+            message = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = f"{url} answered HTTP {response.status} {response.reason}"
+        raise ApiError(str(message))
+    if not (response.getheader("Content-Type") or "").startswith("text/event-stream"):
+        connection.close()
+        raise ApiError(f"{url} answered with something that is not an event stream")
+    connection.sock.settimeout(STREAM_READ_TIMEOUT_S)
+    return response
+
+
+def sse_events(lines):
+    """(event, id, data) for each event in an iterable of byte lines (the text/event-stream format)."""
+    event, event_id, data = "message", None, []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, event_id, "\n".join(data)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value

@@ -84,6 +84,9 @@ def build_parser() -> Parser:
     from .pubsub import add_parsers as _pubsub_parsers
 
     _pubsub_parsers(commands, _add_group, _examples)
+    from .events_cmd import add_parsers as _events_parsers
+
+    _events_parsers(commands, _add_group, _examples)
     from .analytics_cmd import add_parsers as _analytics_parsers
 
     _analytics_parsers(commands, _examples)
