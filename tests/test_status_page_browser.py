@@ -1,0 +1,187 @@
+"""The status page in Debian's headless Chromium against a real group: the rendered DOM names the active
+node and the epoch, a failover (kill -9 of the active) shows on the next load with the dead node drawn
+unreachable, and a screenshot is a PNG of the asked size that is not blank.
+
+Pages are loaded with `?stream=0`: Chromium's `--virtual-time-budget` waits for every open request, and an
+event stream never ends, so the page polls only (its decision list then comes from the poll). The stream
+itself is tested in tests/test_observe_processes.py.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from appliance.roles import Role
+from cli import api
+from tests.group import active_group
+from tests.http_api import get
+
+pytestmark = pytest.mark.processes
+
+P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
+WIDTH, HEIGHT = 1280, 900
+HEADER_RGB = (0x17, 0x21, 0x2C)  # status.css header background
+PAGE_RGB = (0xF4, 0xF6, 0xF8)  # status.css --bg
+
+
+def chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("chromium")
+    if binary is None:
+        pytest.fail("chromium is not installed: run .ci/setup (it installs Debian's chromium)")
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=3000", *args, url]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+class Page(html.parser.HTMLParser):
+    """The few things the test reads from the rendered DOM: elements by id (attributes and text)."""
+
+    def __init__(self, dom: str) -> None:
+        super().__init__()
+        self.by_id: dict[str, dict] = {}
+        self._open: list[tuple[str, str | None]] = []
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.by_id[attrs["id"]] = {**attrs, "text": ""}
+        if tag not in ("meta", "link", "br", "img", "input"):
+            self._open.append((tag, attrs.get("id")))
+
+    def handle_endtag(self, tag):
+        while self._open and self._open.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        for _, element_id in self._open:
+            if element_id is not None:
+                self.by_id[element_id]["text"] += data
+
+    def text(self, element_id: str) -> str:
+        return " ".join(self.by_id[element_id]["text"].split())
+
+
+def load(tmp_path: Path, url: str) -> Page:
+    page = Page(chromium(tmp_path, url + "?stream=0", "--dump-dom").stdout)
+    assert page.by_id.get("nodes") is not None, "the page did not render"
+    return page
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """(width, height, rows of RGB(A) bytes) of an 8-bit truecolour PNG, unfiltered (PNG spec §9)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    bpp = 3 if colour == 2 else 4
+    raw, stride, rows, prior = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prior[i]
+            c = prior[i - bpp] if i >= bpp else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + b) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 0xFF
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+        rows.append(bytes(line))
+        prior = line
+    return width, height, rows
+
+
+def colours(width: int, rows: list[bytes], bpp: int) -> set[tuple[int, int, int]]:
+    return {tuple(row[i:i + 3]) for row in rows[::3] for i in range(0, width * bpp, bpp * 3)}
+
+
+def test_png_check_refuses_a_blank_screenshot():
+    """The check below can fail: a one-colour PNG of the right size is refused."""
+    row = b"\x00" + bytes(PAGE_RGB) * 4
+    raw = zlib.compress(row * 4)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    blank = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0)) + \
+        chunk(b"IDAT", raw) + chunk(b"IEND", b"")
+    width, height, rows = png_pixels(blank)
+    assert (width, height) == (4, 4) and colours(width, rows, 3) == {PAGE_RGB}
+    with pytest.raises(AssertionError):
+        assert_not_blank(width, rows, 3)
+
+
+def assert_not_blank(width: int, rows: list[bytes], bpp: int) -> None:
+    seen = colours(width, rows, bpp)
+    assert len(seen) >= 40, f"only {len(seen)} distinct colours: a blank or unstyled page"
+    assert HEADER_RGB in seen and PAGE_RGB in seen, "the page's header and background colours are missing"
+    top_left = tuple(rows[10][10 * bpp:10 * bpp + 3])
+    assert top_left == HEADER_RGB, f"the header is not drawn at the top ({top_left})"
+
+
+def test_the_status_page_shows_the_active_node_and_follows_a_failover(tmp_path):
+    with active_group(tmp_path / "group") as g:
+        url = f"{api.base_url(g.config, M)}/"
+        assert get(url).content_type.startswith("text/html")
+        page = load(tmp_path, url)
+        assert page.text("active-node") == "primary"
+        epoch = int(page.text("epoch"))
+        assert epoch >= 1
+        assert page.text("served-by") == "monitor" and page.text("group-name") == "test"
+        assert page.by_id["node-primary"]["data-activity"] == "Local Active"
+        assert page.by_id["node-backup"]["data-activity"] == "Mate Active"
+        assert page.by_id["node-monitor"]["data-activity"] == "Monitor"
+        assert all(page.by_id[f"node-{r.value}"]["data-reachable"] == "true" for r in Role)
+        assert page.text("redundancy") == "Up" and page.text("config-sync") == "In-Sync"
+        assert page.text("link-state") == "up"
+        assert "taking activity" not in page.text("decisions")  # the monitor's decisions: it never takes activity
+        assert "granting epoch" in page.text("decisions")
+
+        shot = tmp_path / "before.png"
+        chromium(tmp_path, url + "?stream=0", "--hide-scrollbars", f"--window-size={WIDTH},{HEIGHT}",
+                 f"--screenshot={shot}")
+        width, height, rows = png_pixels(shot.read_bytes())
+        assert (width, height) == (WIDTH, HEIGHT)
+        assert_not_blank(width, rows, len(rows[0]) // width)
+
+        g.kill(P)
+        g.wait_for("the backup to serve", lambda: g.probe_once()[B] == 0)
+        page = load(tmp_path, url)
+        assert page.text("active-node") == "backup"
+        assert int(page.text("epoch")) > epoch
+        assert page.by_id["node-backup"]["data-activity"] == "Local Active"
+        assert page.by_id["node-primary"]["data-reachable"] == "false"
+        assert "Node unreachable: connection refused" in page.text("node-primary")
+        assert page.text("banner") == "Unreachable: primary"
+        shot = tmp_path / "after.png"
+        chromium(tmp_path, url + "?stream=0", "--hide-scrollbars", f"--window-size={WIDTH},{HEIGHT}",
+                 f"--screenshot={shot}")
+        width, height, rows = png_pixels(shot.read_bytes())
+        assert (width, height) == (WIDTH, HEIGHT)
+        assert_not_blank(width, rows, len(rows[0]) // width)
