@@ -10,6 +10,7 @@ what happened (refused, no answer within the timeout).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import socket
@@ -153,7 +154,7 @@ STREAM_READ_TIMEOUT_S = 40.0  # the node sends a keep-alive every 15 s: silence 
 
 
 def open_stream(url: str, *, last_event_id: str | None = None, timeout_s: float = STREAM_CONNECT_TIMEOUT_S):
-    """GET a text/event-stream: the open `http.client.HTTPResponse` (read it with `sse_events`).
+    """GET a text/event-stream: an open `EventStream`.
 
     `timeout_s` bounds the connection and the answer's headers; after that a read waits up to
     STREAM_READ_TIMEOUT_S (the keep-alives come every 15 s). Errors as `get_json`'s.
@@ -179,7 +180,31 @@ def open_stream(url: str, *, last_event_id: str | None = None, timeout_s: float 
         connection.close()
         raise ApiError(f"{url} answered with something that is not an event stream")
     connection.sock.settimeout(STREAM_READ_TIMEOUT_S)
-    return response
+    return EventStream(connection, response)
+
+
+class EventStream:
+    """An open text/event-stream. `close()` may be called from another thread than the one reading."""
+
+    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        self._connection, self._response = connection, response
+        self.status = response.status
+        self.content_type = response.getheader("Content-Type") or ""
+
+    def events(self):
+        """(event, id, data) for each event until the stream ends; the connection is closed after."""
+        try:
+            yield from sse_events(self._response)
+        finally:
+            self._connection.close()
+
+    def close(self) -> None:
+        """Ends the stream: a reader blocked in `events()` sees its end (closing the reader's file under it
+        from here would wait for its lock, forever on a quiet stream, so only the socket is shut down)."""
+        sock = self._connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def sse_events(lines):

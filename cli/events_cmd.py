@@ -13,6 +13,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import queue
 import threading
@@ -111,12 +112,12 @@ def _read(role: Role, response, inbox: queue.Queue) -> None:
     """A reader thread: ("decision", data) per decision, ("live", role) after the backlog, ("end", why)."""
     why = "the stream ended"
     try:
-        for event, _, data in api.sse_events(response):
+        for event, _, data in response.events():
             if event == "decision":
                 inbox.put(("decision", json.loads(data)))
             elif event == "live":
                 inbox.put(("live", role))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # cut mid-chunk, or closed by Ctrl-C
         why = f"the stream broke ({exc.__class__.__name__})"
     inbox.put(("end", (role, why)))
 

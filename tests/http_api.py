@@ -38,7 +38,7 @@ def get(url: str, timeout_s: float = 5.0) -> Answer:
 
 
 def stream(url: str, last_event_id: str | None = None):
-    """An open decision stream (cli.api.open_stream): iterate `api.sse_events(response)`; close it."""
+    """An open decision stream (cli.api.EventStream): iterate `.events()`; close it."""
     return api.open_stream(url, last_event_id=last_event_id, timeout_s=5.0)
 
 

@@ -130,7 +130,7 @@ def test_metrics_are_well_formed_on_every_node_and_move_with_messages_and_failov
 
 def read_until_live(response) -> list[tuple[str, str, dict]]:
     backlog = []
-    for event, event_id, data in api.sse_events(response):
+    for event, event_id, data in response.events():
         if event == "live":
             return backlog
         assert event == "decision", event
@@ -139,7 +139,7 @@ def read_until_live(response) -> list[tuple[str, str, dict]]:
 
 
 def next_decision(response, predicate) -> tuple[str, dict]:
-    for event, event_id, data in api.sse_events(response):
+    for event, event_id, data in response.events():
         if event == "decision" and predicate(decision := json.loads(data)):
             return event_id, decision
     raise AssertionError("the stream ended first")
@@ -149,7 +149,7 @@ def test_the_decision_stream_sends_the_backlog_then_live_decisions_and_resumes_f
     with active_group(tmp_path) as g:
         url = f"{api.base_url(g.config, B)}/api/v1/decisions/stream"
         response = stream(url)
-        assert response.getheader("Content-Type").startswith("text/event-stream")
+        assert response.content_type.startswith("text/event-stream")
         backlog = read_until_live(response)
         seqs = [d["seq"] for _, _, d in backlog]
         assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 2
