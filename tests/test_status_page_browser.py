@@ -9,10 +9,15 @@ itself is tested in tests/test_observe_processes.py.
 
 from __future__ import annotations
 
+import base64
 import html.parser
+import json
+import os
+import select
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -21,7 +26,7 @@ import pytest
 from appliance.roles import Role
 from cli import api
 from tests.group import active_group
-from tests.http_api import get
+from tests.http_api import get, post
 
 pytestmark = pytest.mark.processes
 
@@ -185,3 +190,104 @@ def test_the_status_page_shows_the_active_node_and_follows_a_failover(tmp_path):
         width, height, rows = png_pixels(shot.read_bytes())
         assert (width, height) == (WIDTH, HEIGHT)
         assert_not_blank(width, rows, len(rows[0]) // width)
+
+
+class DevTools:
+    """Headless Chromium driven over its DevTools pipe (`--remote-debugging-pipe`: fd 3 in, fd 4 out,
+    JSON messages ending in NUL), to watch one page update itself without reloads."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        binary = shutil.which("chromium")
+        if binary is None:
+            pytest.fail("chromium is not installed: run .ci/setup (it installs Debian's chromium)")
+        to_browser, self._in = os.pipe()  # we write commands to _in; Chromium reads fd 3
+        self._out, from_browser = os.pipe()  # Chromium writes fd 4; we read _out
+
+        def pipes_at_3_and_4() -> None:
+            os.dup2(to_browser, 3)
+            os.dup2(from_browser, 4)
+
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-devtools'}",
+             "--remote-debugging-pipe", f"--window-size={WIDTH},{HEIGHT}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=False, preexec_fn=pipes_at_3_and_4)
+        os.close(to_browser)
+        os.close(from_browser)
+        self._next_id, self._buffer, self.session = 0, b"", None
+
+    def call(self, method: str, timeout_s: float = 20.0, **params) -> dict:
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params}
+        if self.session is not None and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self._in, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\0" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\0", 1)
+                answer = json.loads(raw)
+                if answer.get("id") == self._next_id:
+                    assert "error" not in answer, answer
+                    return answer["result"]
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"Chromium did not answer {method} within {timeout_s} s"
+            if select.select([self._out], [], [], remaining)[0]:
+                chunk = os.read(self._out, 1 << 20)
+                assert chunk, "Chromium closed its DevTools pipe"
+                self._buffer += chunk
+
+    def open(self, url: str) -> None:
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def js(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, what: str, expression: str, timeout_s: float = 20.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if value := self.js(expression):
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"the page did not show {what} within {timeout_s} s: {self.js('document.body.innerText')}")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        os.close(self._in)
+        os.close(self._out)
+
+
+def test_an_open_page_follows_a_handover_live_through_its_stream_and_poll(tmp_path):
+    with active_group(tmp_path / "group") as g:
+        browser = DevTools(tmp_path)
+        try:
+            browser.open(f"{api.base_url(g.config, B)}/")  # streaming: the backup's own decisions arrive live
+            browser.wait_for("the first poll", "document.body.dataset.state === 'ready'")
+            browser.wait_for("the stream open", "document.getElementById('stream-state').textContent === 'live'")
+            assert browser.js("document.getElementById('active-node').textContent") == "primary"
+            assert "in sync with primary" in browser.js("document.getElementById('decisions').innerText")
+            epoch = int(browser.js("document.getElementById('epoch').textContent"))
+
+            assert post(g.config, P, "release-activity", {})["result"] == "handed over"
+            browser.wait_for("the backup active", "document.getElementById('active-node').textContent === 'backup'")
+            activation = browser.wait_for("the activation in the decision list", f"""
+                [...document.querySelectorAll('#decisions li[data-kind=activate]')].map(li => li.innerText)
+                    .find(text => text.includes('taking activity, epoch {epoch + 1}')) || null""")
+            assert activation.startswith(tuple("0123456789"))  # its time first (HH:MM:SS)
+            # Newest first: the activation is above the backup's start-up vote for the primary.
+            kinds = browser.js("[...document.querySelectorAll('#decisions li')].map(li => li.dataset.kind)")
+            assert kinds.index("activate") < kinds.index("vote"), kinds
+            assert browser.js("document.getElementById('node-primary').dataset.activity") == "Mate Active"
+            browser.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1,
+                         mobile=False)
+            shot = browser.call("Page.captureScreenshot", format="png")["data"]
+            (tmp_path / "live.png").write_bytes(base64.b64decode(shot))  # for a person to look at
+            width, height, rows = png_pixels(base64.b64decode(shot))
+            assert (width, height) == (WIDTH, HEIGHT)
+            assert_not_blank(width, rows, len(rows[0]) // width)
+        finally:
+            browser.close()

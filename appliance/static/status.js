@@ -153,7 +153,7 @@ function follow() {
   source.onerror = () => { state.textContent = "stream: reconnecting"; state.className = "pill muted"; };
   source.addEventListener("decision", event => {
     const d = JSON.parse(event.data);
-    const when = d.at.slice(11, 19);
+    const when = new Date(d.at).toLocaleTimeString([], {hour12: false});  // the reader's time zone
     list.prepend(decisionItem(d, when));
     while (list.children.length > MAX_DECISIONS) list.lastElementChild.remove();
   });
