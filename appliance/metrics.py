@@ -65,9 +65,9 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def collect(node, now: int) -> list[Metric]:
-    """Every metric of this node now (`now` on the node's monotonic clock)."""
-    view = node.redundancy_view()  # takes the heartbeat lock once
+def collect(node, view: dict | None = None) -> list[Metric]:
+    """Every metric of this node now; `view` is its redundancy view if the caller has one already."""
+    view = view if view is not None else node.redundancy_view()  # takes the heartbeat lock once
     role = node.role.value
     g, c = _gauge, _counter
     metrics = [
@@ -105,13 +105,13 @@ def collect(node, now: int) -> list[Metric]:
         metrics.append(g("pairmq_in_sync", "1 while this routing node holds the active's data (or is it).").add(
             int(view["in_sync"])))
     if node.broker is not None:
-        metrics += _routing(node, view, now)
+        metrics += _routing(node)
     return metrics
 
 
-def _routing(node, view: dict, now: int) -> list[Metric]:
+def _routing(node) -> list[Metric]:
     g, c = _gauge, _counter
-    metrics = _mate_link(node, now)
+    metrics = _mate_link(node)
     spool = node.broker.view()
     metrics += [
         g("pairmq_spool_queued_messages", "QoS 1/2 messages queued for sessions in the spool.").add(
@@ -155,7 +155,7 @@ def _routing(node, view: dict, now: int) -> list[Metric]:
     return metrics
 
 
-def _mate_link(node, now: int) -> list[Metric]:
+def _mate_link(node) -> list[Metric]:
     """On the active: how far the standby is behind. Elsewhere only whether a link is up."""
     g = _gauge
     active, standby = node.replication.active, node.replication.standby
@@ -184,11 +184,11 @@ def _counter(name: str, text: str) -> Metric:
     return Metric(name, "counter", text)
 
 
-def status_document(node, now: int) -> dict:
+def status_document(node) -> dict:
     """The status page's view of one node: the redundancy view's headline and every metric by name."""
     view = node.redundancy_view()
     values: dict[str, object] = {}
-    for m in collect(node, now):
+    for m in collect(node, view):
         if len(m.samples) == 1 and not (m.samples[0][0].keys() - {"role"}):
             values[m.name] = m.samples[0][1]
         else:

@@ -14,7 +14,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import time
 from importlib import resources
 
 import aiohttp
@@ -50,10 +49,6 @@ async def _close(app: web.Application) -> None:
     await app["group_view"].close()
 
 
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 async def _index(request: web.Request) -> web.Response:
     return web.Response(body=(STATIC / "index.html").read_bytes(), content_type="text/html",
                         headers={"Cache-Control": "no-cache"})
@@ -71,12 +66,12 @@ async def _static(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    text = metrics.render(metrics.collect(request.app["node"], _now_ms()))
+    text = metrics.render(metrics.collect(request.app["node"]))
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(metrics.status_document(request.app["node"], _now_ms()))
+    return web.json_response(metrics.status_document(request.app["node"]))
 
 
 async def _group(request: web.Request) -> web.Response:
@@ -124,7 +119,7 @@ class GroupView:
         node = self.node
         address = node.config.node(role).address
         if role is node.role:
-            return {**metrics.status_document(node, _now_ms()), "reachable": True}
+            return {**metrics.status_document(node), "reachable": True}
         host = f"[{address}]" if ":" in address else address
         try:
             document = await _peer_get(self._session, f"http://{host}:{node.config.ports.management}/api/v1/status")

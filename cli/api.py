@@ -190,9 +190,14 @@ class EventStream:
         self._connection, self._response = connection, response
         self.status = response.status
         self.content_type = response.getheader("Content-Type") or ""
+        self._events = self._read()
 
     def events(self):
-        """(event, id, data) for each event until the stream ends; the connection is closed after."""
+        """(event, id, data) for each event until the stream ends. The same iterator every time, so a reader
+        may stop after some events and go on later; the connection is closed at the end."""
+        return self._events
+
+    def _read(self):
         try:
             yield from sse_events(self._response)
         finally:

@@ -16,6 +16,7 @@ import argparse
 import http.client
 import json
 import queue
+import signal
 import threading
 
 from rich.text import Text
@@ -96,6 +97,9 @@ def tail(term: Terminal, config: GroupConfig, roles: list[Role], *, as_json: boo
         raise api.NodeUnreachable(f"{who} {verb} ({'; '.join(failures)})")
     for failure in failures:
         term.note(f"not following {failure}")
+    # `systemctl stop`, `timeout` and friends send SIGTERM: stop as cleanly as on Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     inbox: queue.Queue = queue.Queue(maxsize=1024)
     for role, response in streams.items():
         threading.Thread(target=_read, args=(role, response, inbox), daemon=True, name=f"tail-{role.value}").start()
@@ -104,8 +108,14 @@ def tail(term: Terminal, config: GroupConfig, roles: list[Role], *, as_json: boo
     except KeyboardInterrupt:
         return 0
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for response in streams.values():
             response.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _read(role: Role, response, inbox: queue.Queue) -> None:

@@ -67,8 +67,8 @@ class Tail:
                 return got
         raise AssertionError(f"no such line in {seen}")
 
-    def interrupt(self) -> tuple[int, str]:
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT) -> tuple[int, str]:
+        self.proc.send_signal(sig)
         code = self.proc.wait(15)
         return code, self.proc.stderr.read()
 
@@ -127,7 +127,7 @@ def test_events_tail_follows_decisions_as_they_happen_and_stops_cleanly(tmp_path
         step_down = json.loads(tail.until(lambda x: '"step_down"' in x))
         assert set(step_down) == {"id", "seq", "node", "kind", "epoch", "reason", "at"}
         assert step_down["node"] == "backup" and step_down["epoch"] == 2 and "handing activity over" in step_down["reason"]
-        code, stderr = tail.interrupt()
+        code, stderr = tail.interrupt(signal.SIGTERM)  # as `timeout` or systemd stop it: as clean as Ctrl-C
         assert code == 0 and stderr == ""
 
         # The followed node stops: its stream ends, and so does the tail, with a note.
