@@ -65,8 +65,10 @@ def build_app(node, auth: ApiAuth | None = None) -> web.Application:
     app.router.add_get("/api/v1/config/document", _config_document)
     app.router.add_post("/api/v1/config/changes", _config_changes)
     from .secret_api import add_routes as add_secret_routes
+    from .status_page import add_routes as add_status_routes  # /, /metrics, status, group, decision stream
 
     add_secret_routes(app)
+    add_status_routes(app)
     return app
 
 

@@ -37,6 +37,7 @@ import time
 
 from . import sd_notify
 from .config import GroupConfig, load_keyring
+from .decision_stream import DecisionFeed
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
@@ -94,6 +95,7 @@ class Node:
                                Timing.from_timers(config.timers),
                                self.store, now_ms())
         self.core.auto_revert = config.auto_revert
+        self.decisions = DecisionFeed(role.value, self.core.state.incarnation)  # GET /api/v1/decisions/stream
         self.handovers = HandoverRunner(self)
         self.started_at = now_ms()
         self.listener = None
@@ -327,6 +329,7 @@ class Node:
         """On the heartbeat thread: the gate already follows the core; only the clients wait for the loop."""
         level = logging.INFO if decision.kind in ("refuse", "sync", "boot", "bid", "bid_end") else logging.WARNING
         log.log(level, "%s", decision.reason)
+        self.decisions.publish(decision, now_ms())
         self.events.write("redundancy_decision", kind=decision.kind, epoch=decision.epoch, reason=decision.reason,
                           core_ms=decision.at_ms)
         if decision.kind == "step_down" and self.listener is not None:

@@ -10,10 +10,13 @@ what happened (refused, no answer within the timeout).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import http.client
 import json
 import os
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from appliance.config import GroupConfig, load_secret
@@ -161,3 +164,92 @@ def redundancy_action(config: GroupConfig, role: Role, action: str, body: dict, 
         raise NodeUnreachable(f"cannot reach the {role.value} node at {base_url(config, role)}: {exc}") from None
     except ApiError as exc:
         raise ApiError(f"the {role.value} node refused: {exc}") from None
+
+
+# --- the decision stream (server-sent events) ----------------------------------------
+
+STREAM_CONNECT_TIMEOUT_S = 1.0
+STREAM_READ_TIMEOUT_S = 40.0  # the node sends a keep-alive every 15 s: silence this long is a dead stream
+
+
+def open_stream(url: str, *, token: str, last_event_id: str | None = None,
+                timeout_s: float = STREAM_CONNECT_TIMEOUT_S):
+    """GET a text/event-stream: an open `EventStream`.
+
+    `timeout_s` bounds the connection and the answer's headers; after that a read waits up to
+    STREAM_READ_TIMEOUT_S (the keep-alives come every 15 s). Errors as `get_json`'s.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {token}"} | (
+        {"Last-Event-ID": last_event_id} if last_event_id else {})
+    try:
+        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+        response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as exc:
+        connection.close()
+        raise NodeUnreachable(_describe(exc, timeout_s)) from None
+    if response.status != 200:
+        body = response.read(MAX_RESPONSE_BYTES + 1)
+        connection.close()
+        try:
+            message = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = f"{url} answered HTTP {response.status} {response.reason}"
+        raise ApiError(str(message))
+    if not (response.getheader("Content-Type") or "").startswith("text/event-stream"):
+        connection.close()
+        raise ApiError(f"{url} answered with something that is not an event stream")
+    connection.sock.settimeout(STREAM_READ_TIMEOUT_S)
+    return EventStream(connection, response)
+
+
+class EventStream:
+    """An open text/event-stream. `close()` may be called from another thread than the one reading."""
+
+    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        self._connection, self._response = connection, response
+        self.status = response.status
+        self.content_type = response.getheader("Content-Type") or ""
+        self._events = self._read()
+
+    def events(self):
+        """(event, id, data) for each event until the stream ends. The same iterator every time, so a reader
+        may stop after some events and go on later; the connection is closed at the end."""
+        return self._events
+
+    def _read(self):
+        try:
+            yield from sse_events(self._response)
+        finally:
+            self._connection.close()
+
+    def close(self) -> None:
+        """Ends the stream: a reader blocked in `events()` sees its end (closing the reader's file under it
+        from here would wait for its lock, forever on a quiet stream, so only the socket is shut down)."""
+        sock = self._connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def sse_events(lines):
+    """(event, id, data) for each event in an iterable of byte lines (the text/event-stream format)."""
+    event, event_id, data = "message", None, []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, event_id, "\n".join(data)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value

@@ -211,9 +211,11 @@ def _show_broker_parsers(things) -> None:
 
 
 def _events_parser(commands) -> None:
-    events = commands.add_parser("events", help="a node's event log",
-                                 description="Read a node's event log through its management API.",
-                                 epilog=_examples("pairmq events tail", "pairmq events tail --role backup --json"))
+    events = commands.add_parser("events", help="event logs and the live decision stream",
+                                 description="Read a node's event log (tail) or follow the nodes' redundancy "
+                                             "decisions as they happen (follow), through the management API.",
+                                 epilog=_examples("pairmq events tail", "pairmq events tail --role backup --json",
+                                                  "pairmq events follow"))
     actions = events.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     events.set_defaults(handler=lambda args, term: _help(events, term))
     p = actions.add_parser(
@@ -228,6 +230,9 @@ def _events_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, node, events: [...]}")
     _add_group(p)
     p.set_defaults(handler=_cmd_events_tail)
+    from .events_cmd import add_follow_parser
+
+    add_follow_parser(actions, _add_group, _examples)
 
 
 def _redundancy_parser(commands) -> None:

@@ -175,8 +175,10 @@ class MqttConnection(asyncio.Protocol):
                     pending.add_done_callback(self._completed)
                     if self.inflight >= self._l.window:
                         self._throttle()
-                if isinstance(packet, Publish) and packet.qos and self._l.hold_for_mate(self):
-                    self._pause(_MATE)
+                if isinstance(packet, Publish):
+                    self._l.messages_in += 1
+                    if packet.qos and self._l.hold_for_mate(self):
+                        self._pause(_MATE)
             return
         if isinstance(packet, Connect):
             if self.accepted:  # the codec refuses a second CONNECT; this is a belt for the braces
@@ -407,6 +409,8 @@ class MqttConnection(asyncio.Protocol):
     # --- the broker's side (BrokerService calls these) -----------------------------
 
     def send_nowait(self, packet: Packet) -> None:
+        if type(packet) is Publish and not self.closing:
+            self._l.messages_out += 1
         if type(packet) is Publish and not packet.properties and not self.closing:
             data = self._l.encode_plain_publish(packet, self.protocol_version)
             if data is not None:

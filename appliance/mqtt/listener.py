@@ -163,6 +163,8 @@ class MqttListener:
         self.busy_refusals = 0  # CONNECT queue full
         self.limit_refusals = 0  # max_connections reached
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
+        self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
+        self.messages_out = 0  # PUBLISH packets written to clients
         self.throttled: set[MqttConnection] = set()
         self.held_for_mate: set[MqttConnection] = set()
         self.backpressure: MateBackpressure = getattr(broker, "backpressure", None) or MateBackpressure()
@@ -200,7 +202,8 @@ class MqttListener:
                 "max_connections": self.max_connections, "window": self.window,
                 "load": round(self.policy.load, 3), "loop_lag_ms": round(self.loop_lag_ms, 1),
                 "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
-                "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals}
+                "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals,
+                "messages_in": self.messages_in, "messages_out": self.messages_out}
 
     async def start(self) -> None:
         assert self._server is None, "listener already started"

@@ -1,0 +1,153 @@
+"""The status page and what it reads: `/`, `/static/*`, `/metrics`, `/api/v1/status`, `/api/v1/group`,
+`/api/v1/decisions/stream` (docs/operations.md).
+
+Rules:
+- The page (appliance/static/: HTML, CSS, vanilla JS, no external assets) is served by every node. It reads
+  only the node that served it: `/api/v1/group` is that node asking all three nodes' `/api/v1/status` (its
+  own without HTTP), so the browser needs no CORS and only one reachable address, and a later API
+  credential is checked once, here. A peer that does not answer within PEER_TIMEOUT_S is an entry
+  `{"reachable": false, "error"}`.
+- Bounded: one fan-out at a time; its answer serves every request for GROUP_CACHE_S, so ten open pages
+  cost the peers what one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+
+import aiohttp
+from aiohttp import web
+
+from . import metrics
+from .roles import Role
+
+PEER_TIMEOUT_S = 0.8
+GROUP_CACHE_S = 0.5
+STATIC = resources.files("appliance") / "static"
+STATIC_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", _index)
+    app.router.add_get("/static/{name}", _static)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/api/v1/status", _status)
+    app.router.add_get("/api/v1/group", _group)
+    app.router.add_get("/api/v1/decisions/stream", _stream)
+    app["group_view"] = GroupView(app["node"])
+    app.on_startup.append(_attach_feed)
+    app.on_shutdown.append(_close)
+
+
+async def _attach_feed(app: web.Application) -> None:
+    app["node"].decisions.attach(asyncio.get_running_loop())
+
+
+async def _close(app: web.Application) -> None:
+    app["node"].decisions.close()  # open streams end now: the runner's cleanup does not wait for them
+    await app["group_view"].close()
+
+
+async def _index(request: web.Request) -> web.Response:
+    return web.Response(body=(STATIC / "index.html").read_bytes(), content_type="text/html",
+                        headers={"Cache-Control": "no-cache"})
+
+
+async def _static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    suffix = name[name.rfind("."):] if "." in name else ""
+    # Only the files we ship: the name is looked up, never joined into a path the client chose.
+    shipped = {entry.name for entry in STATIC.iterdir() if entry.is_file()}
+    if name not in shipped or suffix not in STATIC_TYPES:
+        raise web.HTTPNotFound(reason=f"no static file {name!r}")
+    return web.Response(body=(STATIC / name).read_bytes(), content_type=STATIC_TYPES[suffix],
+                        headers={"Cache-Control": "no-cache"})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    text = metrics.render(metrics.collect(request.app["node"]))
+    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(metrics.status_document(request.app["node"]))
+
+
+async def _group(request: web.Request) -> web.Response:
+    return web.json_response(await request.app["group_view"].get())
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
+    return await request.app["node"].decisions.stream(request)
+
+
+class GroupView:
+    """All three nodes' status documents as the serving node sees them, fetched at most every GROUP_CACHE_S."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+        self._session: aiohttp.ClientSession | None = None
+        self._pending: asyncio.Future | None = None
+        self._document: dict | None = None
+        self._at = 0.0
+
+    async def get(self) -> dict:
+        loop = asyncio.get_running_loop()
+        if self._document is not None and loop.time() - self._at < GROUP_CACHE_S:
+            return self._document
+        if self._pending is None:
+            self._pending = loop.create_task(self._fetch())
+        pending = self._pending
+        try:
+            return await asyncio.shield(pending)
+        finally:
+            if self._pending is pending and pending.done():
+                self._pending = None
+
+    async def _fetch(self) -> dict:
+        node = self.node
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S),
+                                                  trust_env=False)
+        entries = await asyncio.gather(*(self._one(role) for role in Role))
+        self._document = {"schema": 1, "group": node.config.name, "served_by": node.role.value, "nodes": entries}
+        self._at = asyncio.get_running_loop().time()
+        return self._document
+
+    async def _one(self, role: Role) -> dict:
+        node = self.node
+        address = node.config.node(role).address
+        if role is node.role:
+            return {**metrics.status_document(node), "reachable": True}
+        host = f"[{address}]" if ":" in address else address
+        try:
+            document = await _peer_get(self._session, f"http://{host}:{node.config.ports.management}/api/v1/status",
+                                       node.management_token)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            return {"role": role.value, "address": address, "reachable": False, "error": _describe(exc)}
+        return {**document, "reachable": True}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+async def _peer_get(session: aiohttp.ClientSession, url: str, token: str) -> dict:
+    """The one place this node calls a peer's API, with the group's token (it holds the same secret)."""
+    async with session.get(url, headers={"Accept": "application/json", "Authorization": f"Bearer {token}"}) as response:
+        if response.status != 200:
+            raise ValueError(f"answered HTTP {response.status}")
+        document = await response.json()
+    if not isinstance(document, dict):
+        raise ValueError("answered with JSON that is not an object")
+    return document
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer within {PEER_TIMEOUT_S:g} s"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection refused (is the node running?)" if isinstance(exc.os_error, ConnectionRefusedError) \
+            else f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    return str(exc) or type(exc).__name__
