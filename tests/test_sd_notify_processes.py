@@ -1,0 +1,133 @@
+"""What systemd sees from a real node: READY=1 only once joined, WATCHDOG=1 from the event loop at
+half WATCHDOG_USEC, no pings while the process is stopped, STOPPING=1 on SIGTERM.
+
+The test owns the notify socket (a unix datagram socket, as systemd's) and starts real node processes
+with NOTIFY_SOCKET / WATCHDOG_USEC in their environment, exactly as systemd passes them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.roles import Role
+from tests.group import Group
+from tests.netns import hosts  # noqa: F401  (fixture)
+
+P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
+WATCHDOG_USEC = 600_000  # far from the node's other 1 s loop, so the pings' interval shows where it comes from
+MATE_LINK_PORT = 8301
+
+
+class NotifySocket:
+    """systemd's side of sd_notify: every datagram received, with its arrival time."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="pmq-notify-")  # short: a unix socket path has at most 107 bytes
+        self.path = str(Path(self._dir) / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o777)
+        self.received: list[tuple[float, dict[str, str]]] = []
+
+    def env(self, monkeypatch) -> None:
+        monkeypatch.setenv("NOTIFY_SOCKET", self.path)
+        monkeypatch.setenv("WATCHDOG_USEC", str(WATCHDOG_USEC))
+        monkeypatch.delenv("WATCHDOG_PID", raising=False)
+
+    def collect(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                break
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            self.received.append((time.monotonic(), fields))
+
+    def wait_for(self, key: str, timeout_s: float) -> dict[str, str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for _, fields in self.received:
+                if key in fields:
+                    return fields
+            self.collect(min(0.2, deadline - time.monotonic()))
+        pytest.fail(f"no {key} from the node within {timeout_s} s; got {self.keys()}")
+
+    def keys(self) -> list[str]:
+        return [k for _, fields in self.received for k in fields]
+
+    def ping_times(self) -> list[float]:
+        return [t for t, fields in self.received if "WATCHDOG" in fields]
+
+    def close(self) -> None:
+        self.sock.close()
+        os.unlink(self.path)
+        os.rmdir(self._dir)
+
+
+@pytest.fixture
+def notify():
+    n = NotifySocket()
+    yield n
+    n.close()
+
+
+pytestmark = [pytest.mark.processes]
+
+
+def test_lone_node_ready_says_alone_pings_at_half_watchdog_stops_when_stopped_and_on_sigterm(tmp_path, notify,
+                                                                                              monkeypatch):
+    with Group(tmp_path / "group") as g:
+        notify.env(monkeypatch)
+        g.start(P)
+        ready = notify.wait_for("READY", timeout_s=20)
+        assert "no peer seen" in ready["STATUS"], ready
+
+        notify.received.clear()
+        notify.collect(3.0)
+        gaps = [b - a for a, b in zip(notify.ping_times(), notify.ping_times()[1:])]
+        assert len(gaps) >= 5, f"too few WATCHDOG=1 pings in 3 s: {notify.keys()}"
+        # systemd restarts the node when a gap reaches WATCHDOG_USEC; the node aims for half of it.
+        assert max(gaps) < WATCHDOG_USEC / 1e6, gaps
+        assert 0.2 < statistics.median(gaps) < 0.45, gaps
+
+        g.signal(P, signal.SIGSTOP)  # what a hung process looks like to systemd
+        time.sleep(0.2)  # a ping already queued before the stop may still arrive
+        notify.received.clear()
+        notify.collect(2 * WATCHDOG_USEC / 1e6)
+        assert notify.ping_times() == [], "a stopped node still sent watchdog pings"
+        g.signal(P, signal.SIGCONT)
+        notify.collect(1.0)
+        assert notify.ping_times(), "pings did not resume after SIGCONT"
+
+        g.signal(P, signal.SIGTERM)
+        notify.wait_for("STOPPING", timeout_s=10)
+        assert g.procs[P].wait(15) == 0
+
+
+@pytest.mark.netns
+def test_standby_ready_only_once_its_mate_link_to_the_active_is_up(hosts, tmp_path, notify, monkeypatch):  # noqa: F811
+    addresses = {r: hosts.address(r.value) for r in Role}
+    with Group(tmp_path / "group", addresses, hosts=hosts) as g:
+        hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)  # heartbeats flow, the mate link cannot
+        g.start(P, M)
+        notify.env(monkeypatch)
+        g.start(B)
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        notify.collect(3.0)
+        assert notify.ping_times(), f"the backup sent no watchdog pings while joining: {notify.keys()}"
+        assert "READY" not in notify.keys(), "READY=1 before the standby's mate link was up"
+
+        hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
+        ready = notify.wait_for("READY", timeout_s=20)
+        assert ready["STATUS"] == "backup: joined as standby (sees primary, monitor); mate link to the active primary is up", ready
+        assert g.active() is P
