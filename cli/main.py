@@ -87,6 +87,7 @@ def build_parser() -> Parser:
     from .analytics_cmd import add_parsers as _analytics_parsers
 
     _analytics_parsers(commands, _examples)
+    _install_parser(commands)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 
@@ -210,6 +211,19 @@ def _redundancy_parser(commands) -> None:
         epilog=_examples("pairmq redundancy revert-activity"))
     _add_group(p)
     p.set_defaults(handler=_cmd_revert_activity)
+
+
+def _install_parser(commands) -> None:
+    from . import install
+
+    p = commands.add_parser(
+        "install", help="set up this host to run its node under systemd (user, files, venv, units)",
+        description="Create the pairmq user, /etc/pairmq (group file, secret), /var/lib/pairmq, /var/log/pairmq, "
+                    "the venv in /opt/pairmq/venv and the systemd unit, then enable and start it. Running it "
+                    "again changes nothing that is already right (docs/operations.md).",
+        epilog=_examples(*install.EXAMPLES))
+    install.add_arguments(p)
+    p.set_defaults(handler=lambda args, term: install.run(args, say=term.print_text) and 0)
 
 
 # --- handlers: each returns an exit code ---------------------------------------------
