@@ -1,5 +1,6 @@
 """What systemd sees from a real node: READY=1 only once joined, WATCHDOG=1 from the event loop at
-half WATCHDOG_USEC, no pings while the process is stopped, STOPPING=1 on SIGTERM.
+half WATCHDOG_USEC, no pings while the process is stopped, STOPPING=1 on SIGTERM; and a routing node
+serving under the kernel's equivalent of MemoryDenyWriteExecute=.
 
 The test owns the notify socket (a unix datagram socket, as systemd's) and starts real node processes
 with NOTIFY_SOCKET / WATCHDOG_USEC in their environment, exactly as systemd passes them.
@@ -11,6 +12,8 @@ import os
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from appliance.roles import Role
-from tests.group import Group
+from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
@@ -131,3 +134,31 @@ def test_standby_ready_only_once_its_mate_link_to_the_active_is_up(hosts, tmp_pa
         ready = notify.wait_for("READY", timeout_s=20)
         assert ready["STATUS"] == "backup: joined as standby (sees primary, monitor); mate link to the active primary is up", ready
         assert g.active() is P
+
+
+# MemoryDenyWriteExecute= is a seccomp filter systemd installs; without systemd as PID 1 the kernel's own
+# PR_SET_MDWE (Linux >= 6.3, kept across execve) refuses the same thing: memory that is or becomes
+# writable and executable. The wrapper turns it on, proves it holds, and execs the node.
+MDWE_WRAPPER = """
+import ctypes, mmap, os, sys
+if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+    sys.exit("PR_SET_MDWE failed: this kernel (< 6.3?) cannot run the MemoryDenyWriteExecute check")
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    sys.exit("a W+X mapping was allowed: MDWE is not in force")
+except PermissionError:
+    pass
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+def test_routing_node_serves_under_memory_deny_write_execute(tmp_path):
+    with Group(tmp_path / "group") as g:
+        g.start(B, M)
+        log = open(g.dir / "primary.log", "ab")
+        g.procs[P] = subprocess.Popen(
+            [sys.executable, "-c", MDWE_WRAPPER, "-m", "cli.main", "node", "--role", "primary", "--group",
+             str(g.dir / "group.toml")], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        g.wait_for("the primary (under MDWE) to take activity and serve MQTT", lambda: g.probe_once()[P] == 0,
+                   timeout_s=30)
+        assert g.procs[P].poll() is None, g.logs_tail()
