@@ -127,15 +127,18 @@ def install(p: Plan, say=print) -> list[str]:
     step(_ensure_user(p))
     uid, gid = _ids(p)
     step(_ensure_dir(p, ETC, 0, gid, 0o750))
-    step(_ensure_file(p, ETC / "group.toml", p.group_text, 0, gid, 0o640))
-    step(_ensure_file(p, ETC / "secret", p.secret_text, 0, 0, 0o600))
+    inputs = [_ensure_file(p, ETC / "group.toml", p.group_text, 0, gid, 0o640),
+              _ensure_file(p, ETC / "secret", p.secret_text, 0, 0, 0o600)]
+    for sentence in inputs:
+        step(sentence)
     step(_ensure_dir(p, STATE, uid, gid, 0o750))
     step(_ensure_dir(p, LOGS, uid, gid, 0o750))
-    step(_ensure_venv(p))
+    inputs.append(_ensure_venv(p))
+    step(inputs[-1])
     unit_changed = _ensure_units(p, step)
-    step(_enable(p, unit_changed))
-    if not any(s.startswith(("created", "changed", "removed", "built", "enabled", "started", "reloaded"))
-               for s in said):
+    # A running node reads its group file, secret and software only at start: any change means a restart.
+    step(_enable(p, unit_changed, restart=unit_changed or any(not s.startswith("unchanged") for s in inputs)))
+    if all(s.startswith("unchanged") for s in said):
         step(f"nothing changed: this host was already installed as the {p.role.value}")
     return said
 
@@ -246,7 +249,7 @@ def _ensure_units(p: Plan, step) -> bool:
     return any(not s.startswith("unchanged") for s in changes)
 
 
-def _enable(p: Plan, unit_changed: bool) -> str:
+def _enable(p: Plan, unit_changed: bool, restart: bool) -> str:
     wants = p.at(UNIT_DIR / "multi-user.target.wants" / p.unit)
     enabled = wants.is_symlink()
     if p.root != Path("/"):
@@ -258,13 +261,13 @@ def _enable(p: Plan, unit_changed: bool) -> str:
     if not enabled:
         _run(["systemctl", "enable", p.unit], f"systemctl could not enable {p.unit}")
     if not p.start:
-        return f"{'unchanged' if enabled and not unit_changed else 'enabled'}: {p.unit} (not started: --no-start)"
+        return f"{'unchanged' if enabled and not restart else 'enabled'}: {p.unit} (not started: --no-start)"
     active = subprocess.run(["systemctl", "is-active", "--quiet", p.unit]).returncode == 0
-    if active and not unit_changed:
+    if active and not restart:
         return f"unchanged: {p.unit} is enabled and running"
     _run(["systemctl", "restart" if active else "start", p.unit], f"systemctl could not start {p.unit} "
          f"(see `systemctl status {p.unit}` and `journalctl -u {p.unit}`)")
-    return f"{'reloaded' if active else 'started'}: {p.unit}"
+    return f"{'restarted' if active else 'started'}: {p.unit}"
 
 
 def _run(argv: list[str], failure: str) -> None:

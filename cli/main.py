@@ -223,7 +223,7 @@ def _install_parser(commands) -> None:
                     "again changes nothing that is already right (docs/operations.md).",
         epilog=_examples(*install.EXAMPLES))
     install.add_arguments(p)
-    p.set_defaults(handler=lambda args, term: install.run(args, say=term.print_text) and 0)
+    p.set_defaults(handler=_cmd_install)
 
 
 # --- handlers: each returns an exit code ---------------------------------------------
@@ -242,6 +242,13 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
         term.note("copy both files to the same paths on each host, then run there:")
     for role, address, command in written.node_commands():
         term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
+    return 0
+
+
+def _cmd_install(args: argparse.Namespace, term: Terminal) -> int:
+    from .install import run
+
+    run(args, say=term.print_text)
     return 0
 
 

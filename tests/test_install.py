@@ -199,3 +199,19 @@ def test_refusals_are_one_sentence_and_change_nothing(root, source):
                            str(source / "group.toml"), "--root", "relative/root"], capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr.strip() == (
         "error: --root relative/root must be an existing directory, given as an absolute path")
+
+
+def test_changed_group_file_and_secret_are_replaced_and_said(root, source):
+    assert pairmq_install(root, source, role="monitor").returncode == 0
+    (source / "group.toml").write_text(GROUP.replace('name = "orders"', 'name = "orders"\nauto_revert = true'))
+    (source / "secret").write_bytes(b"cd" * 32 + b"\n")
+    again = pairmq_install(root, source, role="monitor")
+    assert again.returncode == 0, again.stderr
+    uid, gid = ids(root)
+    changed = [line for line in again.stdout.splitlines() if not line.startswith("unchanged")]
+    assert changed == ["changed: /etc/pairmq/group.toml (0640, root:pairmq)",
+                       "changed: /etc/pairmq/secret (0600, root:root)"]
+    assert (root / "etc/pairmq/group.toml").read_text() == (source / "group.toml").read_text()
+    assert (root / "etc/pairmq/secret").read_bytes() == b"cd" * 32 + b"\n"
+    assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
+    assert [p.name for p in (root / "etc/pairmq").iterdir() if p.name.startswith(".")] == []  # no temp files left
