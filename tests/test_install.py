@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,11 @@ address = "10.0.0.3"
 
 @pytest.fixture
 def root(tmp_path) -> Path:
+    for tool in ("useradd", "systemctl", "systemd-analyze", "setpriv"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: run .ci/setup (it installs passwd, systemd and util-linux)")
+    if os.geteuid() != 0:
+        pytest.fail("these tests install into a throwaway root with useradd --root and chown: run them as root")
     r = tmp_path / "root"
     (r / "etc").mkdir(parents=True)
     (r / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
