@@ -1,5 +1,6 @@
 """What systemd sees from a real node: READY=1 only once joined, WATCHDOG=1 from the event loop at
-half WATCHDOG_USEC, no pings while the process is stopped, STOPPING=1 on SIGTERM; and a routing node
+half WATCHDOG_USEC, no pings while the process is stopped or only its event loop is (the heartbeat
+thread running on), STOPPING=1 on SIGTERM; and a routing node
 serving under the kernel's equivalent of MemoryDenyWriteExecute=.
 
 The test owns the notify socket (a unix datagram socket, as systemd's) and starts real node processes
@@ -8,6 +9,8 @@ with NOTIFY_SOCKET / WATCHDOG_USEC in their environment, exactly as systemd pass
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -133,6 +136,62 @@ def test_standby_ready_only_once_its_mate_link_to_the_active_is_up(hosts, tmp_pa
         hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
         ready = notify.wait_for("READY", timeout_s=20)
         assert ready["STATUS"] == "backup: joined as standby (sees primary, monitor); mate link to the active primary is up", ready
+        assert g.active() is P
+
+
+PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
+EPOLL_WAITS = {"232", "281", "441"}  # x86_64 epoll_wait, epoll_pwait, epoll_pwait2: idle with the GIL released
+
+
+@contextlib.contextmanager
+def main_thread_frozen(pid: int):
+    """Stop only the node's main thread (its event loop), with ptrace; the heartbeat thread runs on.
+
+    SIGSTOP stops every thread; PTRACE_INTERRUPT stops one. The thread is caught idle in epoll (tried
+    again otherwise), so it does not hold the GIL and the other threads really keep running."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    status = ctypes.c_int()
+    for _ in range(50):
+        if libc.ptrace(PTRACE_SEIZE, pid, None, None) != 0 or libc.ptrace(PTRACE_INTERRUPT, pid, None, None) != 0:
+            pytest.fail(f"ptrace on the node failed (errno {ctypes.get_errno()}): this test needs CAP_SYS_PTRACE")
+        libc.waitpid(pid, ctypes.byref(status), WALL)
+        if Path(f"/proc/{pid}/syscall").read_text().split()[0] in EPOLL_WAITS:
+            break
+        libc.ptrace(PTRACE_DETACH, pid, None, None)
+        time.sleep(0.01)
+    else:
+        pytest.fail("the node's main thread was never caught idle in epoll")
+    try:
+        yield
+    finally:
+        libc.ptrace(PTRACE_DETACH, pid, None, None)
+
+
+def test_hung_event_loop_stops_pings_while_heartbeats_go_on(tmp_path, notify, monkeypatch):
+    """Pings come from the loop, not the heartbeat thread: freeze only the loop for three leases and the
+    pings stop, while the peers still see the primary (no failover: heartbeats went on)."""
+    with Group(tmp_path / "group") as g:
+        notify.env(monkeypatch)
+        g.start(P)
+        monkeypatch.delenv("NOTIFY_SOCKET")
+        g.start(B, M)
+        g.wait_for("the primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=20)
+        notify.wait_for("READY", timeout_s=20)
+        notify.collect(1.0)
+        assert notify.ping_times(), "no pings before the freeze"
+        freeze_s = 3 * g.config.timers.lease_ms / 1000
+        assert freeze_s * 1000 < g.config.timers.broker_stall_ms  # below R6's bound: no step-down expected
+        with main_thread_frozen(g.pid(P)):
+            time.sleep(0.1)  # a ping sent just before the freeze may still be queued
+            notify.received.clear()
+            notify.collect(freeze_s)
+            assert notify.ping_times() == [], "the primary's frozen event loop still sent watchdog pings"
+            states = {t.name: (t / "stat").read_text().split()[2] for t in Path(f"/proc/{g.pid(P)}/task").iterdir()}
+            assert states[str(g.pid(P))] == "t" and any(s != "t" for s in states.values()), states
+        notify.collect(1.0)
+        assert notify.ping_times(), "pings did not resume after the loop thawed"
+        assert g.decisions(B, "activate") == [], "the backup took over: heartbeats stopped with the loop"
         assert g.active() is P
 
 
