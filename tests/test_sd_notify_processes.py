@@ -120,6 +120,18 @@ def test_lone_node_ready_says_alone_pings_at_half_watchdog_stops_when_stopped_an
         assert g.procs[P].wait(15) == 0
 
 
+def test_monitor_ready_once_it_sees_a_peer(tmp_path, notify, monkeypatch):
+    with Group(tmp_path / "group") as g:
+        g.start(P, B)
+        # their boot decisions are written by their heartbeat threads: both are heartbeating
+        g.wait_for("the primary and the backup to run their heartbeat threads",
+                   lambda: g.decisions(P, "boot") and g.decisions(B, "boot"), timeout_s=20)
+        notify.env(monkeypatch)
+        g.start(M)
+        ready = notify.wait_for("READY", timeout_s=20)
+        assert ready["STATUS"].startswith("monitor: joined (sees "), ready
+
+
 @pytest.mark.netns
 def test_standby_ready_only_once_its_mate_link_to_the_active_is_up(hosts, tmp_path, notify, monkeypatch):  # noqa: F811
     addresses = {r: hosts.address(r.value) for r in Role}
