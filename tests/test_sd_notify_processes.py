@@ -1,7 +1,7 @@
 """What systemd sees from a real node: READY=1 only once joined, WATCHDOG=1 from the event loop at
 half WATCHDOG_USEC, no pings while the process is stopped or only its event loop is (the heartbeat
 thread running on), STOPPING=1 on SIGTERM; and a routing node
-serving under the kernel's equivalent of MemoryDenyWriteExecute=.
+serving inside the kernel-level part of the units' sandbox (tests/unit_sandbox.py).
 
 The test owns the notify socket (a unix datagram socket, as systemd's) and starts real node processes
 with NOTIFY_SOCKET / WATCHDOG_USEC in their environment, exactly as systemd passes them.
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from appliance.roles import Role
+from tests import paho_clients
 from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
 
@@ -207,29 +208,88 @@ def test_hung_event_loop_stops_pings_while_heartbeats_go_on(tmp_path, notify, mo
         assert g.active() is P
 
 
-# MemoryDenyWriteExecute= is a seccomp filter systemd installs; without systemd as PID 1 the kernel's own
-# PR_SET_MDWE (Linux >= 6.3, kept across execve) refuses the same thing: memory that is or becomes
-# writable and executable. The wrapper turns it on, proves it holds, and execs the node.
-MDWE_WRAPPER = """
-import ctypes, mmap, os, sys
-if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
-    sys.exit("PR_SET_MDWE failed: this kernel (< 6.3?) cannot run the MemoryDenyWriteExecute check")
+# The units' kernel-level sandbox without systemd as PID 1 (tests/unit_sandbox.py): no capabilities,
+# no_new_privs (setpriv), MemoryDenyWriteExecute (PR_SET_MDWE), SystemCallFilter=@system-service with
+# EPERM and RestrictAddressFamilies (a libseccomp allow-list, as systemd builds it).
+FAMILIES = "1,2,10,16"  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: the units' RestrictAddressFamilies=
+
+
+def system_service_syscalls(path: Path) -> Path:
+    """`systemd-analyze syscall-filter @system-service`, its @groups expanded, one name per line."""
+    names: set[str] = set()
+    pending, seen = ["@system-service"], set()
+    while pending:
+        group = pending.pop()
+        seen.add(group)
+        out = subprocess.run(["/usr/bin/systemd-analyze", "syscall-filter", group], capture_output=True, text=True,
+                             check=True).stdout
+        for line in out.splitlines()[1:]:
+            item = line.strip()
+            if item.startswith("@") and item not in seen:
+                pending.append(item)
+            elif item and not item.startswith(("#", "@")):
+                names.add(item)
+    path.write_text("\n".join(sorted(names)) + "\n")
+    return path
+
+
+def sandboxed(syscalls: Path, *argv: str, drop_capabilities: bool = True) -> list[str]:
+    setpriv = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"] if drop_capabilities else []
+    return [*setpriv, sys.executable, str(REPO / "tests/unit_sandbox.py"), str(syscalls), FAMILIES, "--",
+            sys.executable, *argv]
+
+
+PROBE = """
+import ctypes, socket
+libc = ctypes.CDLL(None, use_errno=True)
+traced = libc.ptrace(0, 0, None, None) == 0  # PTRACE_TRACEME: @debug, not in @system-service
 try:
-    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    sys.exit("a W+X mapping was allowed: MDWE is not in force")
-except PermissionError:
-    pass
-os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close()  # not in RestrictAddressFamilies= (the VIP drop-in's)
+    packet = True
+except OSError:
+    packet = False
+socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+print(f"ptrace={traced} af_packet={packet}")
 """
 
 
-def test_routing_node_serves_under_memory_deny_write_execute(tmp_path):
+def test_the_sandbox_refuses_what_the_unit_refuses(tmp_path):
+    """The control for the test below: outside the sandbox these calls work; the filter alone (root's
+    capabilities kept) refuses them."""
+    syscalls = system_service_syscalls(tmp_path / "syscalls")
+    free = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=30)
+    assert free.stdout.strip() == "ptrace=True af_packet=True", free.stderr
+    boxed = subprocess.run(sandboxed(syscalls, "-c", PROBE, drop_capabilities=False), capture_output=True,
+                           text=True, timeout=30)
+    assert boxed.stdout.strip() == "ptrace=False af_packet=False", boxed.stderr
+
+
+def test_routing_node_works_inside_the_units_sandbox(tmp_path):
+    """A primary with no capabilities, under MDWE, @system-service and the address-family list: it takes
+    activity, acknowledges a replicated QoS 1 publish, delivers it, and hands over on SIGTERM."""
+    syscalls = system_service_syscalls(tmp_path / "syscalls")
     with Group(tmp_path / "group") as g:
         g.start(B, M)
         log = open(g.dir / "primary.log", "ab")
-        g.procs[P] = subprocess.Popen(
-            [sys.executable, "-c", MDWE_WRAPPER, "-m", "cli.main", "node", "--role", "primary", "--group",
-             str(g.dir / "group.toml")], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-        g.wait_for("the primary (under MDWE) to take activity and serve MQTT", lambda: g.probe_once()[P] == 0,
-                   timeout_s=30)
-        assert g.procs[P].poll() is None, g.logs_tail()
+        argv = sandboxed(syscalls, "-m", "cli.main", "node", "--role", "primary", "--group", str(g.dir / "group.toml"))
+        g.procs[P] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        g.wait_for("the sandboxed primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=30)
+        g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=30)
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{g.pid(P)}/status").read_text().splitlines()
+                      if ":\t" in line)
+        assert {k: status[k].strip() for k in ("CapEff", "CapBnd", "NoNewPrivs", "Seccomp")} == {
+            "CapEff": "0000000000000000", "CapBnd": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
+        sub, got = paho_clients.client("sandbox-sub", g.address(P), persistent=False)
+        pub, _ = paho_clients.client("sandbox-pub", g.address(P), persistent=False)
+        try:
+            sub.subscribe("sandbox/t", qos=1)
+            time.sleep(0.3)
+            pub.publish("sandbox/t", b"inside", qos=1).wait_for_publish(10)
+            assert got.get(timeout=10) == b"inside"
+        finally:
+            for c in (sub, pub):
+                c.loop_stop()
+                c.disconnect()
+        g.signal(P, signal.SIGTERM)
+        assert g.procs[P].wait(20) == 0, g.logs_tail()
+        g.wait_for("the backup to serve after the handover", lambda: g.probe_once()[B] == 0, timeout_s=10)
