@@ -161,10 +161,22 @@ def test_vip_drop_in_only_with_vip_and_removed_without(root, source, tmp_path):
     merged = (root / "etc/systemd/system/pairmq@.service").read_text() + drop_in.read_text()
     checked = verify(merged, "pairmq@.service", root, tmp_path / "verify")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    # systemd merges the drop-in's lists into the unit's: packet sockets and the two capabilities, no more
+    assert packet_sockets_allowed(tmp_path / "verify") == "✗"
+    verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "plain")
+    assert packet_sockets_allowed(tmp_path / "plain") == "✓"
 
     said = install.install(plan, say=lambda s: None)  # [vip] gone from the group file: capabilities gone too
     assert not drop_in.exists()
     assert "removed: /etc/systemd/system/pairmq@backup.service.d/vip.conf (the group file has no [vip] table)" in said
+
+
+def packet_sockets_allowed(unit_dir: Path) -> str:
+    """systemd-analyze security's mark for AF_PACKET: ✗ allowed, ✓ refused."""
+    out = subprocess.run(["/usr/bin/systemd-analyze", "security", "--offline=yes", str(unit_dir / "pairmq@primary.service")],
+                         capture_output=True, text=True, cwd=unit_dir, timeout=60).stdout
+    [line] = [line for line in out.splitlines() if "RestrictAddressFamilies=~AF_PACKET" in line]
+    return line.split()[0]
 
 
 def _refused(root, source, *extra, role="primary", user=None) -> str:
