@@ -8,7 +8,8 @@ Rules:
   user is made with `useradd --root DIR`, units are enabled with `systemctl --root DIR` (symlinks only),
   nothing is started. --no-start also leaves the services unstarted.
 - Everything is checked before anything is changed: the role, the group file (appliance.config's
-  loader), the node's data_dir (must be /var/lib/pairmq or below: the units' StateDirectory, the only
+  loader), the role's address being one of this host's (not under --root: that is another host), the
+  node's data_dir (must be /var/lib/pairmq or below: the units' StateDirectory, the only
   place ProtectSystem=strict lets the node write), the secret, the software to run.
 - Idempotent: each step compares what is there with what it would write and says "unchanged"; a second
   run changes nothing and says so.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import tomllib
@@ -102,6 +104,10 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
     if not data_dir.is_absolute() or not (data_dir == STATE or STATE in data_dir.parents):
         raise InstallError(f"nodes.{the_role.value}.data_dir is {str(data_dir)!r}; under systemd it must be {STATE} "
                            f"or below it (the unit's StateDirectory, the only place the node may write)")
+    address = config.node(the_role).address
+    if root == Path("/") and not address_is_local(address):
+        raise InstallError(f"nodes.{the_role.value}.address {address} is not an address of this host: wrong --role, "
+                           f"or configure the address first")
     if secret is not None:
         config = dataclasses.replace(config, secret_file=secret.resolve())
     os.environ.pop("CREDENTIALS_DIRECTORY", None)  # check the file we were given, not an inherited credential
@@ -114,6 +120,17 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
     spec = package or str(PROJECT)
     return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", "vip" in raw,
                 venv or VENV, venv is None, spec, tuple(pip_options), start and root == Path("/"))
+
+
+def address_is_local(address: str) -> bool:
+    """Whether this host has `address` (binding to it works): the node binds it, so it must."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
 
 
 def install(p: Plan, say=print) -> list[str]:

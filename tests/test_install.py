@@ -19,7 +19,7 @@ import pytest
 
 from appliance.roles import Role
 from cli import install
-from tests.group import REPO
+from tests.group import LOOPBACK, REPO
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
 GROUP = """\
@@ -233,3 +233,10 @@ def test_changed_group_file_and_secret_are_replaced_and_said(root, source):
     assert (root / "etc/pairmq/secret").read_bytes() == b"cd" * 32 + b"\n"
     assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
     assert [p.name for p in (root / "etc/pairmq").iterdir() if p.name.startswith(".")] == []  # no temp files left
+
+
+def test_the_roles_address_must_be_this_hosts():
+    """Installed on / (never here: it would change this machine), the role's address must be local, so a
+    host installed with another host's role is refused before anything changes."""
+    assert install.address_is_local(LOOPBACK[Role.PRIMARY])
+    assert not install.address_is_local("192.0.2.1")  # TEST-NET-1: on no host
