@@ -293,8 +293,10 @@ def _run(argv: list[str], failure: str) -> None:
     except FileNotFoundError:
         raise InstallError(f"{failure}: {argv[0]} is not installed") from None
     if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        raise InstallError(f"{failure}: {detail[-1] if detail else f'exit code {done.returncode}'}")
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        # pip's own reason is its last "ERROR:" line; its last words are a "note:" about subprocesses
+        detail = ([line for line in lines if line.startswith("ERROR:")] or lines or [f"exit code {done.returncode}"])[-1]
+        raise InstallError(f"{failure}: {detail}")
 
 
 # --- command line (shared by `pairmq install` and systemd/install.sh) ------------------------

@@ -240,3 +240,43 @@ def test_the_roles_address_must_be_this_hosts():
     host installed with another host's role is refused before anything changes."""
     assert install.address_is_local(LOOPBACK[Role.PRIMARY])
     assert not install.address_is_local("192.0.2.1")  # TEST-NET-1: on no host
+
+
+LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine's local package mirror (file://, no network)
+
+
+def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_path):
+    """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
+    Without any index pip cannot get the build requirements (setuptools, wheel): one sentence naming pip's
+    reason, no units installed. The next run, given the local mirror, builds it (dependencies left out:
+    the mirror lacks sqlite-utils) rather than taking the half-built venv for done."""
+    if not (LOCAL_INDEX / "setuptools").is_dir() or not (LOCAL_INDEX / "wheel").is_dir():
+        pytest.fail(f"{LOCAL_INDEX} has no setuptools or wheel: this test needs the machine's local package mirror")
+    (root / "opt/pairmq/venv").unlink()
+    # pip builds a local tree in place (build/, *.egg-info): give it a copy, not this work tree
+    tree = tmp_path / "pairmq-src"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local"))
+    command = [sys.executable, "-m", "cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
+               "--root", str(root), "--package", str(tree)]
+    failed = subprocess.run([*command, "--pip-option=--no-index"], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stdout
+    [line] = failed.stderr.strip().splitlines()
+    assert line == (f"error: pip could not install {tree} into /opt/pairmq/venv: "
+                    "ERROR: No matching distribution found for setuptools>=68"), line
+    assert (root / "opt/pairmq/venv/bin/python").exists() and not (root / "opt/pairmq/venv/bin/pairmq").exists()
+    assert not (root / "etc/systemd/system/pairmq@.service").exists(), "units installed without the software"
+
+    built = subprocess.run([*command, "--pip-option=--no-deps", f"--pip-option=--index-url=file://{LOCAL_INDEX}"],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert f"built: /opt/pairmq/venv with {tree}" in built.stdout.splitlines()
+    venv = root / "opt/pairmq/venv"
+    installed = subprocess.run([str(venv / "bin/python"), "-c", "import appliance.config as c; print(c.__file__)"],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert installed.stdout.startswith(str(venv / "lib")), installed  # a copy in the venv, not this work tree
+    assert os.access(venv / "bin/pairmq", os.X_OK)
+    checked = verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "v")
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert again.stdout.splitlines()[-1] == "nothing changed: this host was already installed as the primary"
