@@ -30,7 +30,7 @@ import secrets
 import signal
 import time
 
-from . import sd_notify
+from . import readiness, sd_notify
 from .config import GroupConfig, load_secret
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
@@ -47,8 +47,6 @@ log = logging.getLogger("pairmq.node")
 
 MQTT_REASON_USE_ANOTHER_SERVER = 0x9C
 MQTT_REASON_SERVER_SHUTTING_DOWN = 0x8B
-JOIN_POLL_S = 0.05  # how often a joining node checks again before READY=1
-JOIN_DECISION_QUIETS = 10  # a start-up bid settles within ~2 quiet_ms; READY=1 after 10 even if nobody is active
 ALIVE_STAMP_S = 0.1  # the broker loop's liveness stamp; R6's bound (timers.broker_stall_ms) is ~50 of these
 
 # The heartbeat thread needs the GIL, and a full (generation 2) garbage collection holds it throughout:
@@ -130,7 +128,7 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
         self._failure: str | None = None
-        self._ready = {"quorum": False, "sockets": False}  # then READY=1 once joined (_announce_ready)
+        self._ready = {"quorum": False, "sockets": False}  # then READY=1 once joined (appliance/readiness.py)
         self._joining: asyncio.Task | None = None
         self.management = ManagementServer(self)
 
@@ -161,7 +159,7 @@ class Node:
         loop.add_signal_handler(signal.SIGINT, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
-        pings = asyncio.create_task(self._watchdog_pings())  # from the start: a spool load is loop work too
+        pings = asyncio.create_task(readiness.watchdog_pings())  # from the start: a spool load is loop work too
         try:
             self.heartbeats.start()
             if self.role.routes_messages:
@@ -269,14 +267,6 @@ class Node:
             self.heartbeats.broker_alive_at = now_ms()
             await asyncio.sleep(ALIVE_STAMP_S)
 
-    async def _watchdog_pings(self) -> None:
-        """WATCHDOG=1 from the event loop itself, every half WatchdogSec: a hung loop stops the pings and
-        systemd restarts the node. Not from the heartbeat thread, which keeps running when the loop hangs."""
-        interval = sd_notify.watchdog_interval_s()
-        while interval is not None:
-            sd_notify.notify("WATCHDOG=1")
-            await asyncio.sleep(interval)
-
     async def _watchdog(self) -> None:
         """Once a second, from the event loop: flush event counts, write the node_alive pulse and
         log rejected heartbeats as one summed event (a flood costs one line a second)."""
@@ -349,45 +339,7 @@ class Node:
         """Once the sockets are open and the quorum has settled (seen a peer or waited out boot): join."""
         self._ready[part] = True
         if all(self._ready.values()) and self._joining is None:
-            self._joining = self._loop.create_task(self._announce_ready())
-
-    async def _announce_ready(self) -> None:
-        """systemd's READY=1 means "joined its group" (docs/operations.md): see `_joined`."""
-        settled_at = now_ms()
-        while (status := self._joined(settled_at)) is None:
-            await asyncio.sleep(JOIN_POLL_S)
-        log.info("%s", status)
-        sd_notify.notify(f"READY=1\nSTATUS={status}")
-
-    def _joined(self, settled_at: int) -> str | None:
-        """The READY=1 status sentence once this node has joined its group, None while it has not.
-
-        - Any node: the quorum has settled -- it sees a peer, or waited out boot (quiet_ms) seeing
-          nobody; a lone node is up and waiting, which systemd must not mistake for a failed start.
-        - A routing node that sees a peer: also someone holds activity (itself, or its mate), or
-          JOIN_DECISION_QUIETS x quiet_ms went by without (nobody may be able to show it is up to date:
-          an operator's call, not a reason for systemd to fail the start).
-        - A standby (a routing node whose mate is active): also an authenticated mate-link session to
-          the active, i.e. its resync has begun. Not "in sync": a resync lasts as long as the spool is
-          big, and redundancy Up/Down is the CLI's business, not the service manager's.
-        """
-        now = now_ms()
-        with self.heartbeats.lock:
-            seen = [r.value for r in self.core.peers if self.core.sees(r, now)]
-            active = self.core.active_role(now)
-        me = self.role.value
-        if not seen:
-            return f"{me}: no peer seen within {self.core.timing.quiet_ms} ms of start; running, waiting for the group"
-        if self.replication is not None and active is self.role.mate():
-            standby = self.replication.standby
-            if standby is None or standby.links_made == 0:
-                return None
-            return f"{me}: joined as standby (sees {', '.join(seen)}); mate link to the active {active.value} is up"
-        waited_ms = now - settled_at
-        if active is None and self.role.routes_messages and waited_ms < JOIN_DECISION_QUIETS * self.core.timing.quiet_ms:
-            return None
-        holder = f"the active is {active.value}" if active is not None else f"nobody is active after {waited_ms} ms"
-        return f"{me}: joined (sees {', '.join(seen)}); {holder}"
+            self._joining = self._loop.create_task(readiness.announce_ready(self))
 
     def _drop_clients_after_step_down(self) -> None:
         reference = self.active_server_reference()
