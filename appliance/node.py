@@ -35,7 +35,7 @@ import secrets
 import signal
 import time
 
-from . import sd_notify
+from . import readiness, sd_notify
 from .config import GroupConfig, load_keyring
 from .decision_stream import DecisionFeed
 from .errors import LocalProtocolError, PairMQError
@@ -144,7 +144,8 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
         self._failure: str | None = None
-        self._ready = {"quorum": False, "sockets": False}  # READY=1 once both hold
+        self._ready = {"quorum": False, "sockets": False}  # then READY=1 once joined (appliance/readiness.py)
+        self._joining: asyncio.Task | None = None
         self.management = ManagementServer(self)
 
     # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
@@ -174,6 +175,7 @@ class Node:
         loop.add_signal_handler(signal.SIGINT, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # `systemctl reload`; never fatal, even on a monitor
         stamp = asyncio.create_task(self._stamp_alive())
+        pings = asyncio.create_task(readiness.watchdog_pings())  # from the start: a spool load is loop work too
         try:
             if self.vip is not None:  # before anything else: a node killed -9 while active left it on the interface
                 await asyncio.to_thread(self.vip.release, "left by an earlier run of this node (removed at start-up)")
@@ -204,6 +206,7 @@ class Node:
             await self.management.start()
         except BaseException:
             stamp.cancel()
+            pings.cancel()
             await self._shutdown()
             raise
         log.info("%s: listening on %s (heartbeats :%d on their own thread, management :%d)", self.role.value,
@@ -215,6 +218,9 @@ class Node:
         finally:
             watchdog.cancel()
             stamp.cancel()
+            pings.cancel()
+            if self._joining is not None:
+                self._joining.cancel()
             await self._shutdown()
         if self._failure:
             raise PairMQError(self._failure)
@@ -251,6 +257,7 @@ class Node:
 
     def _on_sigterm(self) -> None:
         """Hand activity over first if we hold it and the mate is in sync; stop in any case."""
+        sd_notify.notify("STOPPING=1")  # now, not after the handover: systemctl shows "deactivating" at once
         with self.heartbeats.lock:
             active = self.core.activity is Activity.ACTIVE and self.core.handover.draining is None
         if not active or self.replication is None:
@@ -285,13 +292,12 @@ class Node:
             await asyncio.sleep(ALIVE_STAMP_S)
 
     async def _watchdog(self) -> None:
-        """Once a second, from the event loop itself: ping systemd's watchdog (a hung loop gets
-        restarted) and log rejected heartbeats as one summed event (a flood costs one line a second)."""
+        """Once a second, from the event loop: flush event counts, write the node_alive pulse and
+        log rejected heartbeats as one summed event (a flood costs one line a second)."""
         with self.heartbeats.lock:
             logged = dict(self.core.auth.rejected)
         denied_logged: dict = {}
         while True:
-            sd_notify.notify("WATCHDOG=1")
             self._flush_event_counts()
             # The analytics job's pulse: the last one a killed node wrote bounds when it stopped serving.
             self.events.write("node_alive", serving=self.role.routes_messages and self.may_serve(),
@@ -364,11 +370,10 @@ class Node:
         self._mark_ready("quorum")
 
     def _mark_ready(self, part: str) -> None:
-        """systemd's READY=1 once the sockets are open and the quorum has settled (seen a peer or waited out boot)."""
-        if not all(self._ready.values()):
-            self._ready[part] = True
-            if all(self._ready.values()):
-                sd_notify.notify("READY=1")
+        """Once the sockets are open and the quorum has settled (seen a peer or waited out boot): join."""
+        self._ready[part] = True
+        if all(self._ready.values()) and self._joining is None:
+            self._joining = self._loop.create_task(readiness.announce_ready(self))
 
     def _drop_clients_after_step_down(self) -> None:
         reference = self.active_server_reference()

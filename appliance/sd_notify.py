@@ -1,4 +1,4 @@
-"""systemd's notify protocol in a few lines: READY=1, WATCHDOG=1, STATUS=..."""
+"""systemd's notify protocol in a few lines: READY=1, WATCHDOG=1, STATUS=..., STOPPING=1."""
 
 import os
 import socket
@@ -17,3 +17,18 @@ def notify(message: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def watchdog_interval_s() -> float | None:
+    """How often to send WATCHDOG=1: half of systemd's WatchdogSec (sd_watchdog_enabled(3)), None if off.
+
+    systemd passes WATCHDOG_USEC and WATCHDOG_PID; a WATCHDOG_PID that is not ours means the variables
+    were inherited from a parent that is watched, not us."""
+    usec, pid = os.environ.get("WATCHDOG_USEC"), os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        value = int(usec)
+    except ValueError:
+        return None
+    return value / 2_000_000 if value > 0 else None

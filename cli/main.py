@@ -94,6 +94,7 @@ def build_parser() -> Parser:
     from .secret_cmd import add_parsers as _secret_parsers
 
     _secret_parsers(commands, _add_group, _examples)
+    _install_parser(commands)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
 
@@ -275,6 +276,19 @@ def _redundancy_parser(commands) -> None:
     p.set_defaults(handler=_cmd_revert_activity)
 
 
+def _install_parser(commands) -> None:
+    from . import install
+
+    p = commands.add_parser(
+        "install", help="set up this host to run its node under systemd (user, files, venv, units)",
+        description="Create the pairmq user, /etc/pairmq (group file, secret), /var/lib/pairmq, /var/log/pairmq, "
+                    "the venv in /opt/pairmq/venv and the systemd unit, then enable and start it. Running it "
+                    "again changes nothing that is already right (docs/operations.md).",
+        epilog=_examples(*install.EXAMPLES))
+    install.add_arguments(p)
+    p.set_defaults(handler=_cmd_install)
+
+
 # --- handlers: each returns an exit code ---------------------------------------------
 
 
@@ -307,6 +321,13 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     if not args.password_stdin:
         term.print_text(f"admin password (user {DEFAULT_USER}, shown once; change it with `pairmq admin passwd`): "
                         f"{password}")
+    return 0
+
+
+def _cmd_install(args: argparse.Namespace, term: Terminal) -> int:
+    from .install import run
+
+    run(args, say=term.print_text)
     return 0
 
 

@@ -1,0 +1,73 @@
+"""What a node tells systemd, and when (docs/operations.md, "Installing with systemd").
+
+Rules:
+- READY=1 means "joined its group", checked every JOIN_POLL_S once the sockets are open and the quorum
+  has settled (the heartbeat thread's on_ready: a peer seen, or quiet_ms waited out seeing nobody):
+  1. a node that sees no peer is ready at once, saying so: it is up and waiting, and systemd must
+     not take a lone first host for a failed start;
+  2. a routing node whose mate holds activity (a standby) waits for an authenticated mate-link
+     session to the active, i.e. its resync has begun. Not for "in sync": a resync lasts as long as
+     the spool is big, and redundancy Up/Down is the CLI's business, not the service manager's;
+  3. another routing node waits until someone holds activity, at most JOIN_DECISION_QUIETS x
+     quiet_ms (a start-up bid settles within about two; beyond that, taking activity may need an
+     operator's data-loss acknowledgement, which is not a reason for systemd to fail the start);
+  4. the monitor is ready once it sees a peer (or by rule 1).
+  The status sentence sent with READY=1 says which rule held.
+- WATCHDOG=1 comes from the event loop itself, every half WatchdogSec (WATCHDOG_USEC / 2): a hung
+  loop stops the pings and systemd restarts the node. Never from the heartbeat thread, which keeps
+  running when the loop hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from . import sd_notify
+
+log = logging.getLogger("pairmq.node")
+
+JOIN_POLL_S = 0.05
+JOIN_DECISION_QUIETS = 10
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+async def watchdog_pings() -> None:
+    interval = sd_notify.watchdog_interval_s()
+    while interval is not None:
+        sd_notify.notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
+
+
+async def announce_ready(node) -> None:
+    """Wait until `node` has joined its group (the rules above), then send READY=1 with a status."""
+    settled_at = now_ms()
+    while (status := joined(node, settled_at, now_ms())) is None:
+        await asyncio.sleep(JOIN_POLL_S)
+    log.info("%s", status)
+    sd_notify.notify(f"READY=1\nSTATUS={status}")
+
+
+def joined(node, settled_at: int, now: int) -> str | None:
+    """The READY=1 status sentence once `node` has joined its group, None while it has not."""
+    core = node.core
+    with node.heartbeats.lock:
+        seen = [r.value for r in core.peers if core.sees(r, now)]
+        active = core.active_role(now)
+    me = node.role.value
+    if not seen:
+        return f"{me}: no peer seen within {core.timing.quiet_ms} ms of start; running, waiting for the group"
+    if node.replication is not None and active is node.role.mate():
+        standby = node.replication.standby
+        if standby is None or standby.links_made == 0:
+            return None
+        return f"{me}: joined as standby (sees {', '.join(seen)}); mate link to the active {active.value} is up"
+    waited_ms = now - settled_at
+    if active is None and node.role.routes_messages and waited_ms < JOIN_DECISION_QUIETS * core.timing.quiet_ms:
+        return None
+    holder = f"the active is {active.value}" if active is not None else f"nobody is active after {waited_ms} ms"
+    return f"{me}: joined (sees {', '.join(seen)}); {holder}"

@@ -1,0 +1,352 @@
+"""`pairmq install --role R`: set up one host to run its PairMQ node under systemd.
+
+Rules:
+- One implementation. `pairmq install` and systemd/install.sh (the system python3 on a source checkout,
+  before any venv exists) both run `install()` here, so this module imports the standard library and
+  appliance.config only: the group file's own error sentences, no rich, no aiohttp.
+- Root only. With --root DIR everything goes under DIR (a throwaway root, an image being built): the
+  user is made with `useradd --root DIR`, units are enabled with `systemctl --root DIR` (symlinks only),
+  nothing is started. --no-start also leaves the services unstarted.
+- Everything is checked before anything is changed: the role, the group file (appliance.config's
+  loader), the role's address being one of this host's (not under --root: that is another host), the
+  node's data_dir (must be /var/lib/pairmq or below: the units' StateDirectory, the only
+  place ProtectSystem=strict lets the node write), the secret, the software to run.
+- Idempotent: each step compares what is there with what it would write and says "unchanged"; a second
+  run changes nothing and says so.
+- What gets which mode: /etc/pairmq 0750 root:pairmq, group.toml 0640 root:pairmq, the secret 0600
+  root:root (the node reads it only as the systemd credential `pairmq-secret`), /var/lib/pairmq and
+  /var/log/pairmq 0750 pairmq:pairmq, unit files 0644 root:root.
+- The virtual IP's drop-in (CAP_NET_ADMIN, CAP_NET_RAW, AF_PACKET) is written for a routing node only
+  when the group file has a [vip] table, and removed when it no longer has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from appliance.config import load_group, load_secret
+from appliance.errors import ConfigError, PairMQError
+from appliance.roles import Role
+
+USER = "pairmq"
+ETC = Path("/etc/pairmq")
+STATE = Path("/var/lib/pairmq")
+LOGS = Path("/var/log/pairmq")
+VENV = Path("/opt/pairmq/venv")
+UNIT_DIR = Path("/etc/systemd/system")
+UNIT_SOURCES = Path(__file__).resolve().parent.parent / "systemd"
+PROJECT = Path(__file__).resolve().parent.parent
+VIP_DROP_IN = """\
+# Written by `pairmq install` because the group file has a [vip] table: the active node adds the
+# virtual address (netlink, CAP_NET_ADMIN) and announces it with gratuitous ARP (a packet socket,
+# CAP_NET_RAW). Without [vip] this file is removed and the node runs with no capabilities at all.
+[Service]
+AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW
+CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW
+RestrictAddressFamilies=AF_PACKET
+"""
+
+
+class InstallError(PairMQError):
+    """A refusal: one sentence, nothing changed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    role: Role
+    root: Path
+    group_text: bytes
+    secret_text: bytes
+    vip: bool
+    venv: Path  # on the target system
+    build_venv: bool  # False: --venv named an existing one
+    package: str
+    pip_options: tuple[str, ...]
+    start: bool
+
+    def at(self, path: Path) -> Path:
+        """`path` on the target system, as seen from here (under --root)."""
+        return self.root / path.relative_to("/")
+
+    @property
+    def unit(self) -> str:
+        return "pairmq-monitor.service" if self.role is Role.MONITOR else f"pairmq@{self.role.value}.service"
+
+    @property
+    def unit_file(self) -> str:
+        return "pairmq-monitor.service" if self.role is Role.MONITOR else "pairmq@.service"
+
+
+def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None = None, venv: Path | None = None,
+         package: str | None = None, pip_options: tuple[str, ...] = (), start: bool = True) -> Plan:
+    """Check everything; change nothing. Raises InstallError or ConfigError (one sentence each)."""
+    if os.geteuid() != 0:
+        raise InstallError("pairmq install must run as root (it creates a system user and writes under /etc); "
+                           "try sudo")
+    try:
+        the_role = Role(role)
+    except ValueError:
+        raise InstallError(f"unknown role {role!r}: choose primary, backup or monitor") from None
+    if not root.is_absolute() or not root.is_dir():
+        raise InstallError(f"--root {root} must be an existing directory, given as an absolute path")
+    config = load_group(group)
+    raw = tomllib.loads(group.read_text(encoding="utf-8"))
+    if the_role.value not in raw.get("nodes", {}):
+        raise InstallError(f"the group file {group} has no [nodes.{the_role.value}] table")
+    data_dir = Path(raw["nodes"][the_role.value].get("data_dir", str(STATE)))
+    if not data_dir.is_absolute() or not (data_dir == STATE or STATE in data_dir.parents):
+        raise InstallError(f"nodes.{the_role.value}.data_dir is {str(data_dir)!r}; under systemd it must be {STATE} "
+                           f"or below it (the unit's StateDirectory, the only place the node may write)")
+    address = config.node(the_role).address
+    if root == Path("/") and not address_is_local(address):
+        raise InstallError(f"nodes.{the_role.value}.address {address} is not an address of this host: wrong --role, "
+                           f"or configure the address first")
+    if secret is not None:
+        config = dataclasses.replace(config, secret_file=secret.resolve())
+    os.environ.pop("CREDENTIALS_DIRECTORY", None)  # check the file we were given, not an inherited credential
+    secret_bytes = load_secret(config)
+    if venv is not None:
+        if not venv.is_absolute():
+            raise InstallError(f"--venv {venv} must be an absolute path")
+        if not os.access(root / venv.relative_to("/") / "bin" / "pairmq", os.X_OK):
+            raise InstallError(f"--venv {venv} has no executable bin/pairmq (under {root})")
+    spec = package or str(PROJECT)
+    return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", "vip" in raw,
+                venv or VENV, venv is None, spec, tuple(pip_options), start and root == Path("/"))
+
+
+def address_is_local(address: str) -> bool:
+    """Whether this host has `address` (binding to it works): the node binds it, so it must."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def install(p: Plan, say=print) -> list[str]:
+    """Carry out the plan; returns (and says) one sentence per step."""
+    said: list[str] = []
+
+    def step(sentence: str) -> None:
+        said.append(sentence)
+        say(sentence)
+
+    step(_ensure_user(p))
+    uid, gid = _ids(p)
+    step(_ensure_dir(p, ETC, 0, gid, 0o750))
+    inputs = [_ensure_file(p, ETC / "group.toml", p.group_text, 0, gid, 0o640),
+              _ensure_file(p, ETC / "secret", p.secret_text, 0, 0, 0o600)]
+    for sentence in inputs:
+        step(sentence)
+    step(_ensure_dir(p, STATE, uid, gid, 0o750))
+    step(_ensure_dir(p, LOGS, uid, gid, 0o750))
+    inputs.append(_ensure_venv(p))
+    step(inputs[-1])
+    unit_changed = _ensure_units(p, step)
+    # A running node reads its group file, secret and software only at start: any change means a restart.
+    step(_enable(p, unit_changed, restart=unit_changed or any(not s.startswith("unchanged") for s in inputs)))
+    if all(s.startswith("unchanged") for s in said):
+        step(f"nothing changed: this host was already installed as the {p.role.value}")
+    return said
+
+
+# --- steps -----------------------------------------------------------------------------
+
+
+def _ensure_user(p: Plan) -> str:
+    if _passwd_entry(p, "passwd") is not None:
+        return f"unchanged: system user {USER} exists"
+    argv = ["useradd", "--system", "--user-group", "--home-dir", str(STATE), "--no-create-home",
+            "--shell", "/usr/sbin/nologin", "--comment", "PairMQ node", USER]
+    if p.root != Path("/"):
+        argv[1:1] = ["--root", str(p.root)]
+    _run(argv, f"useradd could not create the system user {USER}")
+    return f"created: system user and group {USER}"
+
+
+def _passwd_entry(p: Plan, table: str) -> list[str] | None:
+    try:
+        lines = p.at(Path("/etc") / table).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    return next((line.split(":") for line in lines if line.split(":", 1)[0] == USER), None)
+
+
+def _ids(p: Plan) -> tuple[int, int]:
+    user, group = _passwd_entry(p, "passwd"), _passwd_entry(p, "group")
+    if user is None or group is None:
+        raise InstallError(f"the system user {USER} is missing from {p.at(Path('/etc/passwd'))} after useradd")
+    return int(user[2]), int(group[2])
+
+
+def _ensure_dir(p: Plan, path: Path, uid: int, gid: int, mode: int) -> str:
+    target = p.at(path)
+    if target.is_dir():
+        st = target.stat()
+        if (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode):
+            return f"unchanged: {path}"
+        verb = "changed"
+    else:
+        target.mkdir(parents=True)
+        verb = "created"
+    os.chown(target, uid, gid)
+    target.chmod(mode)
+    return f"{verb}: {path} ({mode:04o}, {_owner(p, uid, gid)})"
+
+
+def _ensure_file(p: Plan, path: Path, content: bytes, uid: int, gid: int, mode: int) -> str:
+    target = p.at(path)
+    if target.is_file():
+        st = target.stat()
+        if target.read_bytes() == content and (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode):
+            return f"unchanged: {path}"
+        verb = "changed"
+    else:
+        verb = "created"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.new")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others, not even briefly
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chown(temp, uid, gid)
+    temp.chmod(mode)
+    temp.replace(target)
+    return f"{verb}: {path} ({mode:04o}, {_owner(p, uid, gid)})"
+
+
+def _owner(p: Plan, uid: int, gid: int) -> str:
+    return f"{USER if uid else 'root'}:{USER if gid else 'root'}"
+
+
+def _ensure_venv(p: Plan) -> str:
+    pairmq = p.at(p.venv) / "bin" / "pairmq"
+    if not p.build_venv:
+        return f"unchanged: using the existing {p.venv}"
+    if os.access(pairmq, os.X_OK):
+        return f"unchanged: {p.venv} (to upgrade: {p.venv}/bin/pip install --upgrade {p.package})"
+    _run([sys.executable, "-m", "venv", str(p.at(p.venv))], f"could not create the virtual environment {p.venv}")
+    _run([str(p.at(p.venv) / "bin" / "pip"), "install", "--quiet", *p.pip_options, p.package],
+         f"pip could not install {p.package} into {p.venv}")
+    if not os.access(pairmq, os.X_OK):
+        raise InstallError(f"pip installed {p.package} but {p.venv}/bin/pairmq is missing")
+    return f"built: {p.venv} with {p.package}"
+
+
+def render_unit(name: str, venv: Path) -> str:
+    """A unit file from systemd/, with ExecStart pointing at `venv`."""
+    text = (UNIT_SOURCES / name).read_text(encoding="utf-8")
+    return text.replace(f"{VENV}/bin/pairmq", f"{venv}/bin/pairmq")
+
+
+def _ensure_units(p: Plan, step) -> bool:
+    changes = []
+    unit = UNIT_DIR / p.unit_file
+    changes.append(_ensure_file(p, unit, render_unit(p.unit_file, p.venv).encode(), 0, 0, 0o644))
+    if p.role.routes_messages:
+        drop_in = UNIT_DIR / f"{p.unit}.d" / "vip.conf"
+        if p.vip:
+            changes.append(_ensure_file(p, drop_in, VIP_DROP_IN.encode(), 0, 0, 0o644))
+        elif p.at(drop_in).exists():
+            p.at(drop_in).unlink()
+            changes.append(f"removed: {drop_in} (the group file has no [vip] table)")
+    for sentence in changes:
+        step(sentence)
+    return any(not s.startswith("unchanged") for s in changes)
+
+
+def _enable(p: Plan, unit_changed: bool, restart: bool) -> str:
+    wants = p.at(UNIT_DIR / "multi-user.target.wants" / p.unit)
+    enabled = wants.is_symlink()
+    if p.root != Path("/"):
+        if not enabled:
+            _run(["systemctl", "--root", str(p.root), "enable", p.unit], f"systemctl could not enable {p.unit}")
+        return f"{'unchanged' if enabled else 'enabled'}: {p.unit} (not started: --root)"
+    if unit_changed:
+        _run(["systemctl", "daemon-reload"], "systemctl daemon-reload failed")
+    if not enabled:
+        _run(["systemctl", "enable", p.unit], f"systemctl could not enable {p.unit}")
+    if not p.start:
+        return f"{'unchanged' if enabled and not restart else 'enabled'}: {p.unit} (not started: --no-start)"
+    active = subprocess.run(["systemctl", "is-active", "--quiet", p.unit]).returncode == 0
+    if active and not restart:
+        return f"unchanged: {p.unit} is enabled and running"
+    _run(["systemctl", "restart" if active else "start", p.unit], f"systemctl could not start {p.unit} "
+         f"(see `systemctl status {p.unit}` and `journalctl -u {p.unit}`)")
+    return f"{'restarted' if active else 'started'}: {p.unit}"
+
+
+def _run(argv: list[str], failure: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise InstallError(f"{failure}: {argv[0]} is not installed") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        # pip's own reason is its last "ERROR:" line; its last words are a "note:" about subprocesses
+        detail = ([line for line in lines if line.startswith("ERROR:")] or lines or [f"exit code {done.returncode}"])[-1]
+        raise InstallError(f"{failure}: {detail}")
+
+
+# --- command line (shared by `pairmq install` and systemd/install.sh) ------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", required=True, metavar="ROLE", help="this host's role: primary, backup or monitor")
+    parser.add_argument("--group", type=Path, default=ETC / "group.toml", metavar="FILE",
+                        help="the group file to install (default: /etc/pairmq/group.toml)")
+    parser.add_argument("--secret", type=Path, metavar="FILE",
+                        help="the group secret (default: the group file's secret_file)")
+    parser.add_argument("--root", type=Path, default=Path("/"), metavar="DIR",
+                        help="install under DIR instead of / (nothing is started)")
+    parser.add_argument("--no-start", action="store_true", help="install and enable, but do not start")
+    parser.add_argument("--venv", type=Path, metavar="PATH",
+                        help="use this existing virtual environment (or prefix) with bin/pairmq "
+                             "instead of building /opt/pairmq/venv")
+    parser.add_argument("--package", metavar="SPEC",
+                        help="what pip installs into /opt/pairmq/venv (default: this source tree)")
+    parser.add_argument("--pip-option", action="append", default=[], metavar="OPT",
+                        help="passed to pip install, e.g. --pip-option=--no-index --pip-option=--find-links=/srv/wheels")
+
+
+EXAMPLES = ("pairmq install --role primary --group ./group.toml --secret ./secret",
+            "pairmq install --role monitor --no-start",
+            "sudo systemd/install.sh --role backup --group ./group.toml --secret ./secret")
+
+
+def run(args: argparse.Namespace, say=print) -> list[str]:
+    return install(plan(args.role, args.group, root=args.root, secret=args.secret, venv=args.venv,
+                        package=args.package, pip_options=tuple(args.pip_option), start=not args.no_start), say)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """systemd/install.sh's entry point: the same arguments and sentences as `pairmq install`."""
+    parser = argparse.ArgumentParser(prog="install.sh", description="Set up this host to run its PairMQ node "
+                                     "under systemd.", epilog="examples:\n  " + "\n  ".join(EXAMPLES),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ConfigError, PairMQError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
