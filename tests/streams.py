@@ -154,6 +154,9 @@ class Publisher(HostListClient):
         self._seq_of_mid: dict[int, int] = {}
         self.published: list[int] = []  # handed to paho
         self.acked: set[int] = set()
+        self.ack_times: list[float] = []  # time.monotonic() of each acknowledgement (unavailability, nemesis)
+        self.refused: set[int] = set()  # answered with a failure reason code (e.g. 0x97 on a full spool)
+        self._halt = threading.Event()
         self._resending = False  # reconnected with messages in flight, no acknowledgement since
         self._early: set[int] = set()  # mids acknowledged before publish() returned them
         self.paho.on_publish = self._on_publish
@@ -175,8 +178,11 @@ class Publisher(HostListClient):
 
     def _run(self) -> None:
         for seq in range(self.count):
-            while not self._may_publish():
+            while not self._may_publish() and not self._halt.is_set():
                 time.sleep(0.002)
+            if self._halt.is_set():
+                self.count = seq  # what was handed to paho is all there is
+                return
             with self._lock:
                 self.published.append(seq)
             # Not under our lock: paho calls on_publish holding its own, which publish() takes too.
@@ -185,25 +191,43 @@ class Publisher(HostListClient):
                 if info.mid in self._early:  # its acknowledgement came back before publish() returned
                     self._early.discard(info.mid)
                     self.acked.add(seq)
+                    self.ack_times.append(time.monotonic())
+                elif -info.mid in self._early:
+                    self._early.discard(-info.mid)
+                    self.refused.add(seq)
                 else:
                     self._seq_of_mid[info.mid] = seq
             time.sleep(self.interval_s)
 
     def _on_publish(self, client, userdata, mid, reason, props) -> None:
+        # A failure reason code (MQTT 5 PUBACK/PUBREC >= 0x80) ends the exchange without the message
+        # being accepted: it is not acknowledged, and the checker must not expect it.
+        refused = bool(getattr(reason, "is_failure", False))
         with self._lock:
             self._resending = False
             seq = self._seq_of_mid.pop(mid, None)
             if seq is None:
-                self._early.add(mid)
+                self._early.add(-mid if refused else mid)
+            elif refused:
+                self.refused.add(seq)
             else:
                 self.acked.add(seq)
+                self.ack_times.append(time.monotonic())
+
+    def halt(self) -> None:
+        """Publish nothing new; what paho holds still gets its acknowledgement."""
+        self._halt.set()
 
     def done_publishing(self) -> bool:
         return not self._thread.is_alive()
 
     def all_acked(self) -> bool:
         with self._lock:
-            return self.done_publishing() and len(self.acked) == self.count
+            return self.done_publishing() and len(self.acked) + len(self.refused) == self.count
+
+    def ack_times_now(self) -> list[float]:
+        with self._lock:
+            return list(self.ack_times)
 
     def acked_now(self) -> set[int]:
         with self._lock:
@@ -360,6 +384,27 @@ def everything_delivered(publishers: list[Publisher], subscribers: list[Subscrib
     return True
 
 
+def settle(publishers: list[Publisher], subscribers: list[Subscriber], timeout_s: float) -> None:
+    """Wait (at most `timeout_s`) for every publisher's acknowledgements and every subscriber to catch up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(p.all_acked() for p in publishers):
+        time.sleep(0.05)
+    while time.monotonic() < deadline and not everything_delivered(publishers, subscribers):
+        time.sleep(0.05)
+    time.sleep(0.3)  # late redeliveries (duplicates) count too
+
+
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """Unavailability as one publisher saw it: the longest stretch of [start, end] without an acknowledgement.
+
+    `times` are sorted acknowledgement instants; the stretch before the first acknowledgement inside
+    the window counts from `start`, the one after the last counts to `end`.
+    """
+    inside = [t for t in times if start < t < end]
+    edges = [start, *inside, end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
+
+
 def finish(scenario: str, publishers: list[Publisher], subscribers: list[Subscriber], *,
            timeout_s: float = 15, describe: Callable[[], str] = str) -> Report:
     """Let every publisher get its acknowledgements and every subscriber catch up, then check.
@@ -367,12 +412,7 @@ def finish(scenario: str, publishers: list[Publisher], subscribers: list[Subscri
     A publisher that cannot finish within the timeout is fine (what it never got acknowledged may
     or may not arrive); a subscriber still missing acknowledged messages then is what `check` reports.
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not all(p.all_acked() for p in publishers):
-        time.sleep(0.05)
-    while time.monotonic() < deadline and not everything_delivered(publishers, subscribers):
-        time.sleep(0.05)
-    time.sleep(0.3)  # late redeliveries (duplicates) count too
+    settle(publishers, subscribers, timeout_s)
     report = check(scenario, publishers, subscribers)
     print(report.line())
     for client in (*publishers, *subscribers):

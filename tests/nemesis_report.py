@@ -1,0 +1,93 @@
+"""The nemesis's per-run report: one JSON document and a readable table, from recorded outcomes (no I/O but `write`).
+
+Rules:
+1. Every count the issue names is always present, zeros included: lost acknowledged messages, QoS 2
+   duplicates, order violations, dual acceptance from the nodes' event logs and from the probes, node
+   crashes (a node process that exited without being killed), recovery timeouts. Any of them non-zero
+   makes the run fail (`violations`).
+2. QoS 1 duplicates and publishes refused with a reason code (e.g. 0x97 on a full spool) are reported,
+   not violations: MQTT allows the first, and the second is the clean refusal a full disk must give.
+3. Unavailability is per step: the longest stretch, over every publisher, without an acknowledgement
+   from the fault's start until the group had recovered (tests/streams.py `longest_gap`). Per kind the
+   table shows the count injected, p50 and max.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+VIOLATIONS = ("lost", "duplicates_qos2", "order_violations", "unknown", "dual_accept_event_log",
+              "dual_accept_probes", "node_crashes", "recovery_timeouts")
+
+
+def _p50_max(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return round(statistics.median(values), 3), round(max(values), 3)
+
+
+def build(runs: list[dict]) -> dict:
+    """`runs`: one dict per seed (tests/nemesis.py `Run.result`); the report sums them."""
+    totals = {key: 0 for key in ("steps", "published", "acknowledged", "refused", "received",
+                                 "duplicates_qos1", "probe_rounds", *VIOLATIONS)}
+    per_kind: dict[str, dict] = {}
+    failed_seeds = []
+    for run in runs:
+        for key in totals:
+            totals[key] += run["counts"].get(key, 0)
+        if any(run["counts"].get(key, 0) for key in VIOLATIONS) or run.get("error"):
+            failed_seeds.append(run["seed"])
+        for step in run["steps"]:
+            kind = per_kind.setdefault(step["kind"], {"injected": 0, "unavailable_s": [], "recover_s": [],
+                                                       "recovery_timeouts": 0})
+            kind["injected"] += 1
+            if step.get("unavailable_s") is not None:
+                kind["unavailable_s"].append(step["unavailable_s"])
+            if step.get("recover_s") is not None:
+                kind["recover_s"].append(step["recover_s"])
+            kind["recovery_timeouts"] += 0 if step.get("recovered", True) else 1
+    summary = {}
+    for name, kind in sorted(per_kind.items()):
+        p50, worst = _p50_max(kind["unavailable_s"])
+        r50, rmax = _p50_max(kind["recover_s"])
+        summary[name] = {"injected": kind["injected"], "unavailable_p50_s": p50, "unavailable_max_s": worst,
+                         "recover_p50_s": r50, "recover_max_s": rmax, "recovery_timeouts": kind["recovery_timeouts"]}
+    return {"seeds": [run["seed"] for run in runs], "failed_seeds": failed_seeds, "totals": totals,
+            "per_kind": summary, "runs": runs,
+            "ok": not failed_seeds and not any(totals[key] for key in VIOLATIONS)}
+
+
+def table(report: dict) -> str:
+    def fmt(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = [f"{'fault kind':<18}{'injected':>9}{'unavail p50 s':>15}{'unavail max s':>15}"
+             f"{'recover p50 s':>15}{'recover max s':>15}"]
+    for name, k in report["per_kind"].items():
+        lines.append(f"{name:<18}{k['injected']:>9}{fmt(k['unavailable_p50_s']):>15}{fmt(k['unavailable_max_s']):>15}"
+                     f"{fmt(k['recover_p50_s']):>15}{fmt(k['recover_max_s']):>15}")
+    t = report["totals"]
+    lines.append("")
+    lines.append(f"seeds {report['seeds']}: {t['steps']} steps; published {t['published']}, acknowledged "
+                 f"{t['acknowledged']}, refused with a reason code {t['refused']}, received {t['received']} "
+                 f"(distinct, summed over persistent subscribers), QoS 1 duplicates {t['duplicates_qos1']} (allowed), "
+                 f"probe rounds {t['probe_rounds']}")
+    lines.append("violations: " + ", ".join(f"{key} {t[key]}" for key in VIOLATIONS))
+    lines.append("result: " + ("OK, zero violations" if report["ok"] else
+                               f"FAILED; seeds to rerun with --seed: {report['failed_seeds']}"))
+    for run in report["runs"]:
+        for problem in run.get("problems", [])[:10]:
+            lines.append(f"  seed {run['seed']}: {problem}")
+        if run.get("error"):
+            lines.append(f"  seed {run['seed']}: {run['error']}")
+    return "\n".join(lines)
+
+
+def write(report: dict, directory: Path) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, text_path = directory / "nemesis-report.json", directory / "nemesis-report.txt"
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    text_path.write_text(table(report) + "\n")
+    return json_path, text_path
