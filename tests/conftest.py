@@ -26,4 +26,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if minutes:  # the last seed started before the end runs to completion: allow it, plus set-up
         for item in items:
             if item.get_closest_marker("soak"):
-                item.add_marker(pytest.mark.timeout(int(minutes * 60) + 900))
+                item.add_marker(pytest.mark.timeout(int(minutes * 60) + 900), append=False)  # before the test's own
