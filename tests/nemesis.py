@@ -21,10 +21,12 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -219,7 +221,9 @@ class Run:
         log_problems = g.accept_order_violations()
         self.result["counts"] = {
             "steps": len(self.result["steps"]), "published": report.published, "acknowledged": report.acknowledged,
-            "refused": sum(len(p.refused) for p in pubs), "received": report.received, "lost": report.lost,
+            "refused": sum(len(p.refused) for p in pubs),
+            "refused_codes": dict(collections.Counter(f"0x{c:02x}" for p in pubs for c in p.refused.values())),
+            "received": report.received, "lost": report.lost,
             "duplicates_qos1": report.duplicates_qos1, "duplicates_qos2": report.duplicates_qos2,
             "order_violations": report.order_violations, "unknown": report.unknown,
             "dual_accept_event_log": len(log_problems), "dual_accept_probes": len(probe_problems),
@@ -251,9 +255,23 @@ class Run:
                  f"{outcome['unavailable_s']:.2f} s, {'recovered' if recovered else 'NOT RECOVERED'} "
                  f"{outcome['note']}")
         if not recovered:
-            self.result["problems"].append(f"{step.describe()}: the group did not recover within {RECOVER_S} s\n"
-                                           f"{self.group.logs_tail(12)}")
+            self._keep_evidence(step)
         return recovered
+
+    def _keep_evidence(self, step: Step) -> None:
+        """What the nodes said and held when they did not recover: their views and a copy of their data."""
+        views = {r.value: self._view(r) for r in (P, B)}
+        port = self.group.config.ports.management
+        for role in (P, B):
+            views[f"{role.value} config-sync"] = self.client.call(
+                _http, f"http://{self.group.address(role)}:{port}/api/v1/config-sync")[1]
+        evidence = self.dir / f"not-recovered-step-{step.index}"
+        for role in (P, B):
+            shutil.copytree(self.group.config.node(role).data_dir, evidence / role.value, symlinks=True,
+                            dirs_exist_ok=True)
+        (evidence / "views.json").write_text(json.dumps(views, indent=1))
+        self.result["problems"].append(f"{step.describe()}: the group did not recover within {RECOVER_S} s "
+                                       f"(views and data copied to {evidence})\n{self.group.logs_tail(12)}")
 
     def _roles(self) -> tuple[Role, Role]:
         """(active, standby) now: the routing node that serves, per its own management API."""
@@ -378,6 +396,8 @@ class Run:
                 if not self._wait_recovered():
                     raise RuntimeError(f"the group did not recover before {action}; answers so far {answers}")
                 active, _ = self._roles()
+                if action == "release-activity" and active is B:
+                    continue  # the backup is active already: the revert is what moves activity
                 url = f"http://{self.group.address(active)}:{port}/api/v1/redundancy/{action}"
                 status, body = self.client.call(_http, url, self.token, {})
                 answers.append(f"{action} on {active.value}: {status}")

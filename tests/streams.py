@@ -12,6 +12,10 @@ What counts, per persistent subscriber and per publisher (the rules `check` appl
   the same publisher. Order is judged on first arrivals only: a QoS 1 redelivery of an earlier
   seq after a later one is a duplicate, not an order violation. Gaps are fine (an unacknowledged
   message may or may not arrive). Must be zero.
+- **Refused**: a failure reason code (MQTT 5 PUBACK or PUBREC >= 0x80, e.g. 0x97 from a full spool) ends
+  the exchange without the broker taking the message: not acknowledged, and not expected. Except PUBCOMP
+  0x92 "packet identifier not found": a PUBREL resent after a failover whose PUBCOMP was lost finds the
+  exchange already complete; the PUBREC had accepted the message, so it counts as acknowledged (stricter).
 - Unacknowledged messages may or may not arrive; a received seq that was never published is an
   error of its own (`unknown`).
 
@@ -42,6 +46,7 @@ from paho.mqtt.properties import Properties
 TOPIC_ROOT = "streams"
 SESSION_EXPIRY_S = 3600
 WINDOW = 20  # paho's in-flight window per publisher
+PUBCOMP_ID_NOT_FOUND = 0x92
 _CLONE_NEWNET = 0x40000000
 
 
@@ -155,10 +160,11 @@ class Publisher(HostListClient):
         self.published: list[int] = []  # handed to paho
         self.acked: set[int] = set()
         self.ack_times: list[float] = []  # time.monotonic() of each acknowledgement (unavailability, nemesis)
-        self.refused: set[int] = set()  # answered with a failure reason code (e.g. 0x97 on a full spool)
+        self.refused: dict[int, int] = {}  # seq -> the failure reason code it was answered with (0x97: full spool)
         self._halt = threading.Event()
         self._resending = False  # reconnected with messages in flight, no acknowledgement since
         self._early: set[int] = set()  # mids acknowledged before publish() returned them
+        self._early_refused: dict[int, int] = {}  # those of them refused, with the reason code
         self.paho.on_publish = self._on_publish
         self._thread = threading.Thread(target=self._run, name=f"pub-{client_id}", daemon=True)
 
@@ -190,11 +196,11 @@ class Publisher(HostListClient):
             with self._lock:
                 if info.mid in self._early:  # its acknowledgement came back before publish() returned
                     self._early.discard(info.mid)
-                    self.acked.add(seq)
-                    self.ack_times.append(time.monotonic())
-                elif -info.mid in self._early:
-                    self._early.discard(-info.mid)
-                    self.refused.add(seq)
+                    if code := self._early_refused.pop(info.mid, 0):
+                        self.refused[seq] = code
+                    else:
+                        self.acked.add(seq)
+                        self.ack_times.append(time.monotonic())
                 else:
                     self._seq_of_mid[info.mid] = seq
             time.sleep(self.interval_s)
@@ -202,14 +208,17 @@ class Publisher(HostListClient):
     def _on_publish(self, client, userdata, mid, reason, props) -> None:
         # A failure reason code (MQTT 5 PUBACK/PUBREC >= 0x80) ends the exchange without the message
         # being accepted: it is not acknowledged, and the checker must not expect it.
-        refused = bool(getattr(reason, "is_failure", False))
+        refused = getattr(reason, "value", 0) if getattr(reason, "is_failure", False) else 0
+        if refused == PUBCOMP_ID_NOT_FOUND:  # the PUBREC accepted it; see the module's rules
+            refused = 0
         with self._lock:
             self._resending = False
             seq = self._seq_of_mid.pop(mid, None)
             if seq is None:
-                self._early.add(-mid if refused else mid)
+                self._early.add(mid)
+                self._early_refused[mid] = refused
             elif refused:
-                self.refused.add(seq)
+                self.refused[seq] = refused
             else:
                 self.acked.add(seq)
                 self.ack_times.append(time.monotonic())
