@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 import json
 import statistics
 from pathlib import Path
@@ -34,9 +35,11 @@ def build(runs: list[dict]) -> dict:
                                  "duplicates_qos1", "probe_rounds", *VIOLATIONS)}
     per_kind: dict[str, dict] = {}
     failed_seeds = []
+    codes: collections.Counter = collections.Counter()
     for run in runs:
         for key in totals:
             totals[key] += run["counts"].get(key, 0)
+        codes.update(run["counts"].get("refused_codes", {}))
         if any(run["counts"].get(key, 0) for key in VIOLATIONS) or run.get("error"):
             failed_seeds.append(run["seed"])
         for step in run["steps"]:
@@ -54,6 +57,7 @@ def build(runs: list[dict]) -> dict:
         r50, rmax = _p50_max(kind["recover_s"])
         summary[name] = {"injected": kind["injected"], "unavailable_p50_s": p50, "unavailable_max_s": worst,
                          "recover_p50_s": r50, "recover_max_s": rmax, "recovery_timeouts": kind["recovery_timeouts"]}
+    totals["refused_codes"] = dict(sorted(codes.items()))
     return {"seeds": [run["seed"] for run in runs], "failed_seeds": failed_seeds, "totals": totals,
             "per_kind": summary, "runs": runs,
             "ok": not failed_seeds and not any(totals[key] for key in VIOLATIONS)}
@@ -71,7 +75,7 @@ def table(report: dict) -> str:
     t = report["totals"]
     lines.append("")
     lines.append(f"seeds {report['seeds']}: {t['steps']} steps; published {t['published']}, acknowledged "
-                 f"{t['acknowledged']}, refused with a reason code {t['refused']}, received {t['received']} "
+                 f"{t['acknowledged']}, refused with a reason code {t['refused']} {t['refused_codes'] or ''}, received {t['received']} "
                  f"(distinct, summed over persistent subscribers), QoS 1 duplicates {t['duplicates_qos1']} (allowed), "
                  f"probe rounds {t['probe_rounds']}")
     lines.append("violations: " + ", ".join(f"{key} {t[key]}" for key in VIOLATIONS))
