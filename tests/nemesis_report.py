@@ -32,7 +32,7 @@ def _p50_max(values: list[float]) -> tuple[float | None, float | None]:
 def build(runs: list[dict]) -> dict:
     """`runs`: one dict per seed (tests/nemesis.py `Run.result`); the report sums them."""
     totals = {key: 0 for key in ("steps", "published", "acknowledged", "refused", "received",
-                                 "duplicates_qos1", "probe_rounds", *VIOLATIONS)}
+                                 "duplicates_qos1", "duplicates_msgid", "probe_rounds", *VIOLATIONS)}
     per_kind: dict[str, dict] = {}
     failed_seeds = []
     codes: collections.Counter = collections.Counter()
@@ -76,7 +76,8 @@ def table(report: dict) -> str:
     lines.append("")
     lines.append(f"seeds {report['seeds']}: {t['steps']} steps; published {t['published']}, acknowledged "
                  f"{t['acknowledged']}, refused with a reason code {t['refused']} {t['refused_codes'] or ''}, received {t['received']} "
-                 f"(distinct, summed over persistent subscribers), QoS 1 duplicates {t['duplicates_qos1']} (allowed), "
+                 f"(distinct, summed over persistent subscribers), QoS 1 duplicates {t['duplicates_qos1']} (allowed; "
+                 f"{t['duplicates_msgid']} of them from the message-id publisher), "
                  f"probe rounds {t['probe_rounds']}")
     lines.append("violations: " + ", ".join(f"{key} {t[key]}" for key in VIOLATIONS))
     lines.append("result: " + ("OK, zero violations" if report["ok"] else
