@@ -16,6 +16,8 @@ What counts, per persistent subscriber and per publisher (the rules `check` appl
   the exchange without the broker taking the message: not acknowledged, and not expected. Except PUBCOMP
   0x92 "packet identifier not found": a PUBREL resent after a failover whose PUBCOMP was lost finds the
   exchange already complete; the PUBREC had accepted the message, so it counts as acknowledged (stricter).
+- **Unavailability** (`longest_gap`, the nemesis): the longest stretch of a window in which a publisher
+  got no acknowledgement, from the times each publisher records as acknowledgements arrive.
 - Unacknowledged messages may or may not arrive; a received seq that was never published is an
   error of its own (`unknown`).
 
