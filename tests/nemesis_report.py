@@ -34,6 +34,7 @@ def build(runs: list[dict]) -> dict:
     totals = {key: 0 for key in ("steps", "published", "acknowledged", "refused", "received",
                                  "duplicates_qos1", "duplicates_msgid", "probe_rounds", *VIOLATIONS)}
     per_kind: dict[str, dict] = {}
+    per_target: dict[str, dict] = {}  # "kill9 active", "one_way standby->client", ...
     failed_seeds = []
     codes: collections.Counter = collections.Counter()
     for run in runs:
@@ -43,35 +44,50 @@ def build(runs: list[dict]) -> dict:
         if any(run["counts"].get(key, 0) for key in VIOLATIONS) or run.get("error"):
             failed_seeds.append(run["seed"])
         for step in run["steps"]:
-            kind = per_kind.setdefault(step["kind"], {"injected": 0, "unavailable_s": [], "recover_s": [],
-                                                       "recovery_timeouts": 0})
-            kind["injected"] += 1
-            if step.get("unavailable_s") is not None:
-                kind["unavailable_s"].append(step["unavailable_s"])
-            if step.get("recover_s") is not None:
-                kind["recover_s"].append(step["recover_s"])
-            kind["recovery_timeouts"] += 0 if step.get("recovered", True) else 1
+            arrow = "->" if step["kind"] == "one_way" else "-"
+            target = f"{step['kind']} {arrow.join(step.get('target', ()))}".strip()
+            for table_, key in ((per_kind, step["kind"]), (per_target, target)):
+                kind = table_.setdefault(key, {"injected": 0, "unavailable_s": [], "recover_s": [],
+                                               "recovery_timeouts": 0})
+                kind["injected"] += 1
+                if step.get("unavailable_s") is not None:
+                    kind["unavailable_s"].append(step["unavailable_s"])
+                if step.get("recover_s") is not None:
+                    kind["recover_s"].append(step["recover_s"])
+                kind["recovery_timeouts"] += 0 if step.get("recovered", True) else 1
+    totals["refused_codes"] = dict(sorted(codes.items()))
+    return {"seeds": [run["seed"] for run in runs], "failed_seeds": failed_seeds, "totals": totals,
+            "per_kind": _summary(per_kind), "per_kind_and_target": _summary(per_target), "runs": runs,
+            "ok": not failed_seeds and not any(totals[key] for key in VIOLATIONS)}
+
+
+def _summary(per_kind: dict[str, dict]) -> dict[str, dict]:
     summary = {}
     for name, kind in sorted(per_kind.items()):
         p50, worst = _p50_max(kind["unavailable_s"])
         r50, rmax = _p50_max(kind["recover_s"])
         summary[name] = {"injected": kind["injected"], "unavailable_p50_s": p50, "unavailable_max_s": worst,
                          "recover_p50_s": r50, "recover_max_s": rmax, "recovery_timeouts": kind["recovery_timeouts"]}
-    totals["refused_codes"] = dict(sorted(codes.items()))
-    return {"seeds": [run["seed"] for run in runs], "failed_seeds": failed_seeds, "totals": totals,
-            "per_kind": summary, "runs": runs,
-            "ok": not failed_seeds and not any(totals[key] for key in VIOLATIONS)}
+    return summary
 
 
-def table(report: dict) -> str:
+def _rows(title: str, per: dict[str, dict], width: int) -> list[str]:
     def fmt(value) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    lines = [f"{'fault kind':<18}{'injected':>9}{'unavail p50 s':>15}{'unavail max s':>15}"
+    lines = [f"{title:<{width}}{'injected':>9}{'unavail p50 s':>15}{'unavail max s':>15}"
              f"{'recover p50 s':>15}{'recover max s':>15}"]
-    for name, k in report["per_kind"].items():
-        lines.append(f"{name:<18}{k['injected']:>9}{fmt(k['unavailable_p50_s']):>15}{fmt(k['unavailable_max_s']):>15}"
-                     f"{fmt(k['recover_p50_s']):>15}{fmt(k['recover_max_s']):>15}")
+    for name, k in per.items():
+        lines.append(f"{name:<{width}}{k['injected']:>9}{fmt(k['unavailable_p50_s']):>15}"
+                     f"{fmt(k['unavailable_max_s']):>15}{fmt(k['recover_p50_s']):>15}{fmt(k['recover_max_s']):>15}")
+    return lines
+
+
+def table(report: dict, by_target: bool = False) -> str:
+    """The per-kind table and the totals; `by_target` adds the table per kind and (symbolic) target."""
+    lines = _rows("fault kind", report["per_kind"], 18)
+    if by_target:
+        lines += ["", *_rows("fault kind and target", report["per_kind_and_target"], 32)]
     t = report["totals"]
     lines.append("")
     lines.append(f"seeds {report['seeds']}: {t['steps']} steps; published {t['published']}, acknowledged "
@@ -94,5 +110,5 @@ def write(report: dict, directory: Path) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     json_path, text_path = directory / "nemesis-report.json", directory / "nemesis-report.txt"
     json_path.write_text(json.dumps(report, indent=1) + "\n")
-    text_path.write_text(table(report) + "\n")
+    text_path.write_text(table(report, by_target=True) + "\n")
     return json_path, text_path

@@ -53,7 +53,7 @@ def test_longest_gap_counts_the_edges_of_the_window():
 
 
 def _run(seed: int, **counts) -> dict:
-    step = {"kind": "kill9", "unavailable_s": 1.5, "recover_s": 2.0, "recovered": True}
+    step = {"kind": "kill9", "target": ["active"], "unavailable_s": 1.5, "recover_s": 2.0, "recovered": True}
     return {"seed": seed, "steps": [step], "counts": {"published": 10, "acknowledged": 10, **counts}, "problems": []}
 
 
@@ -62,7 +62,8 @@ def test_the_report_names_every_count_and_fails_on_any_violation():
     assert clean["ok"] and clean["failed_seeds"] == []
     assert clean["per_kind"]["kill9"] == {"injected": 2, "unavailable_p50_s": 1.5, "unavailable_max_s": 1.5,
                                           "recover_p50_s": 2.0, "recover_max_s": 2.0, "recovery_timeouts": 0}
-    text = table(clean)
+    assert clean["per_kind_and_target"]["kill9 active"]["injected"] == 2
+    text = table(clean, by_target=True)
     assert all(f"{key} 0" in text for key in VIOLATIONS) and "OK, zero violations" in text
     for key in VIOLATIONS:
         bad = build([_run(1), _run(2, **{key: 1})])
