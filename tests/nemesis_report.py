@@ -3,7 +3,8 @@
 Rules:
 1. Every count the issue names is always present, zeros included: lost acknowledged messages, QoS 2
    duplicates, order violations, dual acceptance from the nodes' event logs and from the probes, node
-   crashes (a node process that exited without being killed), recovery timeouts. Any of them non-zero
+   crashes (a node process that exited without being killed), recovery timeouts, and faults the nemesis
+   failed to inject (a run that tested less than its schedule says is no pass). Any of them non-zero
    makes the run fail (`violations`).
 2. QoS 1 duplicates and publishes refused with a reason code (e.g. 0x97 on a full spool) are reported,
    not violations: MQTT allows the first, and the second is the clean refusal a full disk must give.
@@ -20,7 +21,7 @@ import statistics
 from pathlib import Path
 
 VIOLATIONS = ("lost", "duplicates_qos2", "order_violations", "unknown", "dual_accept_event_log",
-              "dual_accept_probes", "node_crashes", "recovery_timeouts")
+              "dual_accept_probes", "node_crashes", "recovery_timeouts", "injection_failures")
 
 
 def _p50_max(values: list[float]) -> tuple[float | None, float | None]:
@@ -32,7 +33,8 @@ def _p50_max(values: list[float]) -> tuple[float | None, float | None]:
 def build(runs: list[dict]) -> dict:
     """`runs`: one dict per seed (tests/nemesis.py `Run.result`); the report sums them."""
     totals = {key: 0 for key in ("steps", "published", "acknowledged", "refused", "received",
-                                 "duplicates_qos1", "duplicates_msgid", "probe_rounds", *VIOLATIONS)}
+                                 "duplicates_qos1", "duplicates_msgid", "probe_rounds",
+                                 "probe_suspects_explained", *VIOLATIONS)}
     per_kind: dict[str, dict] = {}
     per_target: dict[str, dict] = {}  # "kill9 active", "one_way standby->client", ...
     failed_seeds = []
@@ -94,7 +96,8 @@ def table(report: dict, by_target: bool = False) -> str:
                  f"{t['acknowledged']}, refused with a reason code {t['refused']} {t['refused_codes'] or ''}, received {t['received']} "
                  f"(distinct, summed over persistent subscribers), QoS 1 duplicates {t['duplicates_qos1']} (allowed; "
                  f"{t['duplicates_msgid']} of them from the message-id publisher), "
-                 f"probe rounds {t['probe_rounds']}")
+                 f"probe rounds {t['probe_rounds']} ({t['probe_suspects_explained']} rounds with two CONNACK 0 explained "
+                 f"by the logs: activity moved between the two accepts)")
     lines.append("violations: " + ", ".join(f"{key} {t[key]}" for key in VIOLATIONS))
     lines.append("result: " + ("OK, zero violations" if report["ok"] else
                                f"FAILED; seeds to rerun with --seed: {report['failed_seeds']}"))

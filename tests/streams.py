@@ -395,13 +395,24 @@ def everything_delivered(publishers: list[Publisher], subscribers: list[Subscrib
     return True
 
 
-def settle(publishers: list[Publisher], subscribers: list[Subscriber], timeout_s: float) -> None:
-    """Wait (at most `timeout_s`) for every publisher's acknowledgements and every subscriber to catch up."""
+def settle(publishers: list[Publisher], subscribers: list[Subscriber], timeout_s: float,
+           stall_s: float | None = None) -> None:
+    """Wait (at most `timeout_s`) for every publisher's acknowledgements and every subscriber to catch up.
+
+    With `stall_s`, stop waiting for the subscribers early only once none of them received anything for
+    that long: a resumed subscriber draining a long backlog on a loaded machine is slow, not missing.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not all(p.all_acked() for p in publishers):
         time.sleep(0.05)
+    received, progress_at = -1, time.monotonic()
     while time.monotonic() < deadline and not everything_delivered(publishers, subscribers):
-        time.sleep(0.05)
+        now_received = sum(len(sub.snapshot()) for sub in subscribers)
+        if now_received != received:
+            received, progress_at = now_received, time.monotonic()
+        elif stall_s is not None and time.monotonic() - progress_at > stall_s:
+            break
+        time.sleep(0.05 if stall_s is None else 0.5)
     time.sleep(0.3)  # late redeliveries (duplicates) count too
 
 

@@ -2,8 +2,8 @@
 
 By default this is the bounded CI run: fixed seeds, each a "cover" schedule that injects every fault
 kind once in a seeded order. `--soak MINUTES` instead runs random seeds (fresh group each) until the
-time is up and prints the seed of any failure; `--seed N` reruns one. Either way the report (every
-count, unavailability per fault kind) is printed and written to a directory printed at the end
+time is up and prints the seed of any failure; `--seed N` reruns that seed's soak schedule. Either way
+the report (every count, unavailability per fault kind) is printed and written to a directory printed at the end
 (`--report PATH` as well), and any violation fails the test.
 """
 
@@ -51,13 +51,14 @@ def test_nemesis(request, tmp_path):
                 print(f"soak: SEED {seed} FAILED (rerun with --seed {seed})", flush=True)
             for directory in directories:  # a report so far, in case the run is cut short
                 nemesis_report.write(report, directory)
+    elif seed is not None:  # the soak's schedule for that seed, which is what a soak failure prints
+        runs = nemesis.run_seeds([seed], SOAK_STEPS_PER_SEED, "random", tmp_path)
     else:
-        seeds = (seed,) if seed is not None else CI_SEEDS
-        runs = nemesis.run_seeds(list(seeds), len(KINDS), "cover", tmp_path)
+        runs = nemesis.run_seeds(list(CI_SEEDS), len(KINDS), "cover", tmp_path)
     report = nemesis_report.build(runs)
     _emit(report, directories)
     kinds = set(report["per_kind"])
-    if not minutes:
+    if not minutes and seed is None:
         assert kinds == set(KINDS), f"fault kinds never injected: {set(KINDS) - kinds}"
     assert report["totals"]["acknowledged"] > 0 and report["totals"]["probe_rounds"] > 0, "the run measured nothing"
     assert report["ok"], f"violations (seeds {report['failed_seeds']}):\n{nemesis_report.table(report)}"

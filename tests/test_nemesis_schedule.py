@@ -69,3 +69,36 @@ def test_the_report_names_every_count_and_fails_on_any_violation():
         bad = build([_run(1), _run(2, **{key: 1})])
         assert not bad["ok"] and bad["failed_seeds"] == [2], key
         assert "--seed: [2]" in table(bad)
+
+
+class _Logs:
+    """Two nodes' accept events, as tests.group.Group.events gives them (the thing tested is `unexplained`)."""
+
+    def __init__(self, accepts: dict) -> None:
+        self.accepts = accepts
+
+    def address(self, role):
+        return {"primary": "10.77.0.1", "backup": "10.77.0.2"}[role.value]
+
+    def events(self, role):
+        return [{"event": "client_accepted", "client_id": "prob", "mono_ms": t, "epoch": epoch}
+                for t, epoch in self.accepts[role.value]]
+
+
+def _round(p_window, b_window):
+    return [{"host": "10.77.0.1", "sent_ms": p_window[0], "done_ms": p_window[1], "rc": 0},
+            {"host": "10.77.0.2", "sent_ms": b_window[0], "done_ms": b_window[1], "rc": 0}]
+
+
+def test_a_late_reply_across_a_handover_is_explained_by_the_logs_and_anything_else_is_a_violation():
+    from tests.nemesis import unexplained
+
+    handover = _Logs({"primary": [(1000, 1)], "backup": [(2030, 2)]})  # the backup's SYN was resent after 1 s
+    violations, explained = unexplained([_round((999, 1002), (999, 2031))], handover)
+    assert violations == [] and len(explained) == 1
+    same_epoch = _Logs({"primary": [(1000, 2)], "backup": [(1001, 2)]})
+    assert len(unexplained([_round((999, 1002), (999, 1003))], same_epoch)[0]) == 1
+    older_later = _Logs({"primary": [(1000, 3)], "backup": [(1001, 2)]})  # a lower epoch accepting after a higher
+    assert len(unexplained([_round((999, 1002), (999, 1003))], older_later)[0]) == 1
+    unlogged = _Logs({"primary": [(1000, 1)], "backup": []})
+    assert len(unexplained([_round((999, 1002), (999, 2031))], unlogged)[0]) == 1
