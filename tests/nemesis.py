@@ -6,7 +6,8 @@ Rules:
    schedule's steps one after another.
 2. A step: resolve its symbolic targets against the group as it is now, inject, hold, heal (always, even
    when the fault failed half way), then wait -- bounded by RECOVER_S -- until every node runs, exactly
-   one routing node serves, its mate is in sync and a probe CONNECT agrees. A timeout is a reported
+   one routing node serves, its mate is in sync, both routing nodes see every peer, and a probe CONNECT
+   agrees. A timeout is a reported
    failure (`recovery_timeouts`) and ends the schedule; the run is still checked.
 3. A node process that exits without the nemesis killing it is a crash: counted, and restarted so the
    run goes on.
@@ -469,6 +470,10 @@ class Run:
         views = {r: self._view(r) for r in (P, B)}
         serving = [r for r, v in views.items() if v.get("serving")]
         if len(serving) != 1 or not views[serving[0].mate()].get("in_sync"):
+            return False
+        # Every peer seen by both routing nodes: a restarted monitor still booting does not count (soak seed
+        # 1338060222 went on while it booted, and the next step's kill of the standby cost the lease).
+        if not all(peer.get("seen") for v in views.values() for peer in v.get("peers", [{}])):
             return False
         codes = self.group.probe_once()
         return codes[serving[0]] == 0 and codes[serving[0].mate()] != 0
