@@ -12,6 +12,12 @@ What counts, per persistent subscriber and per publisher (the rules `check` appl
   the same publisher. Order is judged on first arrivals only: a QoS 1 redelivery of an earlier
   seq after a later one is a duplicate, not an order violation. Gaps are fine (an unacknowledged
   message may or may not arrive). Must be zero.
+- **Refused**: a failure reason code (MQTT 5 PUBACK or PUBREC >= 0x80, e.g. 0x97 from a full spool) ends
+  the exchange without the broker taking the message: not acknowledged, and not expected. Except PUBCOMP
+  0x92 "packet identifier not found": a PUBREL resent after a failover whose PUBCOMP was lost finds the
+  exchange already complete; the PUBREC had accepted the message, so it counts as acknowledged (stricter).
+- **Unavailability** (`longest_gap`, the nemesis): the longest stretch of a window in which a publisher
+  got no acknowledgement, from the times each publisher records as acknowledgements arrive.
 - Unacknowledged messages may or may not arrive; a received seq that was never published is an
   error of its own (`unknown`).
 
@@ -42,6 +48,7 @@ from paho.mqtt.properties import Properties
 TOPIC_ROOT = "streams"
 SESSION_EXPIRY_S = 3600
 WINDOW = 20  # paho's in-flight window per publisher
+PUBCOMP_ID_NOT_FOUND = 0x92
 _CLONE_NEWNET = 0x40000000
 
 
@@ -154,8 +161,12 @@ class Publisher(HostListClient):
         self._seq_of_mid: dict[int, int] = {}
         self.published: list[int] = []  # handed to paho
         self.acked: set[int] = set()
+        self.ack_times: list[float] = []  # time.monotonic() of each acknowledgement (unavailability, nemesis)
+        self.refused: dict[int, int] = {}  # seq -> the failure reason code it was answered with (0x97: full spool)
+        self._halt = threading.Event()
         self._resending = False  # reconnected with messages in flight, no acknowledgement since
         self._early: set[int] = set()  # mids acknowledged before publish() returned them
+        self._early_refused: dict[int, int] = {}  # those of them refused, with the reason code
         self.paho.on_publish = self._on_publish
         self._thread = threading.Thread(target=self._run, name=f"pub-{client_id}", daemon=True)
 
@@ -175,8 +186,11 @@ class Publisher(HostListClient):
 
     def _run(self) -> None:
         for seq in range(self.count):
-            while not self._may_publish():
+            while not self._may_publish() and not self._halt.is_set():
                 time.sleep(0.002)
+            if self._halt.is_set():
+                self.count = seq  # what was handed to paho is all there is
+                return
             with self._lock:
                 self.published.append(seq)
             # Not under our lock: paho calls on_publish holding its own, which publish() takes too.
@@ -184,26 +198,47 @@ class Publisher(HostListClient):
             with self._lock:
                 if info.mid in self._early:  # its acknowledgement came back before publish() returned
                     self._early.discard(info.mid)
-                    self.acked.add(seq)
+                    if code := self._early_refused.pop(info.mid, 0):
+                        self.refused[seq] = code
+                    else:
+                        self.acked.add(seq)
+                        self.ack_times.append(time.monotonic())
                 else:
                     self._seq_of_mid[info.mid] = seq
             time.sleep(self.interval_s)
 
     def _on_publish(self, client, userdata, mid, reason, props) -> None:
+        # A failure reason code (MQTT 5 PUBACK/PUBREC >= 0x80) ends the exchange without the message
+        # being accepted: it is not acknowledged, and the checker must not expect it.
+        refused = getattr(reason, "value", 0) if getattr(reason, "is_failure", False) else 0
+        if refused == PUBCOMP_ID_NOT_FOUND:  # the PUBREC accepted it; see the module's rules
+            refused = 0
         with self._lock:
             self._resending = False
             seq = self._seq_of_mid.pop(mid, None)
             if seq is None:
                 self._early.add(mid)
+                self._early_refused[mid] = refused
+            elif refused:
+                self.refused[seq] = refused
             else:
                 self.acked.add(seq)
+                self.ack_times.append(time.monotonic())
+
+    def halt(self) -> None:
+        """Publish nothing new; what paho holds still gets its acknowledgement."""
+        self._halt.set()
 
     def done_publishing(self) -> bool:
         return not self._thread.is_alive()
 
     def all_acked(self) -> bool:
         with self._lock:
-            return self.done_publishing() and len(self.acked) == self.count
+            return self.done_publishing() and len(self.acked) + len(self.refused) == self.count
+
+    def ack_times_now(self) -> list[float]:
+        with self._lock:
+            return list(self.ack_times)
 
     def acked_now(self) -> set[int]:
         with self._lock:
@@ -360,6 +395,38 @@ def everything_delivered(publishers: list[Publisher], subscribers: list[Subscrib
     return True
 
 
+def settle(publishers: list[Publisher], subscribers: list[Subscriber], timeout_s: float,
+           stall_s: float | None = None) -> None:
+    """Wait (at most `timeout_s`) for every publisher's acknowledgements and every subscriber to catch up.
+
+    With `stall_s`, stop waiting for the subscribers early only once none of them received anything for
+    that long: a resumed subscriber draining a long backlog on a loaded machine is slow, not missing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(p.all_acked() for p in publishers):
+        time.sleep(0.05)
+    received, progress_at = -1, time.monotonic()
+    while time.monotonic() < deadline and not everything_delivered(publishers, subscribers):
+        now_received = sum(len(sub.snapshot()) for sub in subscribers)
+        if now_received != received:
+            received, progress_at = now_received, time.monotonic()
+        elif stall_s is not None and time.monotonic() - progress_at > stall_s:
+            break
+        time.sleep(0.05 if stall_s is None else 0.5)
+    time.sleep(0.3)  # late redeliveries (duplicates) count too
+
+
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """Unavailability as one publisher saw it: the longest stretch of [start, end] without an acknowledgement.
+
+    `times` are sorted acknowledgement instants; the stretch before the first acknowledgement inside
+    the window counts from `start`, the one after the last counts to `end`.
+    """
+    inside = [t for t in times if start < t < end]
+    edges = [start, *inside, end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
+
+
 def finish(scenario: str, publishers: list[Publisher], subscribers: list[Subscriber], *,
            timeout_s: float = 15, describe: Callable[[], str] = str) -> Report:
     """Let every publisher get its acknowledgements and every subscriber catch up, then check.
@@ -367,12 +434,7 @@ def finish(scenario: str, publishers: list[Publisher], subscribers: list[Subscri
     A publisher that cannot finish within the timeout is fine (what it never got acknowledged may
     or may not arrive); a subscriber still missing acknowledged messages then is what `check` reports.
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not all(p.all_acked() for p in publishers):
-        time.sleep(0.05)
-    while time.monotonic() < deadline and not everything_delivered(publishers, subscribers):
-        time.sleep(0.05)
-    time.sleep(0.3)  # late redeliveries (duplicates) count too
+    settle(publishers, subscribers, timeout_s)
     report = check(scenario, publishers, subscribers)
     print(report.line())
     for client in (*publishers, *subscribers):

@@ -278,10 +278,15 @@ class BrokerService:
     def replace_spool(self, builder) -> None:
         """A full resync (the mate link calls it off the event loop): swap in the spool `builder` made."""
         limits, directory = self.writer.limits, self.spool.path.parent
+        # The mate link's taps (mate_link/service.py sets them once, at start-up) move to the new writer:
+        # without them, once this node is active again its standby never hears of a new op, never
+        # catches up, and redundancy stays down for the whole epoch (found by the nemesis, issue 8).
+        taps = self.writer.on_entries, self.writer.on_rollback
         self.spool.close()  # closes the writer too, after what it holds
         builder.swap_into(directory)
         self.spool = Spool.open(directory)
         self.writer = SpoolWriter(self.spool, limits)
+        self.writer.on_entries, self.writer.on_rollback = taps
 
     async def rebuild_core_off_loop(self) -> None:
         """`rebuild_core`, with the spool read and the new core restored in a worker thread: a big spool
