@@ -312,7 +312,7 @@ class Run:
         port = self.group.config.ports.management
         for role in (P, B):
             views[f"{role.value} config-sync"] = self.client.call(
-                _http, f"http://{self.group.address(role)}:{port}/api/v1/config-sync")[1]
+                _http, f"http://{self.group.address(role)}:{port}/api/v1/config-sync", self.token)[1]
         evidence = self.dir / f"not-recovered-step-{step.index}"
         for role in (P, B):
             shutil.copytree(self.group.config.node(role).data_dir, evidence / role.value, symlinks=True,
@@ -331,7 +331,7 @@ class Run:
 
     def _view(self, role: Role) -> dict:
         url = f"http://{self.group.address(role)}:{self.group.config.ports.management}/api/v1/redundancy"
-        status, body = self.client.call(_http, url)
+        status, body = self.client.call(_http, url, self.token)
         return body if status == 200 else {}
 
     def _host(self, name: str) -> str:
