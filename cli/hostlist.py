@@ -26,6 +26,9 @@ Rules:
   publish carries a message id (user property `MESSAGE_ID_PROPERTY`) so the group can drop the
   copy a retransmit after failover would otherwise create (docs/broker.md, duplicate suppression).
 - Bounded: at most `max_queued` unacknowledged messages (paho's queue); beyond, publish raises.
+- A publish the server answers with a failure reason code (PUBACK/PUBREC >= 0x80: not authorized,
+  quota exceeded, ...) was not stored: `PublishHandle.wait` raises `PublishRefused` naming the code,
+  never reports it acknowledged. A failover is not a refusal: the publish is resent, as above.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class ClientError(PairMQError):
     """The client cannot do what was asked (no host reachable in time, queue full, bad host list)."""
 
 
+class PublishRefused(ClientError):
+    """The server refused a publish with a failure reason code: it was not stored and is not delivered."""
+
+
 def parse_hosts(hosts: list[str] | str, default_port: int = 1883) -> list[tuple[str, int]]:
     items = hosts.split(",") if isinstance(hosts, str) else list(hosts)
     parsed = []
@@ -74,11 +81,34 @@ class PublishHandle:
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, properties, message_id: str | None):
         self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
         self.properties, self.message_id = properties, message_id
-        self.acknowledged = threading.Event()
+        self.acknowledged = threading.Event()  # set when the server answered: accepted or refused
+        self.refusal: str | None = None  # why, when the answer was a failure reason code
+        self.reason_code: int | None = None  # that code
 
     def wait(self, timeout_s: float) -> bool:
-        """True once the server acknowledged the message (PUBACK / PUBCOMP; QoS 0: once written)."""
-        return self.acknowledged.wait(timeout_s)
+        """True once the server acknowledged the message (PUBACK / PUBCOMP; QoS 0: once written), False if
+        it has not within `timeout_s`; raises PublishRefused if the server refused it."""
+        if not self.acknowledged.wait(timeout_s):
+            return False
+        if self.refusal is not None:
+            raise PublishRefused(self.refusal)
+        return True
+
+
+class _Paho(mqtt.Client):
+    """paho-mqtt 2.2 ignores a PUBREC's reason code and sends PUBREL anyway; MQTT 5 (4.3.3) says a PUBREC
+    >= 0x80 ends the QoS 2 exchange: the message was refused. Report it as the publish's answer instead."""
+
+    def _handle_pubrec(self):
+        from paho.mqtt import _packet
+
+        result = _packet.decode_pubrec(self._in_packet["command"], self._in_packet["packet"], self._protocol)
+        if result.reason is None or not result.reason.is_failure:
+            return super()._handle_pubrec()
+        with self._out_message_mutex:
+            if result.mid in self._out_messages:
+                return self._do_on_publish(result.mid, result.reason, result.properties)
+        return mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
 class HostListClient:
@@ -93,8 +123,8 @@ class HostListClient:
         self.connect_timeout_s = connect_timeout_s
         self.max_backoff_s = max_backoff_s
         self.message_ids = message_ids
-        self.paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
-                                reconnect_on_failure=False)
+        self.paho = _Paho(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                          reconnect_on_failure=False)
         self.paho.max_inflight_messages_set(WINDOW)
         self.paho.connect_timeout = connect_timeout_s
         if username is not None:
@@ -236,6 +266,12 @@ class HostListClient:
         with self._lock:
             handle = self._handed.pop(mid, None)
         if handle is not None:
+            # 0x92 "packet identifier not found" answers a PUBREL resent after a failover for an exchange
+            # the group had completed: the message was stored and delivered, not refused.
+            if getattr(reason, "is_failure", False) and reason.value != 0x92:
+                handle.reason_code = reason.value
+                handle.refusal = (f"the server refused the publish to {handle.topic!r}: "
+                                  f"{reason.getName()} (0x{reason.value:02X})")
             handle.acknowledged.set()
 
 

@@ -66,16 +66,16 @@ class HostListStream:
 
     def _ended(self) -> list[tuple[int, PublishHandle]]:
         """(seq, handle) of every exchange that ended: acknowledged, or answered with a failure code."""
-        return [(seq, h) for seq, h in enumerate(list(self._handles))
-                if h.acknowledged.is_set() or getattr(h, "reason_code", 0) >= 0x80]
+        return [(seq, h) for seq, h in enumerate(list(self._handles)) if h.acknowledged.is_set()]
 
     def acked_now(self) -> set[int]:
-        """What the application was told is acknowledged (`wait()` returned True)."""
-        return {seq for seq, h in self._ended() if h.acknowledged.is_set()}
+        """What the application was told is acknowledged (`wait()` returned True, not PublishRefused)."""
+        return {seq for seq, h in self._ended() if h.refusal is None}
 
     @property
     def refused(self) -> dict[int, int]:
-        return {seq: h.reason_code for seq, h in self._ended() if getattr(h, "reason_code", 0) >= 0x80}
+        """seq -> the failure reason code `wait()` raised PublishRefused for."""
+        return {seq: h.reason_code for seq, h in self._ended() if h.refusal is not None}
 
     def ack_times_now(self) -> list[float]:
         return sorted(h.ended_at for _, h in self._ended() if hasattr(h, "ended_at"))

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from appliance.roles import Role
-from cli.hostlist import ClientError, HostListClient, parse_hosts
+from appliance.broker.access import AccessPolicy, Action, Effect, Rule
+from cli.hostlist import ClientError, HostListClient, PublishRefused, parse_hosts
 from tests.group import active_group
 
 P, B = Role.PRIMARY, Role.BACKUP
@@ -79,6 +80,23 @@ def test_no_error_and_nothing_lost_across_kill_9_of_the_active(group):
     assert dup2 == 0, f"QoS 2 delivered twice: {dup2}"
     assert firsts == sorted(firsts) and q2 == sorted(q2), "per-publisher order"
     assert pub.failovers == 1 and pub.current == (group.address(B), 1883)
+
+
+@pytest.mark.processes
+def test_a_refused_publish_is_an_error_for_the_application_not_an_acknowledgement(tmp_path):
+    policy = AccessPolicy(True, {}, (Rule(Effect("deny"), Action("publish"), "locked/#", "all"),
+                                     Rule(Effect("allow"), Action("both"), "#", "all")))
+    with active_group(tmp_path / "group", access=policy) as g:
+        pub = HostListClient(hosts(g), "car-8")
+        pub.start()
+        try:
+            for qos in (1, 2):
+                with pytest.raises(PublishRefused, match=rf"refused the publish to 'locked/{qos}': "
+                                                         r"Not authorized \(0x87\)"):
+                    pub.publish(f"locked/{qos}", b"x", qos=qos).wait(timeout_s=10)
+                assert pub.publish(f"open/{qos}", b"x", qos=qos).wait(timeout_s=10)  # the session goes on
+        finally:
+            pub.stop()
 
 
 def test_host_lists_are_checked():
