@@ -1,6 +1,6 @@
-"""The host-list client across kill -9 of the active (issue 6): the application sees no error, every message it
-published is acknowledged, a persistent subscriber on the same client gets every one (QoS 2 exactly once) in
-order; and bad host lists are clear errors."""
+"""The host-list client across kill -9 and release-activity of the active (issue 6): the application sees
+no error, every message it published is acknowledged, a persistent subscriber on the same client gets every
+one (QoS 2 exactly once) in order; a refused publish is an error; and bad host lists are clear errors."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from appliance.roles import Role
 from appliance.broker.access import AccessPolicy, Action, Effect, Rule
 from cli.hostlist import ClientError, HostListClient, PublishRefused, parse_hosts
 from tests.group import active_group
+from tests.http_api import post
 
 P, B = Role.PRIMARY, Role.BACKUP
 QOS1, QOS2 = 300, 150
@@ -30,7 +31,8 @@ def hosts(g) -> list[str]:
 
 @pytest.mark.processes
 @pytest.mark.timeout(180)
-def test_no_error_and_nothing_lost_across_kill_9_of_the_active(group):
+@pytest.mark.parametrize("fault", ["kill -9", "release-activity"])
+def test_no_error_and_nothing_lost_across_a_failover_of_the_active(group, fault):
     got: dict[str, list[int]] = {"cars/7/door": [], "pay/7": []}
     lock = threading.Lock()
 
@@ -51,8 +53,11 @@ def test_no_error_and_nothing_lost_across_kill_9_of_the_active(group):
             handles.append(("cars/7/door", i, pub.publish("cars/7/door", str(i).encode(), qos=1)))
         if i < QOS2:
             handles.append(("pay/7", i, pub.publish("pay/7", str(i).encode(), qos=2)))
-        if i == QOS1 // 3:
-            group.kill(P)  # mid-stream, with messages in flight
+        if i == QOS1 // 3:  # mid-stream, with messages in flight
+            if fault == "kill -9":
+                group.kill(P)
+            else:
+                assert post(group.config, P, "release-activity", {})["result"] == "handed over"
         time.sleep(0.004)
     unacknowledged = [(t, i) for t, i, h in handles if not h.wait(timeout_s=20)]
     deadline = time.monotonic() + 20
@@ -68,7 +73,7 @@ def test_no_error_and_nothing_lost_across_kill_9_of_the_active(group):
     lost1, lost2 = sorted(set(range(QOS1)) - set(q1)), sorted(set(range(QOS2)) - set(q2))
     dup1, dup2 = len(q1) - len(set(q1)), len(q2) - len(set(q2))
     firsts = [x for n, x in enumerate(q1) if x not in q1[:n]]
-    print(f"host-list client across kill -9: published {QOS1} QoS 1 + {QOS2} QoS 2, unacknowledged "
+    print(f"host-list client across {fault}: published {QOS1} QoS 1 + {QOS2} QoS 2, unacknowledged "
           f"{len(unacknowledged)}; received QoS 1 {len(set(q1))} (+{dup1} duplicates), QoS 2 {len(set(q2))} "
           f"(+{dup2} duplicates); lost {len(lost1) + len(lost2)}; publisher failovers {pub.failovers}, "
           f"subscriber failovers {sub.failovers}\n  publisher: {pub.history}")
