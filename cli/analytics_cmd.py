@@ -59,12 +59,14 @@ def _cmd_summarize(args, term: Terminal) -> int:
         out = str(Path(out).resolve())
     from analytics import render, spark, summary
 
-    with term.status("starting Spark"):
+    with term.status("starting Spark") as status:
         session = spark.session(args.master)
-    try:
-        view = summary.summarize(session, [_uri(log) for log in args.logs], out, top_n=args.top)
-    finally:
-        session.stop()
+        try:
+            status.update(f"summarizing {len(args.logs)} event log location(s) with Spark "
+                          f"({session.sparkContext.master})")
+            view = summary.summarize(session, [_uri(log) for log in args.logs], out, top_n=args.top)
+        finally:
+            session.stop()
     if out is not None and "://" not in out:
         summary.write_json(view, Path(out) / "summary.json")
         from analytics.charts import write_charts

@@ -33,8 +33,9 @@ def release_activity(term: Terminal, config: GroupConfig, role: Role | None, *, 
     """A planned handover from the active node (or `role`) to its mate; refused unless the mate is in sync,
     unless forced (then a plain step-down)."""
     role = role or _active_role(config)
-    result = api.redundancy_action(config, role, "release-activity", {"force": force}, _token(config),
-                                   timeout_s=HANDOVER_TIMEOUT_S)
+    with term.status(f"{role.value}: handing activity over to its mate (draining, then the mate takes over)"):
+        result = api.redundancy_action(config, role, "release-activity", {"force": force}, _token(config),
+                                       timeout_s=HANDOVER_TIMEOUT_S)
     return _report(term, role, result)
 
 
@@ -43,8 +44,9 @@ def revert_activity(term: Terminal, config: GroupConfig) -> int:
     active = _active_role(config)
     if active is Role.PRIMARY:
         raise PairMQError("the primary already holds activity; there is nothing to revert")
-    result = api.redundancy_action(config, active, "revert-activity", {}, _token(config),
-                                   timeout_s=HANDOVER_TIMEOUT_S)
+    with term.status(f"{active.value}: handing activity back to the primary"):
+        result = api.redundancy_action(config, active, "revert-activity", {}, _token(config),
+                                       timeout_s=HANDOVER_TIMEOUT_S)
     return _report(term, active, result)
 
 
