@@ -209,6 +209,13 @@ def _show_broker_parsers(things) -> None:
             p.add_argument("--client", metavar="ID", help="only this client's subscriptions")
         _add_group(p)
         p.set_defaults(handler=_cmd_show_broker, what=what)
+    p = things.add_parser("message-spool", help="each routing node's message spool: queued messages, size, commits",
+                          description="Sessions, queued messages, stored bytes against the spool limit, the "
+                                      "group-committing writer and the publishes refused for space, per routing node.",
+                          epilog=_examples("pairmq show message-spool", "pairmq show message-spool --json"))
+    p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
+    _add_group(p)
+    p.set_defaults(handler=_cmd_show_spool)
 
 
 def _events_parser(commands) -> None:
@@ -364,6 +371,12 @@ def _cmd_show_broker(args: argparse.Namespace, term: Terminal) -> int:
 
     return show(term, load_group(group_path(args)), args.what, as_json=args.json,
                 client=getattr(args, "client", None), limit=args.limit)
+
+
+def _cmd_show_spool(args: argparse.Namespace, term: Terminal) -> int:
+    from .show_spool import show
+
+    return show(term, load_group(group_path(args)), as_json=args.json)
 
 
 def _cmd_events_tail(args: argparse.Namespace, term: Terminal) -> int:

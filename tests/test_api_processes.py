@@ -133,6 +133,14 @@ def test_clients_sessions_and_subscriptions_on_the_active_and_a_standby(group):
         assert table.returncode == 0 and "Group test: 3 sessions on the primary" in table.stdout, table
         assert [line.split()[:2] for line in table.stdout.splitlines()[3:]] == [
             ["api-311", "online"], ["api-offline", "offline"], ["api-v5", "online"]]
+        spool = pairmq(group, "show", "message-spool", "--json")
+        assert spool.returncode == 0 and spool.stderr == "", spool.stderr
+        nodes = {n["role"]: n for n in json.loads(spool.stdout)["nodes"]}
+        assert nodes["primary"]["reachable"] and nodes["primary"]["queued_messages"] == 3
+        assert nodes["primary"]["writer"]["commits"] > 0 and nodes["backup"]["reachable"]
+        table = pairmq(group, "show", "message-spool")
+        assert table.returncode == 0 and "Group test: message spool" in table.stdout, table
+        assert any(line.split()[:3] == ["Queued", "messages", "3"] for line in table.stdout.splitlines()), table.stdout
         assert call(group, P, "/api/v1/subscriptions?client=nobody")[1]["subscriptions"] == []
         assert call(group, P, "/api/v1/subscriptions?limit=1")[1]["truncated"] is True
 

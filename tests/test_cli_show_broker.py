@@ -8,6 +8,7 @@ from rich.console import Console
 
 from cli.main import build_parser, main
 from cli.show_broker import clients_table, event_line, sessions_table, subscriptions_table
+from cli.show_spool import spool_table
 from cli.terminal import Terminal
 
 HEAD = {"schema": 1, "group": "orders", "node": "backup", "address": "10.0.0.2", "truncated": False}
@@ -44,6 +45,35 @@ def test_clients_table():
         "───────────────────────────────────────────────────────────────────────────────────────",
         "line-3      plant  10.1.0.7:50122 (TLS)  5.0          30 s    75 s  3 out, 1 in   1,200",
         "sensor-7    -      10.1.0.9:41000        3.1.1        60 s   4.2 s  0 out, 0 in       0",
+    ]
+
+
+SPOOL = {"schema": 1, "group": "orders", "nodes": [
+    {"role": "primary", "address": "10.0.0.1", "reachable": True, "sessions": 3, "queued_messages": 4521,
+     "stored_bytes": 1536000, "limits": {"session_queue_max_messages": 100000, "session_queue_max_bytes": 67108864,
+                                         "spool_max_bytes": 1073741824},
+     "writer": {"commits": 1200, "mean_batch_ops": 3.5, "last_commit_ms": 0.812, "max_commit_ms": 12.5,
+                "pending_ops": 0},
+     "counters": {"publish_refused_queue_full": 0, "publish_refused_spool_full": 2, "commit_failures": 0}},
+    {"role": "backup", "address": "10.0.0.2", "reachable": False, "error": "connection refused"}]}
+
+
+def test_message_spool_table():
+    assert rendered(spool_table(SPOOL)) == [
+        'Group orders: message spool',
+        '                                  Primary (10.0.0.1)    Backup (10.0.0.2)',
+        '─────────────────────────────────────────────────────────────────────────',
+        'Sessions                                           3                    -',
+        'Queued messages                                4,521                    -',
+        'Stored                            1.5 MiB of 1.0 GiB                    -',
+        'Queue limit per session   100,000 messages, 64.0 MiB                    -',
+        'Commits                         1,200 (3.5 ops each)                    -',
+        'Last / slowest commit                0.81 / 12.50 ms                    -',
+        'Waiting to commit                              0 ops                    -',
+        'Refused: queue full                                0                    -',
+        'Refused: spool full                                2                    -',
+        'Commit failures                                    0                    -',
+        'Unreachable                                            connection refused',
     ]
 
 
