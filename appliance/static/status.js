@@ -84,7 +84,7 @@ function render(doc) {
   banner.textContent = down.length ? "Unreachable: " + down.join(", ") : "";
   renderNumbers(routing, active);
   if (!streaming) renderPolledDecisions(doc.nodes.find(n => n.role === doc.served_by));
-  set("updated", "updated " + new Date().toLocaleTimeString());
+  set("updated", "updated " + new Date().toLocaleTimeString([], {hour12: false}));  // as the decision times
   document.body.dataset.state = "ready";
 }
 
