@@ -1,4 +1,4 @@
-"""A standby's snapshot storm, run as its own process: `python -m tests.snapshot_storm DIR SECONDS SEED`.
+"""A standby's snapshot storm, run as its own process: `python -m tests.snapshot_storm DIR INSTALLS SEED`.
 
 What the nemesis saw (docs/reliability.md, finding 4): with the active's disk full, its failed commits
 kept restarting the mate link and the standby installed a full snapshot eight times in 1.8 s, then died
@@ -7,11 +7,15 @@ sockets: an active (a spool and its writer) and a standby that is a real `Broker
 `replace_spool`, writer taps and all). The link is cut at random moments -- inside a snapshot batch,
 between batches, during the install -- and the standby is made to diverge again after each install
 (a stale op of its own, as the rolled-back tail of a full-disk active leaves it), so every new link
-is another full snapshot.
+is another full snapshot. It runs until the standby installed INSTALLS snapshots and as many cuts
+landed while it was catching up (inside a snapshot), whatever the machine's speed (capped at
+MAX_STORM_S: then it fails, saying so).
 
 A crash in SQLite kills the process (faulthandler prints every thread's stack to stderr); a clean run
-ends with the standby in step with the active and prints one JSON line: the counts, and whether the
-two spools' states are equal. The pytest side is tests/test_snapshot_storm.py.
+ends with the standby in step with the active and prints one JSON line: the counts, the ERROR records
+logged (the standby's disk is fine, so applying must never fail: before the fix, threads orphaned by a
+cut raced the next link's builder -- FileNotFoundError, "disk I/O error"), and whether the two spools'
+states are equal. The pytest side is tests/test_snapshot_storm.py.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import json
+import logging
 import os
 import random
 import sys
@@ -35,11 +40,21 @@ from mate_link.service import ActiveReplication, StandbyReplication
 from tests.group import LOOPBACK
 
 SECRET, GROUP, EPOCH = os.urandom(32), "storm-1", 4
+MAX_STORM_S = 240
 MESSAGES = 1_500  # ~3 MB of bodies: a snapshot of three or four 1 MB batches, each one add() in a thread
 
 
 def _body(msg_id: int) -> o.MessageStored:
     return o.MessageStored(msg_id, f"plant/{msg_id % 17}", os.urandom(2_000), 1, False, b"", 0, "pub", msg_id)
+
+
+async def _moment(check, timeout_s: float = 2.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
 
 
 async def _until(what: str, check, timeout_s: float) -> None:
@@ -48,6 +63,15 @@ async def _until(what: str, check, timeout_s: float) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+class _ErrorCount(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage()[:300])
 
 
 def _diverge(broker: BrokerService, n: int) -> bool:
@@ -59,7 +83,7 @@ def _diverge(broker: BrokerService, n: int) -> bool:
         return False
 
 
-async def storm(directory: Path, seconds: float, seed: int) -> dict:
+async def storm(directory: Path, installs: int, seed: int) -> dict:
     rng = random.Random(seed)
     spool = Spool.open(directory / "active")
     writer = SpoolWriter(spool)
@@ -86,21 +110,38 @@ async def storm(directory: Path, seconds: float, seed: int) -> dict:
                                  active_address=lambda: (host, active.bound_port), incarnation=1,
                                  highest_epoch=lambda: EPOCH - 1, incoming_dir=directory / "standby.incoming",
                                  redial_s=0.01)
+    errors = _ErrorCount()
+    logging.getLogger().addHandler(errors)  # the standby's disk is fine: it must never fail to apply
     _diverge(standby_port, 0)
     await standby.start()
     loop = asyncio.get_running_loop()
-    end, cuts, live, n = loop.time() + seconds, 0, MESSAGES, 0
-    while loop.time() < end:
-        await asyncio.sleep(rng.uniform(0.0, 0.25))
+    started, cuts, mid_snapshot, stalls, live, n = loop.time(), 0, 0, 0, MESSAGES, 0
+
+    while standby.snapshots_installed < installs or mid_snapshot < installs:
+        if loop.time() - started > MAX_STORM_S:
+            raise AssertionError(f"the storm ran {MAX_STORM_S} s: {standby.snapshots_installed} installs, "
+                                 f"{mid_snapshot} cuts inside a snapshot of {cuts} (wanted {installs} of each)")
+        # Each round waits for its moment rather than for a time, so a slow machine slows the storm, not its
+        # mix: a third of the rounds cut inside a snapshot being built, a third right after an install, a third
+        # at a random moment.
+        links, installed, mode = standby.links_made, standby.snapshots_installed, rng.randrange(3)
+        # A moment may never come: a stale op can land in the old writer just before a snapshot replaces it,
+        # and then the next link is not a snapshot. The round then just cuts and diverges again.
+        if mode == 0:
+            stalls += not await _moment(lambda: standby.links_made > links and standby.link.resyncing)
+        elif mode == 1:
+            stalls += not await _moment(lambda: standby.snapshots_installed > installed)
+        await asyncio.sleep(rng.uniform(0.0, 0.05 if mode < 2 else 0.15))  # mode 2: any moment (the first SIGSEGVs)
         if rng.random() < 0.3:  # the active moves on meanwhile
             live += 1
             writer.submit([_body(live), o.MessageQueued("fleet", live, 1, False)], EPOCH)
         if active.conn is not None and not active.conn.closed:
+            mid_snapshot += standby.link is not None and standby.link.resyncing
             active.conn.close("storm: cut")
             cuts += 1
         n += 1
         _diverge(standby_port, n)
-    installs_in_storm = standby.snapshots_installed
+    installs_in_storm, storm_s = standby.snapshots_installed, loop.time() - started
 
     # Quiet: one more link must install a last snapshot and follow the active to its head.
     await writer.submit_async([_body(live + 1), o.MessageQueued("fleet", live + 1, 1, False)], EPOCH).future
@@ -114,9 +155,10 @@ async def storm(directory: Path, seconds: float, seed: int) -> dict:
     reopened = Spool.open(directory / "standby")  # quick_check, schema and the whole op chain, verified again
     reopened_state = reopened.load_state()
     reopened.close()
-    return {"seconds": seconds, "seed": seed, "cuts": cuts, "links": standby.links_made,
+    return {"storm_s": round(storm_s, 1), "seed": seed, "cuts": cuts, "cuts_mid_snapshot": mid_snapshot, "stalls": stalls,
+            "links": standby.links_made,
             "installs": standby.snapshots_installed, "installs_in_storm": installs_in_storm,
-            "bad_ops": standby.counters["bad_ops"], "head": mine.head.seq,
+            "bad_ops": standby.counters["bad_ops"], "errors": errors.seen, "head": mine.head.seq,
             "equal": _summary(mine) == _summary(theirs), "equal_after_reopen": _summary(mine) == _summary(reopened_state),
             "stale_sessions": sorted(c for c in theirs.sessions if c.startswith("stale"))}
 
@@ -129,8 +171,9 @@ def _summary(state) -> tuple:
 
 def main() -> None:
     faulthandler.enable()  # a crash in SQLite prints every thread's stack: which thread held the connection
-    directory, seconds, seed = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(asyncio.run(storm(directory, seconds, seed))), flush=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    directory, installs, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(asyncio.run(storm(directory, installs, seed))), flush=True)
 
 
 if __name__ == "__main__":
