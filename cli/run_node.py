@@ -2,10 +2,15 @@
 
 Every log record is exactly one line (time, level, logger, message), so a
 journal or a log file stays greppable even when a record carries a traceback.
+The one exception: a fatal signal in native code (SIGSEGV in libsqlite3,
+SIGBUS, SIGABRT...) makes `faulthandler` write every thread's Python stack to
+the same stderr before the process dies, the only trace of which thread was in
+C at the time (docs/reliability.md, finding 4).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -43,6 +48,7 @@ def run(group_path: Path, role: Role) -> int:
         if store_path(config.node(role).data_dir).exists():
             ConfigStore(store_path(config.node(role).data_dir)).close()
     configure_logging()
+    faulthandler.enable(sys.stderr, all_threads=True)  # see the module's rules: a native crash names its thread
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     from appliance.node import run_node

@@ -9,6 +9,11 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
+- A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
+  a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
+  anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
+  under a running batch closed its SQLite connection mid-statement: SIGSEGV in libsqlite3 (finding 4
+  of docs/reliability.md; tests/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
   `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release).
@@ -46,6 +51,32 @@ PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet du
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+async def _wait_out(aw):
+    """Await `aw` to its end even if we are cancelled meanwhile, then pass the cancellation on."""
+    fut = asyncio.ensure_future(aw)
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait({fut})  # unlike `await fut`, a cancel of ours does not reach `fut`
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return fut.result()
+
+
+async def _in_thread(fn, *args, undo: Callable[[object], None] | None = None):
+    """`fn(*args)` in a worker thread; if we are cancelled meanwhile, only once the thread is done (see the
+    rules), and then `undo` what it returned, since nobody takes it."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await _wait_out(fut)
+    except asyncio.CancelledError:
+        if undo is not None and not fut.cancelled() and fut.exception() is None:
+            undo(fut.result())
+        raise
 
 
 class SpoolPort(Protocol):
@@ -301,10 +332,12 @@ class StandbyReplication(_Replication):
         finally:
             worker.cancel()
             ticker.cancel()
-            await asyncio.gather(worker, ticker, return_exceptions=True)
-            if self._builder is not None:
-                self._builder.abandon()
-                self._builder = None
+            try:  # the worker may be inside a snapshot thread: the builder is ours again only once it ended
+                await _wait_out(asyncio.gather(worker, ticker, return_exceptions=True))
+            finally:
+                if self._builder is not None:
+                    self._builder.abandon()
+                    self._builder = None
 
     def _message(self, conn: MateConnection, m: Message) -> None:
         if conn is self.conn and self.link is not None:
@@ -331,6 +364,11 @@ class StandbyReplication(_Replication):
                 if not await self._apply_one(request, acks):
                     return
                 self._drain()
+        except Exception as exc:  # noqa: BLE001 - our side failed (our disk, our bug): end the link, redial
+            # Without this the worker died silently and the link stayed up applying nothing: no ack ever again.
+            log.error("mate link: applying what the active sent failed here: %r", exc)
+            if self.conn is not None:
+                self.conn.close(f"applying failed on the standby: {exc}")
         finally:
             acker.cancel()
 
@@ -344,15 +382,16 @@ class StandbyReplication(_Replication):
                 acks.put_nowait(self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop()))
             elif isinstance(request, SnapshotBatch):
                 if request.first:
-                    self._builder = await asyncio.to_thread(  # the id history keeps our spool's bound
-                        SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids)
-                await asyncio.to_thread(self._builder.add, request.bodies)
+                    self._builder = await _in_thread(  # the id history keeps our spool's bound
+                        SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids,
+                        undo=SnapshotBuilder.abandon)
+                await _in_thread(self._builder.add, request.bodies)
                 link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
             elif isinstance(request, SnapshotDone):
                 await acks.join()
-                await asyncio.to_thread(self._builder.finish, request.point)
-                await asyncio.to_thread(self.port.replace_spool, self._builder)
-                self._builder = None
+                await _in_thread(self._builder.finish, request.point)
+                builder, self._builder = self._builder, None  # swapped in now, or never: not to abandon
+                await _in_thread(self.port.replace_spool, builder)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
                 self.snapshots_installed += 1

@@ -13,12 +13,18 @@ Rules:
   holds no ops yet: the next op the standby receives is head + 1) and closes the new file.
 - `swap_into(spool_dir)` needs the live spool closed; it replaces the file atomically
   (os.replace, then an fsync of the directory) and removes the incoming directory.
+- The builder's connection is used under its lock: `add` and `finish` run in worker threads and
+  `abandon` may come from another thread; closing the connection under a running batch crashed
+  the process in libsqlite3 (finding 4 of docs/reliability.md). The mate link waits for the batch's
+  thread before it abandons (mate_link/service.py); the lock makes any other caller wait too, and a
+  batch after `abandon` gets a clear error instead of a closed connection.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,12 +47,23 @@ class SnapshotBuilder:
         self._applier = SqlApplier(self._conn, max_message_ids)
         self.applied = 0
         self.finished: ChainPoint | None = None
+        self._lock = threading.Lock()  # see the rules: one thread at a time on the connection
+        self._abandoned = False
 
     def add(self, bodies: Iterable[bytes]) -> None:
         bodies = list(bodies)
         ops = [decode_op(b) for b in bodies]
         for op in ops:
             check_op(op)
+        with self._lock:
+            self._usable("add a batch to")
+            self._add(ops, bodies)
+
+    def _usable(self, what: str) -> None:
+        if self._abandoned:
+            raise RuntimeError(f"cannot {what} the snapshot in {self.incoming_dir}: it was abandoned")
+
+    def _add(self, ops: list, bodies: list[bytes]) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             for op, body in zip(ops, bodies):
@@ -60,6 +77,11 @@ class SnapshotBuilder:
             raise
 
     def finish(self, head: ChainPoint) -> None:
+        with self._lock:
+            self._usable("finish")
+            self._finish(head)
+
+    def _finish(self, head: ChainPoint) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
         self._conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, base_epoch = ?, "
                            "base_seq = ?, base_checksum = ?, stored_bytes = ?",
@@ -72,7 +94,9 @@ class SnapshotBuilder:
         self.finished = head
 
     def abandon(self) -> None:
-        self._conn.close()
+        with self._lock:  # after a batch still running in another thread, never under it
+            self._abandoned = True
+            self._conn.close()
         shutil.rmtree(self.incoming_dir, ignore_errors=True)
 
     def swap_into(self, spool_dir: Path) -> None:

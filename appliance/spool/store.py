@@ -13,6 +13,10 @@ Rules:
   so an existing `spool.db` that is empty or has no schema is corruption, not
   "start afresh". A `spool.db-wal` without its `spool.db` is refused too.
 - One process at a time: `spool.lock` is held (flock) while a `Spool` is open.
+- Threads: the read connection is shared under `_read_lock`, and `close` runs under that lock too,
+  so it never closes the connection under a read still running in a worker thread (SQLite would be
+  handed freed memory: SIGSEGV), and two closes from two threads close once. The writer's connection
+  is its thread's alone; `close` joins that thread (which closes it) before the read connection.
 - The log keeps at least the last `keep_ops` ops for the mate link's
   incremental resync; older ops are dropped by the writer (`base` moves up).
 """
@@ -101,13 +105,14 @@ class Spool:
 
     def close(self) -> None:
         """Close the writer (committing what it holds) and the file, then let another process have it."""
-        if self._lock_fd < 0:
-            return
-        if self.writer is not None:
-            self.writer.close()
-        self._conn.close()
-        os.close(self._lock_fd)
-        self._lock_fd = -1
+        with self._read_lock:  # a reader in a worker thread finishes first; a second close waits, then returns
+            if self._lock_fd < 0:
+                return
+            if self.writer is not None:
+                self.writer.close()  # joins the writer thread, which closes its own connection
+            self._conn.close()
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def __enter__(self) -> Spool:
         return self
