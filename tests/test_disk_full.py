@@ -26,10 +26,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.mqtt.publish import Publish
+from appliance.roles import Role
 from tests.mqttraw import PUBCOMP, PUBREC, PUBREL, V5, Raw, encode_props, utf8
 from tests.test_mqtt_listener import HOST
 from tests.test_mqtt_listener_overload import Node
 
+P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 TOPIC = "order/x"
 BIG = 400_000  # the first message: larger than any WAL space the spool already holds, so its commit needs new space
 
@@ -156,3 +158,36 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
     finally:
         ballast.unlink(missing_ok=True)
         node.close()
+
+
+# --- rule R8 on the deterministic simulator: a quorum state that cannot be saved is not acted on ------------
+
+def _started_sim():
+    from tests.simulator import Simulation
+    sim = Simulation(11)
+    sim.run_until(2_000)
+    assert sim.serving() == [P]
+    return sim
+
+
+@pytest.mark.parametrize("failing", [B, M], ids=["backup cannot save its bid", "monitor cannot save its vote"])
+def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_crashes(failing):
+    sim = _started_sim()
+    sim.nodes[failing].store.failure = OSError(5, "Input/output error")
+    sim.crash(P)
+    sim.run_for(3_000)
+    assert sim.serving() == [], "a new epoch was taken without the bid or the vote on disk"
+    assert sim.core(failing) is not None, "the node stopped"
+    said = sim.reasons(failing, "storage")
+    assert said == [f"{failing.value}: cannot save the quorum state ([Errno 5] Input/output error) → "
+                    "no bid, vote or new epoch until it can"], said
+    assert sim.core(failing).state.voted_epoch == 1, "an unsaved vote or bid was kept in memory"
+
+    # The disk is back and the primary restarts (the backup's in-sync lease is over by now, so without the
+    # primary nobody can show it is up to date: DESIGN §3). The node carries on by itself.
+    sim.nodes[failing].store.failure = None
+    sim.restart(P)
+    t = sim.first_serving_after(sim.t, sim.t + 5_000)
+    assert t is not None and len(sim.serving()) == 1, sim.reasons(failing)
+    assert sim.reasons(failing, "storage")[-1] == f"{failing.value}: the quorum state is saved again"
+    assert sim.nodes[failing].store.load().voted_epoch >= 2
