@@ -302,9 +302,9 @@ class StandbyReplication(_Replication):
             worker.cancel()
             ticker.cancel()
             await asyncio.gather(worker, ticker, return_exceptions=True)
-            if self._builder is not None:
-                self._builder.abandon()
-                self._builder = None
+            if self._builder is not None:  # in a thread: it waits for a batch a worker thread may still add
+                builder, self._builder = self._builder, None
+                await asyncio.to_thread(builder.abandon)
 
     def _message(self, conn: MateConnection, m: Message) -> None:
         if conn is self.conn and self.link is not None:

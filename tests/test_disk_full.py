@@ -17,6 +17,8 @@ import queue
 import sqlite3
 import struct
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -27,6 +29,7 @@ from paho.mqtt.properties import Properties
 
 from appliance.mqtt.publish import Publish
 from appliance.roles import Role
+from tests.group import REPO
 from tests.mqttraw import PUBCOMP, PUBREC, PUBREL, V5, Raw, encode_props, utf8
 from tests.test_mqtt_listener import HOST
 from tests.test_mqtt_listener_overload import Node
@@ -191,3 +194,44 @@ def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_cra
     assert t is not None and len(sim.serving()) == 1, sim.reasons(failing)
     assert sim.reasons(failing, "storage")[-1] == f"{failing.value}: the quorum state is saved again"
     assert sim.nodes[failing].store.load().voted_epoch >= 2
+
+
+# --- finding 4: a resync storm (a full disk on the active) crashed the standby in SQLite --------------------
+
+ABANDON_MID_BATCH = textwrap.dedent("""
+    import sys, threading, time
+    from pathlib import Path
+    from appliance.spool import ops as o
+    from appliance.spool.codec import encode_op
+    from appliance.spool.install import SnapshotBuilder
+
+    directory = Path(sys.argv[1])
+    bodies = [encode_op(o.MessageIdSeen("c", f"id-{i}", i)) for i in range(20_000)]
+    outcomes = set()
+    for attempt in range(30):
+        builder = SnapshotBuilder(directory / f"incoming-{attempt}")
+
+        def add():  # what the mate link's worker thread runs while the link breaks
+            try:
+                builder.add(bodies)
+                outcomes.add("added")
+            except Exception as exc:
+                outcomes.add(type(exc).__name__)
+
+        worker = threading.Thread(target=add)
+        worker.start()
+        time.sleep(0.02 + attempt * 0.003)  # from early in the batch to after it
+        builder.abandon()
+        worker.join()
+    print(sorted(outcomes))
+""")
+
+
+def test_abandoning_a_snapshot_build_while_a_thread_adds_a_batch_does_not_crash(tmp_path):
+    """The standby's mate link adds snapshot batches in a worker thread and abandons the build when the link
+    breaks; a full disk on the active breaks it over and over. Closing the connection under a running batch
+    was a segfault (reproduced by this test 1 time of 1 before the fix)."""
+    child = subprocess.run([sys.executable, "-c", ABANDON_MID_BATCH, str(tmp_path)], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)
+    assert child.returncode == 0, f"the builder crashed (rc {child.returncode}):\n{child.stderr[-2000:]}"
+    assert "added" in child.stdout, child.stdout  # some batches finished before the abandon

@@ -13,12 +13,18 @@ Rules:
   holds no ops yet: the next op the standby receives is head + 1) and closes the new file.
 - `swap_into(spool_dir)` needs the live spool closed; it replaces the file atomically
   (os.replace, then an fsync of the directory) and removes the incoming directory.
+- `add`, `finish` and `abandon` hold one lock: the mate link runs `add` in a worker thread and
+  calls `abandon` when the link breaks, and cancelling the task that awaits a thread does not stop
+  the thread. Closing the SQLite connection under a running `add` crashed the standby with a
+  segfault (docs/reliability.md, finding 4); now `abandon` waits for the batch, and an `add` that
+  comes after it is refused with an exception.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,12 +47,20 @@ class SnapshotBuilder:
         self._applier = SqlApplier(self._conn, max_message_ids)
         self.applied = 0
         self.finished: ChainPoint | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
 
     def add(self, bodies: Iterable[bytes]) -> None:
         bodies = list(bodies)
         ops = [decode_op(b) for b in bodies]
         for op in ops:
             check_op(op)
+        with self._lock:
+            if self._abandoned:
+                raise RuntimeError(f"snapshot build in {self.incoming_dir} was abandoned")
+            self._add(ops, bodies)
+
+    def _add(self, ops: list, bodies: list[bytes]) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             for op, body in zip(ops, bodies):
@@ -60,6 +74,12 @@ class SnapshotBuilder:
             raise
 
     def finish(self, head: ChainPoint) -> None:
+        with self._lock:
+            if self._abandoned:
+                raise RuntimeError(f"snapshot build in {self.incoming_dir} was abandoned")
+            self._finish(head)
+
+    def _finish(self, head: ChainPoint) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
         self._conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, base_epoch = ?, "
                            "base_seq = ?, base_checksum = ?, stored_bytes = ?",
@@ -72,7 +92,10 @@ class SnapshotBuilder:
         self.finished = head
 
     def abandon(self) -> None:
-        self._conn.close()
+        """Waits for a batch another thread is adding (see the rules)."""
+        with self._lock:
+            self._abandoned = True
+            self._conn.close()
         shutil.rmtree(self.incoming_dir, ignore_errors=True)
 
     def swap_into(self, spool_dir: Path) -> None:
