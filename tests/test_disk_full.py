@@ -235,3 +235,37 @@ def test_abandoning_a_snapshot_build_while_a_thread_adds_a_batch_does_not_crash(
                            cwd=REPO, timeout=300)
     assert child.returncode == 0, f"the builder crashed (rc {child.returncode}):\n{child.stderr[-2000:]}"
     assert "added" in child.stdout, child.stdout  # some batches finished before the abandon
+
+
+# --- the mate link after a rollback (seen in the nemesis's full-disk runs) -------------------------------------
+
+def test_a_catch_up_after_a_rollback_does_not_ship_the_rolled_back_ops():
+    """The standby is ahead (its tail diverged), so the active plans a snapshot; while the snapshot is read a
+    submission gets seq 4 and its commit fails on the full disk (rolled back to op 3). The catch-up after
+    the snapshot must not bridge with the rolled-back op 4, and the next submission, which reuses seq 4,
+    must ship. Before the fix the stale op 4 was shipped and `local_submitted` failed its assertion (4, 4)."""
+    from appliance.spool.chain import GENESIS, chain
+    from mate_link.active import ActiveLink, MakeSnapshot, Phase, PlanNeeded
+    from mate_link.messages import Ops, decode, encode
+    from mate_link.resync import plan_resync
+    from mate_link.standby import StandbyLink
+
+    epoch = 5
+    log = chain(GENESIS, epoch, [b"op1", b"op2", b"op3"])
+    ahead = chain(GENESIS, epoch - 1, [b"old%d" % i for i in range(1, 6)])[-1].point
+    active = ActiveLink(epoch, log[-1].point, 0)
+    standby = StandbyLink(ahead, incarnation=3, highest_epoch=epoch - 1, now_ms=0)
+    for m in standby.messages_to_send():
+        active.receive(decode(encode(m)), 0)
+    (need,) = [r for r in active.requests() if isinstance(r, PlanNeeded)]
+    active.planned(plan_resync(GENESIS, active.head, need.standby_head, lambda seq: None))
+    assert active.phase is Phase.SNAPSHOT and any(isinstance(r, MakeSnapshot) for r in active.requests())
+
+    active.local_submitted(chain(log[-1].point, epoch, [b"op4-rolled-back"]))
+    active.local_rolled_back(log[-1].point)
+    active.snapshot_ready([b"state"], log[-1].point)
+    assert active.phase is Phase.LIVE and active.shipped_seq == 3
+    again = chain(log[-1].point, epoch, [b"op4-again"])
+    active.local_submitted(again)
+    shipped = [e.body for m in active.messages_to_send() if isinstance(m, Ops) for e in m.entries]
+    assert shipped == [b"op4-again"], shipped

@@ -310,14 +310,14 @@ class BrokerService:
         core.counters = self.core.counters
         self._held.clear()
         self.conns.clear()
-        self.core, self._history = core, history
+        self.core, self._history, self._rebuild_waits = core, history, False
 
     def rebuild_core(self) -> None:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
         counters = self.core.counters
         self._held.clear()
         self.conns.clear()
-        self._history = self.writer.history
+        self._history, self._rebuild_waits = self.writer.history, False
         self.core = self._fresh_core()
         self.core.counters = counters
 
