@@ -27,7 +27,7 @@ from tests.test_disk_full import fill
 pytestmark = pytest.mark.processes
 P, B = Role.PRIMARY, Role.BACKUP
 DATA_FS = "16m"
-BIG = 4 << 20  # larger than any WAL space the spool can reuse: its commit needs space the disk does not have
+BIG = 1 << 20  # larger than any WAL space the spool can reuse: its commit needs space the disk does not have
 
 
 @pytest.fixture
@@ -112,10 +112,13 @@ def test_a_full_disk_on_the_standby_does_not_stop_it_from_taking_over_and_servin
         assert view["activity"] == "Local Active" and view["epoch"] >= 2, view["activity"]
         assert view["quorum_state"]["save_error"] is None and view["quorum_state"]["in_place"], view["quorum_state"]
 
-        refused = publish(g.address(B), b"x" * BIG)
         # Refused with "quota exceeded": in the CONNACK when the connection's own op cannot be stored, else
-        # in the DISCONNECT that drops every client after a failed commit, or the PUBACK.
-        assert refused in ("connack 0x97", "disconnected 0x97", 0x97), f"a publish on the full disk got {refused}"
+        # in the DISCONNECT that drops every client after a failed commit (any client's: the probes' too). A
+        # client still writing its PUBLISH when it is dropped may get a TCP reset instead of the DISCONNECT
+        # (the broker closes with its bytes unread), so: three attempts, none acknowledged, one with 0x97.
+        attempts = [publish(g.address(B), b"x" * BIG) for _ in range(3)]
+        assert 0 not in attempts, f"a publish was acknowledged on the full disk: {attempts}"
+        assert {"connack 0x97", "disconnected 0x97", 0x97} & set(attempts), f"no refusal said 0x97: {attempts}"
         spool = g.api(B, "/api/v1/message-spool")
         assert spool["counters"]["commit_failures"] >= 1, spool["counters"]
         assert g.procs[B].poll() is None, f"the backup stopped on the refused publish:\n{g.logs_tail(20)}"
