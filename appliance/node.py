@@ -499,6 +499,8 @@ class Node:
             else self.replication.standby.progress(now),
             "mate_link_refusals": None if self.replication is None else self.replication.refusals(),
             "incarnation": core.state.incarnation,
+            # R8 (appliance/quorum/core.py): a quorum state that cannot be saved is not acted on; say so here.
+            "quorum_state": {**self.store.view(), "save_error": core.save_error},
             "uptime_ms": now - self.started_at,
             "lease_remaining_ms": max(0, core.lease_expiry - now) if core.may_serve(now) else 0,
             "peers": peers,

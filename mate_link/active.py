@@ -202,8 +202,13 @@ class ActiveLink(Endpoint):
 
     def local_rolled_back(self, head: ChainPoint) -> None:
         """A failed commit took the writer's head back: the standby may hold ops that no longer exist.
-        Nothing of them was acknowledged; the link must restart so the standby resyncs."""
+        Nothing of them was acknowledged; the link must restart so the standby resyncs. The rolled-back ops
+        leave `_recent` too: a catch-up still to come would otherwise bridge with them, and the next
+        submission, which reuses their seqs, would follow ops that no longer exist (seen in the nemesis's
+        full-disk runs: the assertion in `local_submitted`)."""
         self.head = head
+        while self._recent and self._recent[-1].seq > head.seq:
+            self._recent.pop()
         if self.shipped_seq > head.seq:
             raise LinkFault(f"ops {head.seq + 1}..{self.shipped_seq} were shipped then rolled back; resync")
 

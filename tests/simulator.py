@@ -52,11 +52,14 @@ class MemoryStore:
     def __init__(self) -> None:
         self._state = PersistentState()
         self.saves = 0
+        self.failure: OSError | None = None  # set: every save raises it, as a failing disk would (core rule R8)
 
     def load(self) -> PersistentState:
         return dataclasses.replace(self._state)
 
     def save(self, state: PersistentState) -> None:
+        if self.failure is not None:
+            raise self.failure
         assert state.epoch >= self._state.epoch, "durable epoch went backwards"
         self._state = dataclasses.replace(state)
         self.saves += 1

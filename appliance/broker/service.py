@@ -8,6 +8,13 @@ Rules:
   of the durable one: every client is dropped with 0x97 and the core is
   rebuilt from the spool. Nothing unacknowledged was promised, so nothing
   acknowledged is lost; clients retry.
+- The core is rebuilt only from a spool with nothing of the old core's still
+  in flight, and the old core writes nothing after the failure: every
+  submission names the writer `history` its core was built on, which a
+  rollback (or our `fence()` on a refusal) ends. Otherwise a later PUBLISH
+  the old core read before it learned of the failure could commit ahead of
+  the rolled-back earlier ones its publisher resends (docs/reliability.md,
+  finding 2: a QoS 2 stream reordered when the disk filled).
 - Persists are coalesced: those made while one event-loop callback runs (one
   read of a socket, one commit's callbacks) go to the writer as ONE submission
   at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;
@@ -70,6 +77,8 @@ class BrokerService:
             writer_limits = dataclasses.replace(
                 writer_limits, max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
         self.writer = SpoolWriter(self.spool, writer_limits)
+        self._history = self.writer.history  # the writer history self.core was built on (see the rules)
+        self._rebuild_waits = False  # a rebuild waits for the old core's last submission to settle
         self._epoch = epoch
         self.conns: dict[int, object] = {}
         self._next_conn = 0
@@ -95,6 +104,7 @@ class BrokerService:
         self.message_events = None  # a message_events.MessageEvents when the node logs them
 
     def _fresh_core(self) -> BrokerCore:
+        """A core restored from the spool; the caller sets `_history` to the writer's, read before this."""
         core = self._core_factory()
         restore(core, self.spool.load_state(), wall_ms())
         return core
@@ -213,7 +223,7 @@ class BrokerService:
         self._ops, self._thens = [], []
         epoch = self._epoch()
         try:
-            submission = self.writer.submit_async(op_list, epoch)
+            submission = self.writer.submit_async(op_list, epoch, history=self._history)
         except (SpoolFull, SpoolBusy) as exc:
             self._commit_failed(exc)
             return
@@ -238,9 +248,9 @@ class BrokerService:
             self.execute(then)
 
     def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
+        exc = fut.exception()  # read even when ignored: asyncio logs an unread one ("never retrieved")
         if core is not self.core:
             return  # the core was rebuilt after a failed commit: these effects belong to the old one
-        exc = fut.exception()
         if exc is not None:
             self._commit_failed(exc)
             return
@@ -287,35 +297,58 @@ class BrokerService:
         self.spool = Spool.open(directory)
         self.writer = SpoolWriter(self.spool, limits)
         self.writer.on_entries, self.writer.on_rollback = taps
+        self._history = self.writer.history  # the standby rebuilds its core on activation, from this spool
 
     async def rebuild_core_off_loop(self) -> None:
         """`rebuild_core`, with the spool read and the new core restored in a worker thread: a big spool
         (1,000,000 queued messages: ~20 s) must not stall the event loop, whose stamps prove to the quorum
         that this node is alive (R6); nothing else touches the new core until it is swapped in."""
+        history = self.writer.history  # read before the spool: a rollback after it costs one more rebuild
         state = await asyncio.to_thread(self.spool.load_state)
         core = self._core_factory()
         await asyncio.to_thread(restore, core, state, wall_ms())
         core.counters = self.core.counters
         self._held.clear()
         self.conns.clear()
-        self.core = core
+        self.core, self._history, self._rebuild_waits = core, history, False
 
     def rebuild_core(self) -> None:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
         counters = self.core.counters
         self._held.clear()
         self.conns.clear()
+        self._history, self._rebuild_waits = self.writer.history, False
         self.core = self._fresh_core()
         self.core.counters = counters
 
     def _commit_failed(self, exc: BaseException) -> None:
         self._ops, self._thens = [], []  # they belong to the core being replaced
         self.commit_failures += 1
-        log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
+        if not self._rebuild_waits:  # one line per failure, not one per refused submission while it waits
+            log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
+        self._drop_clients(f"the message spool cannot take more: {exc}")
+        last = self._last
+        if last is not None and not last.done():
+            # A refusal at submission (SpoolBusy, the writer's byte limit) while earlier ops of this core are
+            # still in flight: they may yet commit, so the spool is not final. Fence the writer (this core's
+            # `_history` is then refused) and rebuild once the last of them settled.
+            self.writer.fence()
+            if not self._rebuild_waits:
+                self._rebuild_waits = True
+                last.add_done_callback(lambda _fut: self._rebuild_waits and self._rebuild_after_failure())
+            return
+        self._rebuild_after_failure()
+
+    def _drop_clients(self, why: str) -> None:
         for conn_id, conn in list(self.conns.items()):
-            conn.close_with(RC.QUOTA_EXCEEDED, f"the message spool cannot take more: {exc}")
+            conn.close_with(RC.QUOTA_EXCEEDED, why)
         self.conns.clear()
+
+    def _rebuild_after_failure(self) -> None:
+        self._rebuild_waits = False
+        self._drop_clients("the message spool could not take more; reconnect")  # any that came while we waited
         counters = self.core.counters
+        self._history = self.writer.history
         self.core = self._fresh_core()
         self.core.counters = counters  # refusals counted so far stay counted
 
@@ -335,6 +368,7 @@ class BrokerService:
             "writer": {"commits": m.commits, "ops": m.ops, "mean_batch_ops": round(m.mean_batch_ops, 1),
                        "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
                        "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
+                       "failed_batches": m.failed_batches,
                        "durable_seq": m.durable.seq},
             "message_ids": len(core.message_ids),
             "mate_backpressure": self.backpressure.view(),

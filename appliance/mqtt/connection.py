@@ -53,8 +53,8 @@ PACKETS_PER_TURN = 256
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_l", "_loop", "transport", "_packets", "peer", "accepted", "accepted_at", "closing", "close_reason", "client_id",
-        "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
+        "_l", "_loop", "transport", "_packets", "peer", "accepted", "connacked", "accepted_at", "closing", "close_reason",
+        "client_id", "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
         "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted")
 
     def __init__(self, listener: MqttListener) -> None:
@@ -64,6 +64,7 @@ class MqttConnection(asyncio.Protocol):
         self._packets = PacketReader(max_packet_size=listener.max_packet_size)
         self.peer = "?"
         self.accepted = False
+        self.connacked = False  # a CONNACK went out: a refusal from here on is a DISCONNECT, before it a CONNACK
         self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
         self.closing = False
         self.close_reason = ""
@@ -396,6 +397,8 @@ class MqttConnection(asyncio.Protocol):
     def _send(self, packet: Packet, version: int | None = None) -> None:
         if self.closing:
             return
+        if type(packet) is Connack:
+            self.connacked = True
         data = encode_packet(packet, version or self.protocol_version or MQTT_3_1_1,
                              max_packet_size=self.peer_max_packet_size)
         if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
@@ -424,7 +427,12 @@ class MqttConnection(asyncio.Protocol):
             return
         if self.protocol_version == MQTT_5 and reason:
             props = {PropertyId.REASON_STRING: why[:REASON_STRING_MAX_CHARS]} if why else {}
-            self._send(Disconnect(ReasonCode(reason), props))
+            if not self.connacked and reason in CONNACK_REASON_CODES:
+                # Its CONNECT waited for a commit that failed (a full disk): a DISCONNECT before the CONNACK
+                # breaks the protocol (paho reports 0x80); the CONNACK carries the refusal instead.
+                self._send(Connack(ReasonCode(reason), False, props))
+            else:
+                self._send(Disconnect(ReasonCode(reason), props))
         self.conn_id = None  # the broker already knows
         self._close(f"closed by the broker (0x{reason:02X}): {why}")
 

@@ -49,6 +49,14 @@ R5 every transition yields a `Decision` with a sentence saying why.
 R7 planned handover: the active stops serving, waits until its mate holds every op, then yields;
    an authenticated "yielded at epoch E" ends its claims at once (rules H1-H7 in handover.py).
 
+R8 a state that cannot be saved is not acted on. The store raises OSError when
+   a save fails (appliance/stable_file.py reserves its space, so a full disk is
+   not such a failure; a failing disk is). Then no bid is made, no vote
+   granted and no epoch activated, exactly as if the save had not been tried;
+   what only lowers our claims (stepping down, adopting a higher epoch,
+   copying a position) goes on in memory. One "storage" decision reports the
+   failure and one its end; the node keeps running and retries on every turn.
+
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
    serving nobody. The adapter reports when the broker loop last proved it was
@@ -130,6 +138,7 @@ class QuorumCore(HandoverRules):
         self.history: collections.deque[Decision] = collections.deque(maxlen=DECISION_HISTORY)
         self._last_refusal = ""
         self._bid_story = self._bid_eligibility = ""
+        self.save_error: str | None = None  # R8: the latest failed save, until one succeeds
         self._now = now_ms
         self._decide(now_ms, "boot", f"{role.value}: started, incarnation {self.state.incarnation}, "
                      f"epoch {self.state.epoch}; holding {timing.quiet_ms} ms before any bid or vote")
@@ -201,8 +210,8 @@ class QuorumCore(HandoverRules):
             return
         self.state.spool_seq = seq
         if not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
-            self.store.save(self.state)
-            self._position_saved_at = now_ms
+            if self._save(now_ms):
+                self._position_saved_at = now_ms
 
     def set_spool_position(self, epoch: int, seq: int) -> None:
         if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
@@ -344,7 +353,7 @@ class QuorumCore(HandoverRules):
         if self.insync.holds(now_ms) and self.insync.epoch == hb.epoch and \
                 (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
             self.set_spool_position(hb.spool_epoch, hb.spool_seq)  # what we hold is what the active held
-            self.store.save(self.state)
+            self._save(now_ms)
 
     def _evaluate(self, now_ms: int) -> None:
         if self.activity is Activity.ACTIVE:
@@ -364,10 +373,14 @@ class QuorumCore(HandoverRules):
             return
         if self.bid_epoch:
             return
-        self.bid_epoch = max(self.state.epoch, self.state.voted_epoch) + 1
+        bid_epoch = max(self.state.epoch, self.state.voted_epoch) + 1
+        before = self.state.voted_epoch, self.state.voted_for
+        self.state.voted_epoch, self.state.voted_for = bid_epoch, self.role
+        if not self._save(now_ms):  # R8
+            self.state.voted_epoch, self.state.voted_for = before
+            return
+        self.bid_epoch = bid_epoch
         self._bid_forced = now_ms < self._force_until and not self._eligible_reason(now_ms)[0]
-        self.state.voted_epoch, self.state.voted_for = self.bid_epoch, self.role
-        self.store.save(self.state)
         self._bid_story = self._silence_story(mate, now_ms)
         self._bid_eligibility = self._eligible_reason(now_ms)[1]
         self._decide(now_ms, "bid", f"{self.role.value}: {self._bid_story}, {self._bid_eligibility} "
@@ -437,9 +450,12 @@ class QuorumCore(HandoverRules):
                     self._decide(now_ms, "refuse", f"{self.role.value}: not voting for {hb.sender.value} "
                                                    f"(epoch {hb.bid_epoch}): {refusal}")
                 continue
+            before = self.state.voted_epoch, self.state.voted_for, self.state.epoch
             self.state.voted_epoch, self.state.voted_for = hb.bid_epoch, hb.sender
             self.state.epoch = max(self.state.epoch, hb.bid_epoch)
-            self.store.save(self.state)  # a vote is durable before anyone can see it
+            if not self._save(now_ms):  # a vote is durable before anyone can see it (R8: or it is not granted)
+                self.state.voted_epoch, self.state.voted_for, self.state.epoch = before
+                continue
             peer.claim_at, peer.claimed = now_ms, True
             self._last_refusal = ""
             self._decide(now_ms, "vote", f"{self.role.value}: {self._silence_story(hb.sender.mate(), now_ms)} "
@@ -486,10 +502,15 @@ class QuorumCore(HandoverRules):
         epoch = self.bid_epoch
         eligible = "forced by operator" if self._bid_forced else self._bid_eligibility
         position_before = (self.state.spool_epoch, self.state.spool_seq)
+        epoch_before = self.state.epoch
         self.state.epoch = max(self.state.epoch, epoch)
         if self.state.spool_epoch < epoch:  # a new epoch starts a new history on top of ours
             self.state.spool_epoch, self.state.spool_seq = epoch, 0
-        self.store.save(self.state)  # R2: the epoch is on disk before we serve
+        if not self._save(now_ms):  # R2: the epoch is on disk before we serve (R8: or we do not serve)
+            self.state.epoch = epoch_before
+            self.state.spool_epoch, self.state.spool_seq = position_before
+            self._end_bid(now_ms, "its epoch could not be saved")
+            return
         self.activity = Activity.ACTIVE
         self.active_epoch = epoch
         self.lease_expiry = lease_expiry
@@ -518,7 +539,7 @@ class QuorumCore(HandoverRules):
         self.insync.newer_epoch(epoch, self.bid_epoch)
         self.mate_sync.closed_in_sync = False
         self.state.epoch = epoch
-        self.store.save(self.state)
+        self._save(now_ms)  # R8: adopted in memory even so (it only fences us)
         self._decide(now_ms, "epoch", f"{self.role.value}: {why}")
 
     def _silence_story(self, role: Role, now_ms: int) -> str:
@@ -600,6 +621,21 @@ class QuorumCore(HandoverRules):
             claim_ago = min(now_ms - peer.claim_at, NEVER_MS - 1)
         return PeerView(role, hb.incarnation, hb.seq, min(now_ms - peer.heard_at, NEVER_MS - 1), claim_ago,
                         hb.epoch, hb.spool_epoch, hb.spool_seq)
+
+    def _save(self, now_ms: int) -> bool:
+        """R8: save the state; False (reported once per episode) if the store could not."""
+        try:
+            self.store.save(self.state)
+        except OSError as exc:
+            if self.save_error is None:
+                self._decide(now_ms, "storage", f"{self.role.value}: cannot save the quorum state ({exc}) → "
+                                                "no bid, vote or new epoch until it can")
+            self.save_error = str(exc)
+            return False
+        if self.save_error is not None:
+            self.save_error = None
+            self._decide(now_ms, "storage", f"{self.role.value}: the quorum state is saved again")
+        return True
 
     def _decide(self, now_ms: int, kind: str, reason: str) -> None:
         epoch = self.active_epoch or self.bid_epoch or self.state.epoch

@@ -22,6 +22,13 @@ Rules:
   the failed ops): the head returns to the last committed op and the writer
   carries on. None of those ops may be acknowledged; a mate that was shipped
   them holds a divergent unacknowledged tail, which resync discards.
+- A rollback starts a new `history` (a number). A submitter whose state was
+  built on an older history (the broker core that made ops chained on the
+  rolled-back ones) passes the history it was built on and is refused with
+  `SpoolFull` until it rebuilds: otherwise a later op of that core could
+  commit ahead of the rolled-back earlier ones its clients will resend, and a
+  publisher's messages would be stored out of order (docs/reliability.md,
+  finding 2). `fence()` starts a new history without a rollback.
 - Any other failure (an I/O error, our own bug) fails everything pending and
   stops the writer: later submissions raise that error.
 - The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
@@ -113,6 +120,7 @@ class SpoolWriter:
         self._commits = self._ops = self._submissions = self._failed = 0
         self._last_ms = self._max_ms = 0.0
         self._ignored = 0
+        self.history = 0  # bumped by every rollback and every fence(); see the rules
         conn = connect(spool.path)  # made here so that a bad file fails the constructor, used only by the thread
         self._applier = SqlApplier(conn, limits.max_message_ids)
         self._stored_bytes = self._applier.stored_bytes
@@ -135,18 +143,25 @@ class SpoolWriter:
         """Ops submitted but not yet durable: the backlog the broker shrinks its windows by."""
         return self._pending_ops
 
-    def submit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> Submission:
+    def submit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int, history: int | None = None) -> Submission:
         """Queue `ops`, written in `epoch`; the future resolves with their entries once durable.
 
-        Refusals (nothing queued, no seq given): `SpoolBusy`, `SpoolFull`, `OpCodecError`/ValueError for an op
-        that cannot be encoded or is outside its domain, `LocalProtocolError` for an epoch older than the head's.
+        Refusals (nothing queued, no seq given): `SpoolBusy`, `SpoolFull` (also when `history` is given and is
+        no longer the writer's), `OpCodecError`/ValueError for an op that cannot be encoded or is outside its
+        domain, `LocalProtocolError` for an epoch older than the head's.
         """
-        return self._submit(ops, epoch, None, concurrent.futures.Future())
+        return self._submit(ops, epoch, None, concurrent.futures.Future(), history)
 
-    def submit_async(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> Submission:
+    def submit_async(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int, history: int | None = None) -> Submission:
         """As `submit`, from a coroutine: the future belongs to the running loop and resolves on it."""
         loop = asyncio.get_running_loop()
-        return self._submit(ops, epoch, loop, loop.create_future())
+        return self._submit(ops, epoch, loop, loop.create_future(), history)
+
+    def fence(self) -> int:
+        """Start a new history without a rollback: submissions naming an older one are refused from now on."""
+        with self._lock:
+            self.history += 1
+            return self.history
 
     async def commit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> tuple[LogEntry, ...]:
         """Submit and wait until durable."""
@@ -194,12 +209,15 @@ class SpoolWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(self, ops, epoch: int, loop, future) -> Submission:
+    def _submit(self, ops, epoch: int, loop, future, history: int | None) -> Submission:
         ops = tuple(ops)
         bodies = [encode_op(op) for op in ops]
         for op in ops:
             check_op(op)
         with self._lock:
+            if history is not None and history != self.history:
+                raise SpoolFull(f"spool {self.spool.path}: these ops were made on history {history}, which a failed "
+                                f"commit ended (now {self.history}); refused until the submitter rebuilds")
             added = self._admit(ops, bodies, epoch)
             entries = tuple(chain(self.head, epoch, bodies))
             sub = Submission(entries, future, ops, added, loop=loop)
@@ -330,6 +348,7 @@ class SpoolWriter:
             self._pending_ops = 0
             self._pending_added = 0
             self._failed += 1
+            self.history += 1
             if not full:
                 self._broken = error
         if self.on_rollback is not None:
