@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import sqlite3
 import struct
@@ -33,6 +32,7 @@ from tests.group import REPO
 from tests.mqttraw import PUBCOMP, PUBREC, PUBREL, V5, Raw, encode_props, utf8
 from tests.test_mqtt_listener import HOST
 from tests.test_mqtt_listener_overload import Node
+from tests.tmpfs import small_disks
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 TOPIC = "order/x"
@@ -41,18 +41,8 @@ BIG = 400_000  # the first message: larger than any WAL space the spool already 
 
 @pytest.fixture
 def tiny_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("the full-disk tests mount a small tmpfs, which needs root: run the suite as root")
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the full-disk test: {mounted.stderr.strip()}")
-    try:
+    with small_disks([tmp_path / "tiny"], "4m") as (mount_point,):
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
 def fill(path) -> int:

@@ -10,8 +10,6 @@ thread died of ENOSPC saving the bid and the node stopped: nobody took over.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 
@@ -23,6 +21,7 @@ from paho.mqtt.properties import Properties
 from appliance.roles import Role
 from tests.group import Group
 from tests.test_disk_full import fill
+from tests.tmpfs import small_disks
 
 pytestmark = pytest.mark.processes
 P, B = Role.PRIMARY, Role.BACKUP
@@ -32,22 +31,8 @@ BIG = 1 << 20  # larger than any WAL space the spool can reuse: its commit needs
 
 @pytest.fixture
 def data_on_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("the full-disk node test mounts tmpfs data directories, which needs root: run as root")
-    mounts = []
-    try:
-        for role in (P, B):
-            data = tmp_path / "group" / "data" / role.value
-            data.mkdir(parents=True)
-            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DATA_FS}", "tmpfs", str(data)],
-                                     capture_output=True, text=True)
-            if mounted.returncode != 0:
-                pytest.fail(f"cannot mount a tmpfs for {data}: {mounted.stderr.strip()}")
-            mounts.append(data)
+    with small_disks([tmp_path / "group" / "data" / r.value for r in (P, B)], DATA_FS):
         yield tmp_path / "group"
-    finally:
-        for data in mounts:
-            subprocess.run(["umount", "-l", str(data)], capture_output=True)
 
 
 def publish(host: str, payload: bytes) -> int | str:

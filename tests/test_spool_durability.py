@@ -21,6 +21,8 @@ from appliance.spool.state import StateModel
 from appliance.spool.store import Spool
 from appliance.spool.writer import SpoolWriter
 
+from tests.tmpfs import small_disks
+
 REPO = Path(__file__).resolve().parent.parent
 CHILD = textwrap.dedent("""
     import sys, threading
@@ -87,18 +89,8 @@ def test_kill_9_mid_stream_loses_no_acknowledged_op(tmp_path):
 
 @pytest.fixture
 def tiny_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("the full-disk test mounts a 1 MiB tmpfs, which needs root: run the suite as root")
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the full-disk test: {mounted.stderr.strip()}")
-    try:
+    with small_disks([tmp_path / "tiny"], "1m") as (mount_point,):
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
