@@ -118,6 +118,9 @@ class HostListPublisher:
             if self._client is None or self._lost.is_set():
                 self._reconnect()
             info = self._client.publish(self.topic, str(seq).encode(), qos=1)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_AGAIN):
+                self._lost.set()  # the server closed the connection before paho's thread told us: no error
+                continue
             deadline = time.monotonic() + PUBACK_WAIT_S
             while not info.is_published() and not self._lost.is_set() and time.monotonic() < deadline:
                 time.sleep(0.0005)
