@@ -66,11 +66,14 @@ def listeners() -> list[str]:
 
 
 def ours(group: Group) -> bool:
-    """Our live nodes hold their ports and nobody else holds any: the API we ask is our group's."""
+    """Our live nodes hold their ports and nobody else holds any on our addresses: the API we ask is our
+    group's. (Groups on other loopback addresses, PAIRMQ_TEST_LOOPBACK, are other developers' and fine.)"""
     lines, pids = listeners(), {f"pid={proc.pid}," for proc in group.procs.values()}
     held = all(any(f"{group.address(r)}:{port} " in line and f"pid={proc.pid}," in line for line in lines)
                for r, proc in group.procs.items() for port in (8300, 8080))
-    strangers = [line for line in lines if not any(pid in line for pid in pids)]
+    addresses = {group.address(r) for r in Role} | {"0.0.0.0", "*", "[::]"}  # wildcards take ours too
+    on_ours = [line for line in lines if line.split()[4].rsplit(":", 1)[0] in addresses]  # the local address
+    strangers = [line for line in on_ours if not any(pid in line for pid in pids)]
     return held and not strangers and all(proc.poll() is None for proc in group.procs.values())
 
 
