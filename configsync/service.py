@@ -71,6 +71,7 @@ class ConfigSync:
         self.end: ActiveEnd | None = None
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False  # the follower checks it too: a cancel can be lost in 3.11's wait_for
         self._follow_conn: MateConnection | None = None
         self._standby_end: StandbyEnd | None = None
         self._standby_status = SyncStatus.OUT_OF_SYNC
@@ -86,6 +87,7 @@ class ConfigSync:
         self._task = loop.create_task(self._run())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -181,29 +183,35 @@ class ConfigSync:
 
     async def _run(self) -> None:
         follower: asyncio.Task | None = None
-        while True:
-            now = now_ms()
-            if self._is_active():
-                if follower is not None:
-                    follower.cancel()
-                    await asyncio.gather(follower, return_exceptions=True)
-                    follower = None
-                if self.conn is not None and not self.conn.closed:
-                    if self.end.expired(now):
-                        self.conn.close("the standby went silent")
-                    else:
-                        self.conn.send(self.end.handle_timer(now))
-            else:
-                if self.conn is not None:
-                    self.conn.close("this node is no longer active")
-                    self.conn = self.end = None
-                if follower is None or follower.done():
-                    follower = asyncio.get_running_loop().create_task(self._follow())
-            await asyncio.sleep(TICK_S)
+        try:
+            while True:
+                now = now_ms()
+                if self._is_active():
+                    if follower is not None:
+                        await _ended(follower)
+                        follower = None
+                    if self.conn is not None and not self.conn.closed:
+                        if self.end.expired(now):
+                            self.conn.close("the standby went silent")
+                        else:
+                            self.conn.send(self.end.handle_timer(now))
+                else:
+                    if self.conn is not None:
+                        self.conn.close("this node is no longer active")
+                        self.conn = self.end = None
+                    if follower is None or follower.done():
+                        follower = asyncio.get_running_loop().create_task(self._follow())
+                await asyncio.sleep(TICK_S)
+        finally:  # stopping: the follower goes with us (left behind, it kept the process from exiting)
+            if follower is not None:
+                self._stopping = True
+                if self._follow_conn is not None:
+                    self._follow_conn.close("node stopping")
+                await _ended(follower)
 
     async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._is_active():
+        while not self._is_active() and not self._stopping:
             address = self._active_address()
             if address is not None:
                 with contextlib.suppress(OSError, TimeoutError):
@@ -224,7 +232,7 @@ class ConfigSync:
             self._standby_end = StandbyEnd(self._epoch(), now_ms())
             self._standby_status = SyncStatus.SYNCING
             conn.send([self._standby_end.hello(self.store.head, self.store.recent_chains(64))])
-            while not closed.is_set():
+            while not closed.is_set() and not self._stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(closed.wait(), TICK_S * 5)
                 if self._standby_end.expired(now_ms()) or self._is_active():
@@ -269,3 +277,9 @@ class ConfigSync:
         self._event("config_snapshot_installed", {"version": snapshot.version, "reason": snapshot.reason,
                                                   "discarded": len(ours)})
         self._on_changed(f"snapshot from the active at version {snapshot.version} ({snapshot.reason})")
+
+
+async def _ended(task: asyncio.Task) -> None:
+    """Cancel `task` and wait for its end."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
