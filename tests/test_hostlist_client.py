@@ -13,7 +13,7 @@ from appliance.roles import Role
 from appliance.broker.access import AccessPolicy, Action, Effect, Rule
 from cli.hostlist import ClientError, HostListClient, PublishRefused, parse_hosts
 from tests.group import active_group
-from tests.http_api import post
+from tests.http_api import hand_over
 
 P, B = Role.PRIMARY, Role.BACKUP
 QOS1, QOS2 = 300, 150
@@ -57,7 +57,7 @@ def test_no_error_and_nothing_lost_across_a_failover_of_the_active(group, fault)
             if fault == "kill -9":
                 group.kill(P)
             else:
-                assert post(group.config, P, "release-activity", {})["result"] == "handed over"
+                assert hand_over(group.config, P)["result"] == "handed over"
         time.sleep(0.004)
     unacknowledged = [(t, i) for t, i, h in handles if not h.wait(timeout_s=20)]
     deadline = time.monotonic() + 20

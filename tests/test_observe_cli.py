@@ -21,7 +21,7 @@ from appliance.roles import Role
 from cli import api
 from cli.events_cmd import line
 from tests.group import REPO, Group, active_group
-from tests.http_api import post
+from tests.http_api import hand_over
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}  (primary|backup |monitor)  (\S+) +epoch (\d+) +(.+)")
@@ -109,7 +109,7 @@ def test_events_tail_follows_decisions_as_they_happen_and_stops_cleanly(tmp_path
         assert all(LINE.fullmatch(x) for x in backlog), backlog
         assert sorted(x[:23] for x in backlog) == [x[:23] for x in backlog]  # oldest first, by when nodes decided
 
-        assert post(g.config, P, "release-activity", {})["result"] == "handed over"
+        assert hand_over(g.config, P)["result"] == "handed over"
         activate = tail.until(lambda x: " backup " in x and " activate " in x)
         assert LINE.fullmatch(activate)[3] == "2" and "taking activity" in activate
         code, stderr = tail.interrupt()
@@ -120,7 +120,7 @@ def test_events_tail_follows_decisions_as_they_happen_and_stops_cleanly(tmp_path
         # the stream went live, and a decision made before that counts as backlog).
         tail = Tail("--json", "--node", "backup", "--lines", "1", "--group", group)
         last_before = json.loads(tail.next())
-        assert post(g.config, B, "revert-activity", {})["result"] == "handed over"
+        assert hand_over(g.config, B, "revert-activity")["result"] == "handed over"
         step_down = json.loads(tail.until(lambda x: '"step_down"' in x))
         assert step_down["seq"] > last_before["seq"]
         assert set(step_down) == {"id", "seq", "node", "kind", "epoch", "reason", "at"}

@@ -13,7 +13,7 @@ from appliance.quorum.auth import REASONS
 from appliance.roles import Role
 from cli import api
 from tests.group import active_group
-from tests.http_api import get, post, stream
+from tests.http_api import get, hand_over, stream
 from tests.paho_clients import client
 
 pytestmark = pytest.mark.processes
@@ -159,7 +159,7 @@ def test_the_decision_stream_sends_the_backlog_then_live_decisions_and_resumes_f
         epoch = max(d["epoch"] for _, _, d in backlog)
 
         # release-activity on the primary: the backup's stream carries its activation as it happens.
-        result = post(g.config, P, "release-activity", {})
+        result = hand_over(g.config, P)
         assert result["result"] == "handed over", result
         event_id, activate = next_decision(response, lambda d: d["kind"] == "activate")
         response.close()

@@ -28,7 +28,7 @@ import pytest
 from appliance.roles import Role
 from cli import api
 from tests.group import active_group
-from tests.http_api import get, post, token
+from tests.http_api import get, hand_over, token
 
 pytestmark = pytest.mark.processes
 
@@ -273,7 +273,7 @@ def test_an_open_page_follows_a_handover_live_through_its_stream_and_poll(tmp_pa
             items = "[...document.querySelectorAll('#decisions li')].map(li => li.innerText)"
             newest_before = browser.js(items)[0]
 
-            assert post(g.config, P, "release-activity", {})["result"] == "handed over"
+            assert hand_over(g.config, P)["result"] == "handed over"
             browser.wait_for("the backup active", "document.getElementById('active-node').textContent === 'backup'")
             activation = browser.wait_for("the activation in the decision list", f"""
                 [...document.querySelectorAll('#decisions li[data-kind=activate]')].map(li => li.innerText)
