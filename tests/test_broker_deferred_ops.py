@@ -4,7 +4,7 @@ A real BrokerService and MqttListener on an event loop in a background thread, r
 sockets from the test thread, and the spool file read back with sqlite3: what a subscriber's PUBACK makes
 (MessagesAcked, and the MessagesInflight of the refill) is not committed on its own but with the next
 publish, reaches the disk by itself within `defer_ms` when nothing else comes, and is dropped (never
-written) by a broker that no longer serves.
+written) by a broker that no longer serves. Its message events are written when it is made.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from appliance.broker.message_events import MessageEvents
 from appliance.broker.service import BrokerService
 from appliance.mqtt.listener import MqttListener
 from appliance.roles import Role
@@ -26,10 +27,25 @@ WAIT_S = 5.0
 HOLD_MS = 60_000  # "for ever" within one test
 
 
+class Recorder:
+    """The event log's `write`, kept in memory (the node's EventLog writes the same calls to files)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def write(self, event: str, **fields) -> None:
+        self.events.append((event, fields))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in list(self.events)]
+
+
 class Broker:
     def __init__(self, tmp_path, defer_ms: int) -> None:
         self.loop = LoopThread()
         self.service = BrokerService(tmp_path / "spool", epoch=lambda: 1, defer_ms=defer_ms)
+        self.recorder = Recorder()
+        self.service.message_events = MessageEvents(self.recorder)
         self.loop.run(self.service.start())
         self.listener = MqttListener(HOST, 0, FlipGate(), on_event=Events(), broker=self.service)
         self.loop.run(self.listener.start())
@@ -133,3 +149,17 @@ def test_a_broker_that_no_longer_serves_drops_them(make):
     assert broker.call(lambda: broker.service.writer.head.seq) == head, "a broker that stopped serving wrote ops"
     assert broker.queued_on_disk("sub") == 1
     assert broker.view()["deferred_submissions"] == deferred_submissions
+
+
+def test_the_events_of_held_back_ops_are_written_when_they_are_made(make):
+    broker, sub, pub = make(HOLD_MS)
+    delivered = publish_and_deliver(pub, sub, 1)
+    sub.ack(PUBACK, delivered)
+    broker.wait_for("the ack to be taken and held back", lambda: broker.view()["deferred_ops"] >= 2)
+    broker.wait_for("the acknowledged event", lambda: "message_acknowledged" in broker.recorder.kinds())
+    assert broker.view()["pending_ops"] == 0 and broker.queued_on_disk("sub") == 1  # still held back
+    assert broker.recorder.kinds() == ["message_published", "message_spooled", "message_delivered",
+                                       "message_acknowledged"]
+    publish_and_deliver(pub, sub, 2)
+    broker.wait_for("message 2's spooled event", lambda: broker.recorder.kinds().count("message_spooled") == 2)
+    assert broker.recorder.kinds().count("message_acknowledged") == 1  # not written again at submission

@@ -32,7 +32,9 @@ Rules:
   handover's drain (`submit_deferred`) and at a stop while serving; at
   DEFER_MS a node that no longer serves drops them instead: its core is
   rebuilt from the spool before it serves again, and its spool may be the
-  mate link's to write by then.
+  mate link's to write by then. Their message events are written when they
+  are made, not when submitted (docs/events.md: a delivery's time is when
+  it was sent); `message_spooled` still waits for the commit.
 - Sends are coalesced too: the packets for one connection during one callback
   go out in one write at its end (a Close writes what was before it first).
 - With a standby (`may_release`, docs/mate_link.md), the effects behind a commit
@@ -104,6 +106,8 @@ class BrokerService:
         self._defer_ms = defer_ms
         self._defer_timer: asyncio.TimerHandle | None = None  # armed while held-back ops wait (see the rules)
         self.deferred_submissions = 0  # submissions of held-back ops alone, at DEFER_MS or a drain
+        self._evented = 0  # how many of `_ops` already went to message_events (held back ones)
+        self._held_future: asyncio.Future | None = None  # their commit, as message_events sees it
         self._last: asyncio.Future | None = None  # the latest submission's future
         self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
         # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
@@ -221,8 +225,10 @@ class BrokerService:
         self.execute(self.core.flush(wall_ms()))
         if self._thens:
             self._flush()
-        elif self._ops and self._defer_timer is None:
-            self._defer_timer = asyncio.get_running_loop().call_later(self._defer_ms / 1000, self._deferred_due)
+        elif self._ops:
+            if self._defer_timer is None:
+                self._defer_timer = asyncio.get_running_loop().call_later(self._defer_ms / 1000, self._deferred_due)
+            self._events_of_held()
         out, self._out = self._out, {}
         for conn_id, packets in out.items():
             self._write(conn_id, packets)
@@ -245,7 +251,23 @@ class BrokerService:
                 self.deferred_submissions += 1
                 self._flush()
             else:
-                self._ops = []  # see the rules: this core is rebuilt before the node serves again
+                self._discard_ops()  # see the rules: this core is rebuilt before the node serves again
+
+    def _events_of_held(self) -> None:
+        """Message events of the ops held back since the last call, now (see the rules)."""
+        if self.message_events is None or self._evented == len(self._ops):
+            return
+        if self._held_future is None:
+            self._held_future = asyncio.get_running_loop().create_future()
+        self.message_events.submitted(self._ops[self._evented:], self._epoch(), self._held_future)
+        self._evented = len(self._ops)
+
+    def _discard_ops(self) -> None:
+        """Forget the ops not submitted (and their effects): they belong to a core that is being replaced."""
+        self._ops, self._thens, self._evented = [], [], 0
+        if self._held_future is not None:
+            self._held_future.cancel()  # their message_spooled events never come
+            self._held_future = None
 
     @property
     def deferred_ops(self) -> int:
@@ -265,19 +287,23 @@ class BrokerService:
             self._defer_timer = None
         if not self._ops:
             return
-        op_list, thens = self._ops, self._thens
-        self._ops, self._thens = [], []
+        op_list, thens, evented, held_future = self._ops, self._thens, self._evented, self._held_future
+        self._ops, self._thens, self._evented, self._held_future = [], [], 0, None
         epoch = self._epoch()
         try:
             submission = self.writer.submit_async(op_list, epoch, history=self._history)
         except (SpoolFull, SpoolBusy) as exc:
+            if held_future is not None:
+                held_future.cancel()
             self._commit_failed(exc)
             return
         core = self.core
         then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
         submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
-        if self.message_events is not None:  # docs/events.md: per-message events, read off the ops
-            self.message_events.submitted(op_list, epoch, submission.future)
+        if held_future is not None:
+            submission.future.add_done_callback(lambda fut: _copy_outcome(fut, held_future))
+        if self.message_events is not None and evented < len(op_list):  # docs/events.md: read off the ops
+            self.message_events.submitted(op_list[evented:], epoch, submission.future)
         self._last = submission.future
 
     def _after_earlier(self, then: tuple) -> None:
@@ -356,7 +382,7 @@ class BrokerService:
         await asyncio.to_thread(restore, core, state, wall_ms())
         core.counters = self.core.counters
         self._held.clear()
-        self._ops, self._thens = [], []  # held back by the old core (see the rules)
+        self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
         self.core, self._history, self._rebuild_waits = core, history, False
 
@@ -364,14 +390,14 @@ class BrokerService:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
         counters = self.core.counters
         self._held.clear()
-        self._ops, self._thens = [], []  # held back by the old core (see the rules)
+        self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
         self._history, self._rebuild_waits = self.writer.history, False
         self.core = self._fresh_core()
         self.core.counters = counters
 
     def _commit_failed(self, exc: BaseException) -> None:
-        self._ops, self._thens = [], []  # they belong to the core being replaced
+        self._discard_ops()  # they belong to the core being replaced
         self.commit_failures += 1
         if not self._rebuild_waits:  # one line per failure, not one per refused submission while it waits
             log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
@@ -424,3 +450,13 @@ class BrokerService:
             "message_ids": len(core.message_ids),
             "mate_backpressure": self.backpressure.view(),
         }
+
+
+def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
+    """The held-back ops' commit, for message_events: a failure is a cancel (no exception left unread)."""
+    if target.done():
+        return
+    if source.cancelled() or source.exception() is not None:
+        target.cancel()
+    else:
+        target.set_result(source.result())
