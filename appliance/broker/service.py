@@ -65,7 +65,7 @@ from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
 
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
-DEFER_MS = 20  # the longest an op nobody waits for is held back (see the rules)
+DEFER_MS = 100  # the longest an op nobody waits for is held back (see the rules)
 
 
 def wall_ms() -> int:
