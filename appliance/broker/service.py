@@ -26,7 +26,7 @@ Rules:
   to DEFER_MS and ride in the next submission that someone waits for. Why: a
   commit of those alone, started just before a publisher's next PUBLISHes
   arrive, made those wait a whole extra commit (fsync) on both nodes, and the
-  durable QoS 1 stream paid two commits per window instead of one. Order is
+  durable QoS 1 stream paid two or three commits per window, not one. Order is
   kept (they go first in that submission). Losing them to a crash is what
   rule 5 already allows (a redelivery). They are submitted at DEFER_MS, by a
   handover's drain (`submit_deferred`) and at a stop while serving; at
