@@ -103,6 +103,7 @@ class HandoverRunner:
         node = self.node
         broker, active_link = node.broker, node.replication.active
         while True:
+            broker.submit_deferred()  # ops the broker held back (a subscriber's acks) go to the mate too
             broker.release_held()
             writer = broker.writer
             head = writer.head.seq

@@ -21,6 +21,20 @@ Rules:
   their `then` effects run in order once it is durable. Commits still finish
   in submission order, so nothing overtakes an earlier Persist. Just before
   that submission the core's `flush` runs: the acks and pumps of the callback.
+- Ops nobody waits for (a `Persist` without `then`: a subscriber's acks, the
+  in-flight marks of QoS 1 sends, rule 5 of docs/broker.md) are held back up
+  to DEFER_MS and ride in the next submission that someone waits for. Why: a
+  commit of those alone, started just before a publisher's next PUBLISHes
+  arrive, made those wait a whole extra commit (fsync) on both nodes, and the
+  durable QoS 1 stream paid two or three commits per window, not one. Order is
+  kept (they go first in that submission). Losing them to a crash is what
+  rule 5 already allows (a redelivery). They are submitted at DEFER_MS, by a
+  handover's drain (`submit_deferred`) and at a stop while serving; at
+  DEFER_MS a node that no longer serves drops them instead: its core is
+  rebuilt from the spool before it serves again, and its spool may be the
+  mate link's to write by then. Their message events are written when they
+  are made, not when submitted (docs/events.md: a delivery's time is when
+  it was sent); `message_spooled` still waits for the commit.
 - Sends are coalesced too: the packets for one connection during one callback
   go out in one write at its end (a Close writes what was before it first).
 - With a standby (`may_release`, docs/mate_link.md), the effects behind a commit
@@ -51,6 +65,7 @@ from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
 
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
+DEFER_MS = 100  # the longest an op nobody waits for is held back (see the rules)
 
 
 def wall_ms() -> int:
@@ -65,7 +80,8 @@ class _Resolve:
 
 class BrokerService:
     def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
-                 core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None) -> None:
+                 core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None,
+                 defer_ms: int = DEFER_MS) -> None:
         self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
         self.core = self._fresh_core()
@@ -87,6 +103,11 @@ class BrokerService:
         self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
+        self._defer_ms = defer_ms
+        self._defer_timer: asyncio.TimerHandle | None = None  # armed while held-back ops wait (see the rules)
+        self.deferred_submissions = 0  # submissions of held-back ops alone, at DEFER_MS or a drain
+        self._evented = 0  # how many of `_ops` already went to message_events (held back ones)
+        self._held_future: asyncio.Future | None = None  # their commit, as message_events sees it
         self._last: asyncio.Future | None = None  # the latest submission's future
         self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
         # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
@@ -115,6 +136,8 @@ class BrokerService:
     async def stop(self) -> None:
         if self._tick_task:
             self._tick_task.cancel()
+        if self.serving():
+            self.submit_deferred()
         self.spool.close()
 
     async def _ticks(self) -> None:
@@ -200,7 +223,12 @@ class BrokerService:
     def _end_of_callback(self) -> None:
         self._flush_scheduled = False
         self.execute(self.core.flush(wall_ms()))
-        self._flush()
+        if self._thens:
+            self._flush()
+        elif self._ops:
+            if self._defer_timer is None:
+                self._defer_timer = asyncio.get_running_loop().call_later(self._defer_ms / 1000, self._deferred_due)
+            self._events_of_held()
         out, self._out = self._out, {}
         for conn_id, packets in out.items():
             self._write(conn_id, packets)
@@ -216,29 +244,74 @@ class BrokerService:
             for packet in packets:
                 conn.send_nowait(packet)
 
+    def _deferred_due(self) -> None:
+        self._defer_timer = None
+        if self._ops and not self._thens:
+            if self.serving():
+                self.deferred_submissions += 1
+                self._flush()
+            else:
+                self._discard_ops()  # see the rules: this core is rebuilt before the node serves again
+
+    def _events_of_held(self) -> None:
+        """Message events of the ops held back since the last call, now (see the rules)."""
+        if self.message_events is None or self._evented == len(self._ops):
+            return
+        if self._held_future is None:
+            self._held_future = asyncio.get_running_loop().create_future()
+        self.message_events.submitted(self._ops[self._evented:], self._epoch(), self._held_future)
+        self._evented = len(self._ops)
+
+    def _discard_ops(self) -> None:
+        """Forget the ops not submitted (and their effects): they belong to a core that is being replaced."""
+        self._ops, self._thens, self._evented = [], [], 0
+        if self._held_future is not None:
+            self._held_future.cancel()  # their message_spooled events never come
+            self._held_future = None
+
+    @property
+    def deferred_ops(self) -> int:
+        """Ops held back now: made, not yet handed to the writer, nobody waiting for them (see the rules)."""
+        return 0 if self._thens else len(self._ops)
+
+    def submit_deferred(self) -> None:
+        """Submit the ops held back now. A handover's drain calls it (the node's gate is closed then, but it is
+        still the active and the mate must get every op), as does a stop while serving."""
+        if self._ops:
+            self.deferred_submissions += not self._thens
+            self._flush()
+
     def _flush(self) -> None:
+        if self._defer_timer is not None:
+            self._defer_timer.cancel()
+            self._defer_timer = None
         if not self._ops:
             return
-        op_list, thens = self._ops, self._thens
-        self._ops, self._thens = [], []
+        op_list, thens, evented, held_future = self._ops, self._thens, self._evented, self._held_future
+        self._ops, self._thens, self._evented, self._held_future = [], [], 0, None
         epoch = self._epoch()
         try:
             submission = self.writer.submit_async(op_list, epoch, history=self._history)
         except (SpoolFull, SpoolBusy) as exc:
+            if held_future is not None:
+                held_future.cancel()
             self._commit_failed(exc)
             return
         core = self.core
         then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
         submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
-        if self.message_events is not None:  # docs/events.md: per-message events, read off the ops
-            self.message_events.submitted(op_list, epoch, submission.future)
+        if held_future is not None:
+            submission.future.add_done_callback(lambda fut: _copy_outcome(fut, held_future))
+        if self.message_events is not None and evented < len(op_list):  # docs/events.md: read off the ops
+            self.message_events.submitted(op_list[evented:], epoch, submission.future)
         self._last = submission.future
 
     def _after_earlier(self, then: tuple) -> None:
         """A Persist without ops: its effects still wait behind every earlier Persist (e.g. a 3.1.1
         publisher's refusal closes the connection only after the PUBACKs of what it published before)."""
         if self._ops:
-            self._thens.append(then)
+            self._thens.append(then)  # now someone waits for the ops held back: submit them at the end of this callback
+            self._schedule()
         elif self._last is not None and not self._last.done():
             core = self.core
             self._last.add_done_callback(lambda fut: self._committed(fut, then, core))
@@ -309,6 +382,7 @@ class BrokerService:
         await asyncio.to_thread(restore, core, state, wall_ms())
         core.counters = self.core.counters
         self._held.clear()
+        self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
         self.core, self._history, self._rebuild_waits = core, history, False
 
@@ -316,13 +390,14 @@ class BrokerService:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
         counters = self.core.counters
         self._held.clear()
+        self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
         self._history, self._rebuild_waits = self.writer.history, False
         self.core = self._fresh_core()
         self.core.counters = counters
 
     def _commit_failed(self, exc: BaseException) -> None:
-        self._ops, self._thens = [], []  # they belong to the core being replaced
+        self._discard_ops()  # they belong to the core being replaced
         self.commit_failures += 1
         if not self._rebuild_waits:  # one line per failure, not one per refused submission while it waits
             log.error("spool commit failed (%s): dropping every client and rebuilding from the spool", exc)
@@ -365,7 +440,9 @@ class BrokerService:
             "sessions": len(core.sessions),
             "queued_messages": sum(len(s.queue) for s in core.sessions.values()),
             "stored_bytes": core.router.stored_bytes,
-            "writer": {"commits": m.commits, "ops": m.ops, "mean_batch_ops": round(m.mean_batch_ops, 1),
+            "writer": {"commits": m.commits, "submissions": m.submissions, "ops": m.ops,
+                       "mean_batch_ops": round(m.mean_batch_ops, 1), "deferred_ops": self.deferred_ops,
+                       "deferred_submissions": self.deferred_submissions,
                        "last_commit_ms": round(m.last_commit_ms, 3), "max_commit_ms": round(m.max_commit_ms, 3),
                        "pending_ops": m.pending_ops, "stored_bytes": m.stored_bytes,
                        "failed_batches": m.failed_batches,
@@ -373,3 +450,13 @@ class BrokerService:
             "message_ids": len(core.message_ids),
             "mate_backpressure": self.backpressure.view(),
         }
+
+
+def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
+    """The held-back ops' commit, for message_events: a failure is a cancel (no exception left unread)."""
+    if target.done():
+        return
+    if source.cancelled() or source.exception() is not None:
+        target.cancel()
+    else:
+        target.set_result(source.result())
