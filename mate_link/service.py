@@ -9,6 +9,12 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
+- A full resync ships the spool's file image (spool/image.py): the active copies its spool with
+  SQLite's backup API in a worker thread, then streams the copy in IMAGE pieces, reading the next
+  piece while the socket takes the last, never more than IMAGE_UNSENT_MAX pieces queued unsealed
+  (no round trip per piece); the standby writes each piece in a worker thread as it arrives and
+  checks the whole (size, SHA-256, the store's checks, the head) before it swaps it in. A refused
+  image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
@@ -22,7 +28,10 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import shutil
+import sqlite3
 import os
 import time
 from collections.abc import Callable
@@ -33,20 +42,23 @@ from appliance.errors import RemoteProtocolError
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
+from appliance.spool.image import ImageReceiver, ImageRefused, make_image, read_chunks
 from appliance.spool.install import SnapshotBuilder
-from appliance.spool.snapshot import snapshot_bodies
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
-from .standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
+from .standby import Apply, ImageChunk, ImageDone, SnapshotBatch, SnapshotDone, StandbyLink
 from .transport import LinkCounters, MateConnection
 
 log = logging.getLogger("pairmq.mate_link")
 TICK_S = 0.05
 STOP_RETRY_S = 0.1
 PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet durable
+IMAGE_PIECE_BYTES = 1 << 20  # one IMAGE message
+IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active reads ahead no further
+IMAGE_WAIT_S = 0.002
 
 
 def now_ms() -> int:
@@ -237,14 +249,37 @@ class ActiveReplication(_Replication):
                 if conn is self.conn and not conn.closed:
                     link.entries_read(entries)
             elif isinstance(request, MakeSnapshot):
-                state = await asyncio.to_thread(spool.load_state, raw_bodies=True)
-                bodies = await asyncio.to_thread(snapshot_bodies, state)
-                if conn is self.conn and not conn.closed:
-                    link.snapshot_ready(bodies, state.head)
+                await self._send_image(link, conn, spool.path)
         except LookupError as exc:  # the log was truncated under a catch-up: start over
             conn.close(f"resync restarts: {exc}")
             return
         self._drain()
+
+
+    async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
+        """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
+        out_dir = spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
+        try:
+            info = await asyncio.to_thread(make_image, spool_path, out_dir)
+            log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
+            digest, offset = hashlib.sha256(), 0
+            pieces = read_chunks(info.path, digest)
+            while (data := await asyncio.to_thread(next, pieces, None)) is not None:
+                if conn is not self.conn or conn.closed:
+                    return
+                for at in range(0, len(data), IMAGE_PIECE_BYTES):
+                    link.snapshot_image_chunk(offset + at, info.size, data[at:at + IMAGE_PIECE_BYTES])
+                offset += len(data)
+                self._drain()
+                while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
+                    await asyncio.sleep(IMAGE_WAIT_S)
+            if conn is self.conn and not conn.closed:
+                link.snapshot_image_done(info.point, offset, digest.digest())
+        except (OSError, sqlite3.Error) as exc:  # our disk or our spool: this link cannot resync the standby
+            log.error("mate link: cannot make or send the spool image: %r", exc)
+            conn.close(f"the spool image failed here: {exc}")
+        finally:
+            await asyncio.to_thread(shutil.rmtree, out_dir, True)
 
 
 class StandbyReplication(_Replication):
@@ -387,6 +422,22 @@ class StandbyReplication(_Replication):
                         undo=SnapshotBuilder.abandon)
                 await _in_thread(self._builder.add, request.bodies)
                 link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
+            elif isinstance(request, ImageChunk):
+                if request.first:
+                    self._builder = await _in_thread(ImageReceiver, self._incoming_dir, undo=ImageReceiver.abandon)
+                await _in_thread(self._builder.write, request.offset, [request.data])
+                link.progressed(0, len(request.data), now_ms())
+            elif isinstance(request, ImageDone):
+                await acks.join()
+                receiver = self._builder
+                await _in_thread(receiver.finish, request.point, request.size, request.digest)
+                self._builder = None  # swapped in now, or never: not to abandon
+                await _in_thread(self.port.replace_spool, receiver)
+                if not conn.closed:
+                    link.snapshot_installed(request.point, now_ms())
+                self.snapshots_installed += 1
+                log.info("mate link: full resync (spool image, %d bytes) installed at op %d", request.size,
+                         request.point.seq)
             elif isinstance(request, SnapshotDone):
                 await acks.join()
                 await _in_thread(self._builder.finish, request.point)
@@ -397,7 +448,8 @@ class StandbyReplication(_Replication):
                 self.snapshots_installed += 1
                 log.info("mate link: full resync installed at op %d", request.point.seq)
         except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
-            self.counters["bad_ops"] += 1
+            self.counters["bad_image" if isinstance(exc, ImageRefused) else "bad_ops"] += 1
+            log.warning("mate link: refused what the active sent: %s", exc)
             conn.close(f"refused what the active sent: {exc}")
             return False
         return True
