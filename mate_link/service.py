@@ -15,6 +15,9 @@ Rules:
   (no round trip per piece); the standby writes each piece in a worker thread as it arrives and
   checks the whole (size, SHA-256, the store's checks, the head) before it swaps it in. A refused
   image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
+  The standby stops reading while more than IMAGE_QUEUED_MAX_BYTES of pieces wait to be written
+  (bounded memory; TCP holds the active back), and a piece written counts as hearing from the active:
+  the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
@@ -38,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from appliance.errors import RemoteProtocolError
+from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
@@ -59,6 +62,7 @@ PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet du
 IMAGE_PIECE_BYTES = 1 << 20  # one IMAGE message
 IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active reads ahead no further
 IMAGE_WAIT_S = 0.002
+IMAGE_QUEUED_MAX_BYTES = 32 << 20  # a standby's IMAGE pieces received, not yet written: past it, it stops reading
 
 
 def now_ms() -> int:
@@ -141,10 +145,12 @@ class ActiveReplication(_Replication):
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._imaging: asyncio.Lock | None = None  # one spool image at a time (they share a directory)
         self.links_made = 0
 
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
+        self._imaging = asyncio.Lock()
         self.port.writer.on_entries = self._on_entries
         self.port.writer.on_rollback = lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head)
         self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
@@ -253,12 +259,21 @@ class ActiveReplication(_Replication):
         except LookupError as exc:  # the log was truncated under a catch-up: start over
             conn.close(f"resync restarts: {exc}")
             return
+        except (sqlite3.Error, SpoolCorruption) as exc:  # our spool cannot be read: this link cannot serve
+            log.error("mate link: reading our spool for the standby failed: %r", exc)
+            conn.close(f"reading the active's spool failed: {exc}")
+            return
         self._drain()
 
 
     async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
         """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
         out_dir = spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
+        async with self._imaging:  # an earlier link's image task ends at its next piece (its link is closed)
+            if conn is self.conn and not conn.closed:
+                await self._stream_image(link, conn, spool_path, out_dir)
+
+    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
         try:
             info = await asyncio.to_thread(make_image, spool_path, out_dir)
             log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
@@ -302,6 +317,7 @@ class StandbyReplication(_Replication):
         self._task: asyncio.Task | None = None
         self._closed: asyncio.Event | None = None
         self._work: asyncio.Queue | None = None
+        self._image_queued = 0  # bytes of IMAGE pieces received and not yet written
         self.links_made = 0
         self.snapshots_installed = 0
         self._stopping = False
@@ -345,10 +361,11 @@ class StandbyReplication(_Replication):
     async def _one_link(self, loop: asyncio.AbstractEventLoop, address: tuple[str, int]) -> None:
         self._closed = asyncio.Event()
         self._work = asyncio.Queue()
+        self._image_queued = 0
         established = asyncio.Event()
         conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
                               counters=self.counters, on_established=lambda c: established.set(),
-                              on_message=self._message, on_closed=lambda c, why: self._closed.set())
+                              on_message=self._message, on_closed=self._link_closed)
         await asyncio.wait_for(loop.create_connection(lambda: conn, *address), 2.0)
         self.conn = conn
         worker = loop.create_task(self._apply_in_order())
@@ -374,6 +391,11 @@ class StandbyReplication(_Replication):
                     self._builder.abandon()
                     self._builder = None
 
+    def _link_closed(self, conn: MateConnection, why: str) -> None:
+        if not self._stopping:
+            log.warning("mate link to the active %s down: %s", conn.peer, why)
+        self._closed.set()
+
     def _message(self, conn: MateConnection, m: Message) -> None:
         if conn is self.conn and self.link is not None:
             self.link.receive(m, now_ms())
@@ -384,6 +406,10 @@ class StandbyReplication(_Replication):
             return
         self.conn.send(self.link.messages_to_send())
         for request in self.link.requests():
+            if isinstance(request, ImageChunk):
+                self._image_queued += len(request.data)
+                if self._image_queued > IMAGE_QUEUED_MAX_BYTES:
+                    self.conn.transport.pause_reading()  # bounded: the active's pieces wait in TCP meanwhile
             self._work.put_nowait(request)
 
     async def _apply_in_order(self) -> None:
@@ -426,12 +452,18 @@ class StandbyReplication(_Replication):
                 if request.first:
                     self._builder = await _in_thread(ImageReceiver, self._incoming_dir, undo=ImageReceiver.abandon)
                 await _in_thread(self._builder.write, request.offset, [request.data])
+                self._image_queued -= len(request.data)
+                if self._image_queued <= IMAGE_QUEUED_MAX_BYTES // 2 and not conn.closed:
+                    conn.transport.resume_reading()
+                link.consumed(now_ms())
                 link.progressed(0, len(request.data), now_ms())
             elif isinstance(request, ImageDone):
                 await acks.join()
                 receiver = self._builder
+                log.info("TMP image received")
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
                 self._builder = None  # swapped in now, or never: not to abandon
+                log.info("TMP image checked")
                 await _in_thread(self.port.replace_spool, receiver)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())

@@ -256,6 +256,11 @@ class StandbyLink(Endpoint):
         if not self._snapshot_uninstalled and self.durable.seq >= self.plan.target.seq:
             p.finished_ms = now_ms
 
+    def consumed(self, now_ms: int) -> None:
+        """The adapter is still consuming what the active sent (it stopped reading meanwhile, to bound what it
+        holds): that silence is ours, not the active's."""
+        self.heard_at = max(self.heard_at, now_ms)
+
     def tick(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
