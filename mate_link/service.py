@@ -9,12 +9,11 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
-- A full resync ships the spool's file image (spool/image.py): the active copies its spool with
-  SQLite's backup API in a worker thread, then streams the copy in IMAGE pieces, reading the next
-  piece while the socket takes the last, never more than IMAGE_UNSENT_MAX pieces queued unsealed
-  (no round trip per piece); the standby writes each piece in a worker thread as it arrives and
-  checks the whole (size, SHA-256, the store's checks, the head) before it swaps it in. A refused
-  image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
+- A full resync ships the spool's file image (spool/image.py): the active serializes its spool in
+  one read transaction in a worker thread, then streams it in IMAGE pieces, never more than
+  IMAGE_UNSENT_MAX pieces queued unsealed (no round trip per piece); the standby writes each piece
+  in a worker thread as it arrives and checks the whole (size, SHA-256, the store's checks, the
+  head) before it swaps it in. A refused image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
   The standby stops reading while more than IMAGE_QUEUED_MAX_BYTES of pieces wait to be written
   (bounded memory; TCP holds the active back), and a piece written counts as hearing from the active:
   the silence is ours then, not the active's.
@@ -33,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import shutil
 import sqlite3
 import os
 import time
@@ -45,7 +43,7 @@ from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
-from appliance.spool.image import ImageReceiver, ImageRefused, make_image, read_chunks
+from appliance.spool.image import ImageReceiver, ImageRefused, make_image
 from appliance.spool.install import SnapshotBuilder
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
@@ -60,7 +58,7 @@ TICK_S = 0.05
 STOP_RETRY_S = 0.1
 PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet durable
 IMAGE_PIECE_BYTES = 1 << 20  # one IMAGE message
-IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active reads ahead no further
+IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active queues no more
 IMAGE_WAIT_S = 0.002
 IMAGE_QUEUED_MAX_BYTES = 32 << 20  # a standby's IMAGE pieces received, not yet written: past it, it stops reading
 
@@ -267,34 +265,32 @@ class ActiveReplication(_Replication):
 
 
     async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
-        """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
-        out_dir = spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
-        async with self._imaging:  # an earlier link's image task ends at its next piece (its link is closed)
+        """The full resync: the spool's image (one read transaction), streamed in pieces, then IMAGE_END."""
+        async with self._imaging:  # one image in memory at a time; an earlier link's ends at its next piece
             if conn is self.conn and not conn.closed:
-                await self._stream_image(link, conn, spool_path, out_dir)
+                await self._stream_image(link, conn, spool_path)
 
-    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
+    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
         try:
-            info = await asyncio.to_thread(make_image, spool_path, out_dir)
-            log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
-            digest, offset = hashlib.sha256(), 0
-            pieces = read_chunks(info.path, digest)
-            while (data := await asyncio.to_thread(next, pieces, None)) is not None:
-                if conn is not self.conn or conn.closed:
-                    return
-                for at in range(0, len(data), IMAGE_PIECE_BYTES):
-                    link.snapshot_image_chunk(offset + at, info.size, data[at:at + IMAGE_PIECE_BYTES])
-                offset += len(data)
-                self._drain()
-                while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
-                    await asyncio.sleep(IMAGE_WAIT_S)
-            if conn is self.conn and not conn.closed:
-                link.snapshot_image_done(info.point, offset, digest.digest())
+            info = await asyncio.to_thread(make_image, spool_path)
         except (OSError, sqlite3.Error) as exc:  # our disk or our spool: this link cannot resync the standby
-            log.error("mate link: cannot make or send the spool image: %r", exc)
+            log.error("mate link: cannot make the spool image: %r", exc)
             conn.close(f"the spool image failed here: {exc}")
-        finally:
-            await asyncio.to_thread(shutil.rmtree, out_dir, True)
+            return
+        log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
+        digest, view = hashlib.sha256(), memoryview(info.data)
+        for offset in range(0, info.size, IMAGE_PIECE_BYTES):
+            if conn is not self.conn or conn.closed:
+                return
+            piece = bytes(view[offset:offset + IMAGE_PIECE_BYTES])
+            digest.update(piece)
+            link.snapshot_image_chunk(offset, info.size, piece)
+            self._drain()
+            while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
+                await asyncio.sleep(IMAGE_WAIT_S)
+        if conn is self.conn and not conn.closed:
+            link.snapshot_image_done(info.point, info.size, digest.digest())
+            self._drain()
 
 
 class StandbyReplication(_Replication):
@@ -365,7 +361,7 @@ class StandbyReplication(_Replication):
         established = asyncio.Event()
         conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
                               counters=self.counters, on_established=lambda c: established.set(),
-                              on_message=self._message, on_closed=self._link_closed)
+                              on_message=self._message, on_closed=lambda c, why: self._closed.set())
         await asyncio.wait_for(loop.create_connection(lambda: conn, *address), 2.0)
         self.conn = conn
         worker = loop.create_task(self._apply_in_order())
@@ -379,6 +375,8 @@ class StandbyReplication(_Replication):
             self.links_made += 1
             self._drain()
             await self._closed.wait()
+            if self.link.plan is not None and not self._stopping:  # a link that was up, not a refused redial
+                log.warning("mate link to the active %s down: %s", conn.peer, conn.close_reason)
         except TimeoutError:
             conn.close("no handshake")
         finally:
@@ -390,11 +388,6 @@ class StandbyReplication(_Replication):
                 if self._builder is not None:
                     self._builder.abandon()
                     self._builder = None
-
-    def _link_closed(self, conn: MateConnection, why: str) -> None:
-        if not self._stopping:
-            log.warning("mate link to the active %s down: %s", conn.peer, why)
-        self._closed.set()
 
     def _message(self, conn: MateConnection, m: Message) -> None:
         if conn is self.conn and self.link is not None:
@@ -460,10 +453,8 @@ class StandbyReplication(_Replication):
             elif isinstance(request, ImageDone):
                 await acks.join()
                 receiver = self._builder
-                log.info("TMP image received")
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
                 self._builder = None  # swapped in now, or never: not to abandon
-                log.info("TMP image checked")
                 await _in_thread(self.port.replace_spool, receiver)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())

@@ -1,13 +1,15 @@
 """A spool's file image: how a full resync ships the spool's pages instead of re-encoding rows as ops.
 
 Rules:
-- The active makes the image with SQLite's online backup API (`make_image`): one step, so the copy
-  is one read transaction of a separate connection and matches the head its meta table records,
-  whatever the writer commits meanwhile (the writer never waits for it: WAL). The copy goes to a
-  file beside the spool, not to memory, so a GiB spool costs disk space, not RAM, and is streamed
-  from there (`read_chunks`) with its SHA-256 taken on the way.
+- The active makes the image with `sqlite3_serialize` (`make_image`): one read transaction of a
+  separate connection, so the image matches the head its meta table records, whatever the writer
+  commits meanwhile (the writer never waits for it: WAL). It is held in memory while it is sent
+  (the spool's size, for seconds), not written beside the spool: 1.5 GB of dirty pages on the
+  active's disk made every fsync of the node's own (quorum state, spool commits) wait behind their
+  writeback, and its event loop stalled for seconds (seen with 1,000,000 messages).
 - The standby writes what arrives to `<incoming dir>/spool.db` (`ImageReceiver`), in order: a
-  chunk at any offset but the next one is refused (`ImageRefused`). Nothing of it counts until
+  chunk at any offset but the next one is refused (`ImageRefused`). It syncs the file every
+  SYNC_BYTES as it goes, so its dirty pages stay bounded (the same stall, on the standby). Nothing of it counts until
   `finish`, which checks, in order: the size announced, the digest announced, then the file as
   the store checks any spool it opens (`Spool.open`: pages, schema, the log's chain) and that its
   head is the point announced. Any failure is `ImageRefused` with what was wrong (the active's
@@ -25,7 +27,6 @@ import dataclasses
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from .chain import ChainPoint
@@ -34,7 +35,7 @@ from .store import FILE_NAME, Spool, _fsync_dir, connect
 from ..errors import SpoolCorruption
 
 DIGEST_BYTES = 32
-READ_BYTES = 4 << 20  # read from the image per worker-thread call on the active
+SYNC_BYTES = 64 << 20  # the standby syncs what it received every this many bytes
 
 
 class ImageRefused(ValueError):
@@ -43,34 +44,27 @@ class ImageRefused(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImageInfo:
-    path: Path
+    data: bytes
     point: ChainPoint  # the head the image holds
-    size: int
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
-def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
-    """Copy the spool at `spool_path` to `out_dir/spool.db` in one consistent read (see the rules)."""
-    out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
-    out_dir.mkdir(parents=True)
-    out = out_dir / FILE_NAME
-    source, target = connect(spool_path), connect(out)
+def make_image(spool_path: Path) -> ImageInfo:
+    """The spool at `spool_path` as one consistent image (see the rules)."""
+    conn = connect(spool_path)
     try:
-        target.execute("PRAGMA synchronous=OFF")  # a scratch copy: the standby fsyncs what it installs
-        source.backup(target)  # pages=-1: one step, one read transaction of the source
-        head, _, _ = read_meta(target)
+        conn.execute("BEGIN")  # one read transaction: the image and its head agree
+        try:
+            head, _, _ = read_meta(conn)
+            data = conn.serialize()
+        finally:
+            conn.execute("ROLLBACK")
     finally:
-        target.close()
-        source.close()
-    return ImageInfo(out, head, out.stat().st_size)
-
-
-def read_chunks(path: Path, digest) -> Iterator[bytes]:
-    """The file at `path` in READ_BYTES pieces, fed to `digest` (a hashlib object) on the way."""
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_BYTES):
-            digest.update(chunk)
-            yield chunk
+        conn.close()
+    return ImageInfo(data, head)
 
 
 class ImageReceiver:
@@ -84,6 +78,7 @@ class ImageReceiver:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._digest = hashlib.sha256()
         self.received = 0
+        self._synced = 0
         self.finished: ChainPoint | None = None
 
     def write(self, offset: int, chunks: list[bytes]) -> None:
@@ -98,6 +93,9 @@ class ImageReceiver:
             while view:
                 view = view[os.write(self._fd, view):]
             self.received += len(chunk)
+        if self.received - self._synced >= SYNC_BYTES:
+            os.fdatasync(self._fd)
+            self._synced = self.received
 
     def finish(self, point: ChainPoint, size: int, digest: bytes) -> None:
         """Check the whole image (see the rules); `ImageRefused` and the file removed if it fails."""
