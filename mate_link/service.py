@@ -9,8 +9,8 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
-- A full resync ships the spool's file image (spool/image.py): the active serializes its spool in
-  one read transaction in a worker thread, then streams it in IMAGE pieces, never more than
+- A full resync ships the spool's file image (spool/image.py): the active copies its spool (SQLite's
+  backup API, one read transaction) in a worker thread, then streams the copy in IMAGE pieces, never more than
   IMAGE_UNSENT_MAX pieces queued unsealed (no round trip per piece); the standby writes each piece
   in a worker thread as it arrives and checks the whole (size, SHA-256, the store's checks, the
   head) before it swaps it in. A refused image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
@@ -32,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import sqlite3
 import os
+import shutil
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,7 @@ from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
-from appliance.spool.image import ImageReceiver, ImageRefused, make_image
+from appliance.spool.image import ImageReceiver, ImageRefused, image_dir, make_image, read_chunks
 from appliance.spool.install import SnapshotBuilder
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
@@ -265,31 +266,37 @@ class ActiveReplication(_Replication):
 
 
     async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
-        """The full resync: the spool's image (one read transaction), streamed in pieces, then IMAGE_END."""
-        async with self._imaging:  # one image in memory at a time; an earlier link's ends at its next piece
+        """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
+        async with self._imaging:  # one image at a time; an earlier link's ends at its next piece
             if conn is self.conn and not conn.closed:
-                await self._stream_image(link, conn, spool_path)
+                out_dir = image_dir(spool_path)
+                try:
+                    await self._stream_image(link, conn, spool_path, out_dir)
+                except (OSError, sqlite3.Error) as exc:  # our disk or our spool: no image for this link
+                    log.error("mate link: cannot make or send the spool image: %r", exc)
+                    conn.close(f"the spool image failed here: {exc}")
+                finally:
+                    await asyncio.to_thread(shutil.rmtree, out_dir, True)
 
-    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
-        try:
-            info = await asyncio.to_thread(make_image, spool_path)
-        except (OSError, sqlite3.Error) as exc:  # our disk or our spool: this link cannot resync the standby
-            log.error("mate link: cannot make the spool image: %r", exc)
-            conn.close(f"the spool image failed here: {exc}")
-            return
+    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
+        info = await asyncio.to_thread(make_image, spool_path, out_dir)
         log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
-        digest, view = hashlib.sha256(), memoryview(info.data)
-        for offset in range(0, info.size, IMAGE_PIECE_BYTES):
-            if conn is not self.conn or conn.closed:
-                return
-            piece = bytes(view[offset:offset + IMAGE_PIECE_BYTES])
-            digest.update(piece)
-            link.snapshot_image_chunk(offset, info.size, piece)
-            self._drain()
-            while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
-                await asyncio.sleep(IMAGE_WAIT_S)
+        digest, offset = hashlib.sha256(), 0
+        pieces = read_chunks(info.path, digest)
+        try:
+            while (data := await asyncio.to_thread(next, pieces, None)) is not None:
+                if conn is not self.conn or conn.closed:
+                    return
+                for at in range(0, len(data), IMAGE_PIECE_BYTES):
+                    link.snapshot_image_chunk(offset + at, info.size, data[at:at + IMAGE_PIECE_BYTES])
+                offset += len(data)
+                self._drain()
+                while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
+                    await asyncio.sleep(IMAGE_WAIT_S)
+        finally:
+            pieces.close()
         if conn is self.conn and not conn.closed:
-            link.snapshot_image_done(info.point, info.size, digest.digest())
+            link.snapshot_image_done(info.point, offset, digest.digest())
             self._drain()
 
 

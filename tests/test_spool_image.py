@@ -19,7 +19,7 @@ import pytest
 from appliance.spool import ops as o
 from appliance.spool.chain import ChainPoint, chain
 from appliance.spool.codec import encode_op
-from appliance.spool.image import ImageReceiver, ImageRefused, make_image
+from appliance.spool.image import ImageReceiver, ImageRefused, image_dir, make_image, read_chunks
 from appliance.spool.store import FILE_NAME, Spool
 from appliance.spool.writer import SpoolWriter
 from appliance.roles import Role
@@ -45,8 +45,11 @@ def in_a_loop(test):
 def image_of(tmp_path, name="active"):
     """An image of a spool holding every kind of op, its pieces and digest."""
     write_spool(tmp_path / name, EVERY_OP, epoch=4)
-    info = make_image(tmp_path / name / FILE_NAME)
-    return info, info.data, hashlib.sha256(info.data).digest()
+    info = make_image(tmp_path / name / FILE_NAME, tmp_path / f"{name}.outgoing")
+    digest = hashlib.sha256()
+    data = b"".join(read_chunks(info.path, digest))
+    assert len(data) == info.size
+    return info, data, digest.digest()
 
 
 def receive(tmp_path, data, pieces=PIECE):
@@ -84,10 +87,10 @@ def test_the_image_is_one_consistent_read_while_the_writer_commits(tmp_path):
         for i in range(200):  # commits racing the backup
             writer.submit([body(1000 + i), o.MessageQueued("a", 1000 + i, 1, False)], 4)
             if i == 20:
-                info = make_image(spool.path)
+                info = make_image(spool.path, tmp_path / "out")
         writer.submit([], 4).future.result(timeout=10)
     os.makedirs(tmp_path / "copy")
-    (tmp_path / "copy" / FILE_NAME).write_bytes(info.data)
+    os.replace(info.path, tmp_path / "copy" / FILE_NAME)
     with Spool.open(tmp_path / "copy") as copy:  # the store's checks: pages, schema, the log's chain to its head
         assert copy.head == info.point and copy.load_state().head == info.point
 
@@ -205,6 +208,7 @@ async def test_a_standby_installs_an_image_of_many_pages_then_follows_live_ops(t
     assert state_of(sp) == state_of(ap)
     progress = standby.progress(0)
     assert progress["kind"] == "snapshot" and progress["bytes_done"] > 24_000_000
+    await until("the active's copy removed", lambda: not image_dir(ap.spool.path).exists())
     await stop(standby, active, ap, sp)
 
 

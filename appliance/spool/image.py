@@ -1,12 +1,14 @@
 """A spool's file image: how a full resync ships the spool's pages instead of re-encoding rows as ops.
 
 Rules:
-- The active makes the image with `sqlite3_serialize` (`make_image`): one read transaction of a
-  separate connection, so the image matches the head its meta table records, whatever the writer
-  commits meanwhile (the writer never waits for it: WAL). It is held in memory while it is sent
-  (the spool's size, for seconds), not written beside the spool: 1.5 GB of dirty pages on the
-  active's disk made every fsync of the node's own (quorum state, spool commits) wait behind their
-  writeback, and its event loop stalled for seconds (seen with 1,000,000 messages).
+- The active makes the image with SQLite's online backup API (`make_image`) in one step: one read
+  transaction of a separate connection, so the image matches the head its meta table records,
+  whatever the writer commits meanwhile (the writer never waits for it: WAL), and the GIL is free
+  meanwhile (`Connection.serialize` holds it: a 1.5 GB spool froze the active's loop for 12 s).
+  The copy goes to `image_dir(spool)`: memory (/dev/shm) when it has room for it, else beside the
+  spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
+  commits) wait behind its writeback: the active's loop stalled for seconds (1,000,000 messages).
+  It is streamed from there (`read_chunks`) with its SHA-256 taken on the way, then removed.
 - The standby writes what arrives to `<incoming dir>/spool.db` (`ImageReceiver`), in order: a
   chunk at any offset but the next one is refused (`ImageRefused`). It syncs the file every
   SYNC_BYTES as it goes, so its dirty pages stay bounded (the same stall, on the standby). Nothing of it counts until
@@ -27,6 +29,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from .chain import ChainPoint
@@ -35,6 +38,7 @@ from .store import FILE_NAME, Spool, _fsync_dir, connect
 from ..errors import SpoolCorruption
 
 DIGEST_BYTES = 32
+READ_BYTES = 4 << 20  # read from the image per worker-thread call on the active
 SYNC_BYTES = 64 << 20  # the standby syncs what it received every this many bytes
 
 
@@ -44,27 +48,44 @@ class ImageRefused(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImageInfo:
-    data: bytes
+    path: Path
     point: ChainPoint  # the head the image holds
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
+    size: int
 
 
-def make_image(spool_path: Path) -> ImageInfo:
-    """The spool at `spool_path` as one consistent image (see the rules)."""
-    conn = connect(spool_path)
+def image_dir(spool_path: Path) -> Path:
+    """Where the active puts its copy: memory if /dev/shm has room for twice the spool, else beside it."""
+    spool_path = Path(spool_path)
+    need = 2 * sum(p.stat().st_size for p in (spool_path, Path(f"{spool_path}-wal")) if p.exists())
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
+        return shm / f"pairmq-image-{os.getpid()}-{spool_path.parent.name}"
+    return spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
+
+
+def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
+    """Copy the spool at `spool_path` to `out_dir/spool.db` in one consistent read (see the rules)."""
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
+    out_dir.mkdir(parents=True)
+    out = out_dir / FILE_NAME
+    source, target = connect(spool_path), connect(out)
     try:
-        conn.execute("BEGIN")  # one read transaction: the image and its head agree
-        try:
-            head, _, _ = read_meta(conn)
-            data = conn.serialize()
-        finally:
-            conn.execute("ROLLBACK")
+        target.execute("PRAGMA synchronous=OFF")  # a scratch copy: the standby syncs what it installs
+        source.backup(target)  # pages=-1: one step, one read transaction of the source
+        head, _, _ = read_meta(target)
     finally:
-        conn.close()
-    return ImageInfo(data, head)
+        target.close()
+        source.close()
+    return ImageInfo(out, head, out.stat().st_size)
+
+
+def read_chunks(path: Path, digest) -> Iterator[bytes]:
+    """The file at `path` in READ_BYTES pieces, fed to `digest` (a hashlib object) on the way."""
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_BYTES):
+            digest.update(chunk)
+            yield chunk
 
 
 class ImageReceiver:
