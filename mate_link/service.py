@@ -30,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
 import os
@@ -321,6 +322,7 @@ class StandbyReplication(_Replication):
         self._closed: asyncio.Event | None = None
         self._work: asyncio.Queue | None = None
         self._image_queued = 0  # bytes of IMAGE pieces received and not yet written
+        self._committing: collections.deque[asyncio.Future] = collections.deque()  # ops handed to the writer
         self.links_made = 0
         self.snapshots_installed = 0
         self._stopping = False
@@ -365,6 +367,7 @@ class StandbyReplication(_Replication):
         self._closed = asyncio.Event()
         self._work = asyncio.Queue()
         self._image_queued = 0
+        self._committing = collections.deque()
         established = asyncio.Event()
         conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
                               counters=self.counters, on_established=lambda c: established.set(),
@@ -438,9 +441,18 @@ class StandbyReplication(_Replication):
         link, conn = self.link, self.conn
         try:
             if isinstance(request, Apply):
-                if self.port.writer.pending_ops > PIPELINE_MAX_OPS:
-                    await acks.join()
-                acks.put_nowait(self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop()))
+                while self.port.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
+                    # Wait for the oldest commit only, not for all of them: the writer keeps a batch to work on.
+                    oldest = self._committing[0]
+                    if not oldest.done():
+                        await asyncio.wait({oldest})
+                    self._committing.popleft()
+                sub = self.port.writer.submit_entries(  # StandbyLink verified the chain within the batch
+                    list(request.entries), asyncio.get_running_loop(), chained=True)
+                self._committing.append(sub.future)
+                while self._committing and self._committing[0].done():
+                    self._committing.popleft()
+                acks.put_nowait(sub)
             elif isinstance(request, SnapshotBatch):
                 if request.first:
                     self._builder = await _in_thread(  # the id history keeps our spool's bound
