@@ -472,8 +472,10 @@ class StandbyReplication(_Replication):
             elif isinstance(request, ImageDone):
                 await acks.join()
                 receiver = self._builder
+                log.info("mate link: spool image received (%d bytes): checking it", request.size)
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
                 self._builder = None  # swapped in now, or never: not to abandon
+                log.info("mate link: spool image checked: swapping it in")
                 await _in_thread(self.port.replace_spool, receiver)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
