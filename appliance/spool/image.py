@@ -34,7 +34,8 @@ from pathlib import Path
 
 from .chain import ChainPoint
 from .sql import read_meta
-from .store import FILE_NAME, Spool, _fsync_dir, connect
+from .install import install_file
+from .store import FILE_NAME, Spool, connect
 from ..errors import SpoolCorruption
 
 DIGEST_BYTES = 32
@@ -153,10 +154,4 @@ class ImageReceiver:
     def swap_into(self, spool_dir: Path) -> None:
         """Replace the (closed) spool in `spool_dir` with the checked image."""
         assert self.finished is not None, "swap_into before finish"
-        spool_dir = Path(spool_dir)
-        target = spool_dir / FILE_NAME
-        for stale in (Path(f"{target}-wal"), Path(f"{target}-shm")):
-            stale.unlink(missing_ok=True)  # the old file's; its connections are closed (checkpointed)
-        os.replace(self.path, target)  # fsynced in finish
-        _fsync_dir(spool_dir)
-        shutil.rmtree(self.incoming_dir, ignore_errors=True)
+        install_file(self.incoming_dir, spool_dir)  # synced in finish
