@@ -9,14 +9,14 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
-- A full resync ships the spool's file image (spool/image.py): the active copies its spool (SQLite's
-  backup API, one read transaction) in a worker thread, then streams the copy in IMAGE pieces, never more than
-  IMAGE_UNSENT_MAX pieces queued unsealed (no round trip per piece); the standby writes each piece
-  in a worker thread as it arrives and checks the whole (size, SHA-256, the store's checks, the
-  head) before it swaps it in. A refused image is logged, counted (`bad_image`) and the link closes; the standby's spool is untouched.
-  The standby stops reading while more than IMAGE_QUEUED_MAX_BYTES of pieces wait to be written
-  (bounded memory; TCP holds the active back), and a piece written counts as hearing from the active:
-  the silence is ours then, not the active's.
+- A full resync ships the spool's file image (spool/image.py): the active copies its spool
+  (SQLite's backup API, one read transaction) in a worker thread, then streams the copy in IMAGE
+  pieces, never more than IMAGE_UNSENT_MAX queued unsealed (no round trip per piece); the standby
+  writes each piece in a worker thread as it arrives and checks the whole (size, SHA-256, the
+  store's checks, the head) before it swaps it in. A refused image is logged, counted (`bad_image`)
+  and the link closes; the standby's spool is untouched. The standby stops reading while more than
+  IMAGE_QUEUED_MAX_BYTES of pieces wait to be written (bounded memory; TCP holds the active back),
+  and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
@@ -264,7 +264,6 @@ class ActiveReplication(_Replication):
             conn.close(f"reading the active's spool failed: {exc}")
             return
         self._drain()
-
 
     async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
         """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
