@@ -35,7 +35,7 @@ from pathlib import Path
 from .chain import ChainPoint
 from .sql import read_meta
 from .install import install_file
-from .store import FILE_NAME, Spool, connect
+from .store import FILE_NAME, Spool, connect, vouch
 from ..errors import SpoolCorruption
 
 DIGEST_BYTES = 32
@@ -144,6 +144,7 @@ class ImageReceiver:
         if head != point:
             raise ImageRefused(f"the image holds op {head.seq} (epoch {head.epoch}) as its head, but the active "
                                f"announced op {point.seq} (epoch {point.epoch})")
+        vouch(self.path)  # checked whole here: opened as the live spool next, it is not checked page by page again
 
     def abandon(self) -> None:
         if self._fd >= 0:
