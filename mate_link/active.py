@@ -35,7 +35,7 @@ import enum
 from appliance.errors import RemoteProtocolError
 from appliance.spool.chain import ChainPoint, LogEntry
 
-from .messages import Ack, Catchup, Join, Message, Ops, Ping, Plan, Pong, Snapshot
+from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 from .resync import ResyncPlan
 
 
@@ -168,6 +168,20 @@ class ActiveLink(Endpoint):
             batch.append(body)
             size += len(body)
         self._out.append(Snapshot(self.epoch, tuple(batch), point, n, total))
+        self._snapshot_shipped(point)
+
+    def snapshot_image_chunk(self, offset: int, total: int, data: bytes) -> None:
+        """A piece of the spool's file image (spool/image.py), the adapter's answer to MakeSnapshot in pieces."""
+        assert self.phase is Phase.SNAPSHOT
+        self._out.append(Image(self.epoch, offset, total, data))
+
+    def snapshot_image_done(self, point: ChainPoint, size: int, digest: bytes) -> None:
+        """The whole image went out: it holds the state as of `point`; the ops after it follow as a catch-up."""
+        assert self.phase is Phase.SNAPSHOT
+        self._out.append(ImageEnd(self.epoch, point, size, digest))
+        self._snapshot_shipped(point)
+
+    def _snapshot_shipped(self, point: ChainPoint) -> None:
         # Shipped, not acknowledged: the standby holds the snapshot only once it has installed it and
         # acked `point` (then it is caught up: redundancy Up). Lag and catch-up room count from `point`.
         self.shipped_seq = self._lag_floor = point.seq

@@ -18,6 +18,9 @@ Messages:
   SNAPSHOT   active → standby  a batch of op bodies that rebuild the state from empty
                                (`last` marks the final batch, which carries the point to adopt);
                                `ops_total`/`bytes_total`: the whole snapshot's size (progress only)
+  IMAGE      active → standby  a piece of the spool's file image (spool/image.py), at `offset`; a full
+                               resync ships pages, not ops; `total`: the image's size (progress only)
+  IMAGE_END  active → standby  the image is complete: its size, SHA-256 and the head it holds
   PING/PONG  either way        liveness, echoing the sender's time so the sender measures round trips
 """
 
@@ -32,12 +35,15 @@ from appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
 
 MAX_OP_BYTES = 2 * 1024 * 1024
 MAX_BATCH_OPS = 65_535
+MAX_IMAGE_CHUNK_BYTES = 4 * 1024 * 1024
+DIGEST_BYTES = 32
 
 _HEAD = struct.Struct(">BQ")
 _POINT = struct.Struct(f">QQ{CHECKSUM_BYTES}s")
 _ENTRY_HEAD = struct.Struct(f">QQ{CHECKSUM_BYTES}sI")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_IMAGE_HEAD = struct.Struct(">QQI")
 
 
 class MalformedMessage(RemoteProtocolError):
@@ -52,6 +58,8 @@ class Kind(enum.IntEnum):
     SNAPSHOT = 5
     PING = 6
     PONG = 7
+    IMAGE = 8
+    IMAGE_END = 9
 
 
 class Catchup(enum.IntEnum):
@@ -98,6 +106,22 @@ class Snapshot:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Image:
+    epoch: int
+    offset: int
+    total: int
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageEnd:
+    epoch: int
+    point: ChainPoint
+    size: int
+    digest: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Ping:
     epoch: int
     sent_ms: int
@@ -109,7 +133,7 @@ class Pong:
     echoed_ms: int
 
 
-Message = Join | Plan | Ops | Ack | Snapshot | Ping | Pong
+Message = Join | Plan | Ops | Ack | Snapshot | Image | ImageEnd | Ping | Pong
 
 
 def _point(p: ChainPoint) -> bytes:
@@ -131,6 +155,14 @@ def encode(m: Message) -> bytes:
         last = b"\x00" if m.last is None else b"\x01" + _point(m.last)
         return (_HEAD.pack(Kind.SNAPSHOT, m.epoch) + last + _U64.pack(m.ops_total) + _U64.pack(m.bytes_total)
                 + _bodies(m.bodies, lambda b: _U32.pack(len(b)) + b))
+    if isinstance(m, Image):
+        if len(m.data) > MAX_IMAGE_CHUNK_BYTES:
+            raise ValueError(f"a {len(m.data)}-byte image chunk (at most {MAX_IMAGE_CHUNK_BYTES})")
+        return _HEAD.pack(Kind.IMAGE, m.epoch) + _IMAGE_HEAD.pack(m.offset, m.total, len(m.data)) + m.data
+    if isinstance(m, ImageEnd):
+        if len(m.digest) != DIGEST_BYTES:
+            raise ValueError(f"a {len(m.digest)}-byte image digest ({DIGEST_BYTES} expected)")
+        return _HEAD.pack(Kind.IMAGE_END, m.epoch) + _point(m.point) + _U64.pack(m.size) + m.digest
     if isinstance(m, Ping):
         return _HEAD.pack(Kind.PING, m.epoch) + _U64.pack(m.sent_ms)
     if isinstance(m, Pong):
@@ -177,6 +209,26 @@ class _Reader:
             raise MalformedMessage(f"{len(self.data) - self.pos} bytes after the message")
 
 
+def _entries(r: _Reader) -> tuple[LogEntry, ...]:
+    """An OPS message's entries: the hot loop of a catch-up (a million ops), so offsets, not `_Reader` calls."""
+    n, data, pos = r.count(), r.data, r.pos
+    end, head_size, unpack_from = len(data), _ENTRY_HEAD.size, _ENTRY_HEAD.unpack_from
+    entries = []
+    for _ in range(n):
+        if pos + head_size > end:
+            raise MalformedMessage(f"message ends {pos + head_size - end} bytes early")
+        e_epoch, seq, checksum, length = unpack_from(data, pos)
+        pos += head_size
+        if length > MAX_OP_BYTES:
+            raise MalformedMessage(f"a {length}-byte op (at most {MAX_OP_BYTES})")
+        if pos + length > end:
+            raise MalformedMessage(f"message ends {pos + length - end} bytes early")
+        entries.append(LogEntry(e_epoch, seq, checksum, data[pos:pos + length]))
+        pos += length
+    r.pos = pos
+    return tuple(entries)
+
+
 def decode(data: bytes) -> Message:
     r = _Reader(data)
     kind_code, epoch = r.unpack(_HEAD)
@@ -194,11 +246,7 @@ def decode(data: bytes) -> Message:
             raise MalformedMessage(f"unknown catch-up kind {code}") from None
         m = Plan(epoch, catchup, r.unpack(_U64)[0], r.point(), r.unpack(_U64)[0])
     elif kind is Kind.OPS:
-        entries = []
-        for _ in range(r.count()):
-            e_epoch, seq, checksum, length = r.unpack(_ENTRY_HEAD)
-            entries.append(LogEntry(e_epoch, seq, checksum, r.body(length)))
-        m = Ops(epoch, tuple(entries))
+        m = Ops(epoch, _entries(r))
     elif kind is Kind.ACK:
         m = Ack(epoch, r.unpack(_U64)[0])
     elif kind is Kind.SNAPSHOT:
@@ -208,6 +256,13 @@ def decode(data: bytes) -> Message:
         last = r.point() if flag else None
         (ops_total,), (bytes_total,) = r.unpack(_U64), r.unpack(_U64)
         m = Snapshot(epoch, tuple(r.body(r.unpack(_U32)[0]) for _ in range(r.count())), last, ops_total, bytes_total)
+    elif kind is Kind.IMAGE:
+        offset, total, length = r.unpack(_IMAGE_HEAD)
+        if length > MAX_IMAGE_CHUNK_BYTES:
+            raise MalformedMessage(f"a {length}-byte image chunk (at most {MAX_IMAGE_CHUNK_BYTES})")
+        m = Image(epoch, offset, total, r.take(length))
+    elif kind is Kind.IMAGE_END:
+        m = ImageEnd(epoch, r.point(), r.unpack(_U64)[0], r.take(DIGEST_BYTES))
     elif kind is Kind.PING:
         m = Ping(epoch, r.unpack(_U64)[0])
     else:

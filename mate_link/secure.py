@@ -15,11 +15,12 @@ Rules:
 - Each side accepts only its mate's role (primary ↔ backup) in its own group; a foreign group,
   another role, a wrong proof or a malformed message ends the handshake with `HandshakeFailed`
   naming the reason (the caller counts it and closes the socket).
-- After the handshake every frame is `u32 length || AEAD(ChaCha20-Poly1305)` with per-connection,
+- After the handshake every frame is `u32 length || AEAD(AES-256-GCM)` with per-connection,
   per-direction keys (HKDF of the secret-derived key with both nonces) and an implicit 64-bit
   counter as the nonce: a tampered, dropped, replayed or reordered frame fails to open
   (`TamperedFrame`); TCP delivers in order, so any failure is an attack or a bug, and the link
-  closes. The length is authenticated as associated data.
+  closes. The length is authenticated as associated data. AES-GCM rather than ChaCha20-Poly1305:
+  with AES-NI it seals ~5x faster here, and a full resync streams the spool's GBs through it.
 - Bounded: a frame is at most `MAX_FRAME_BYTES`; a larger length is refused before buffering.
 """
 
@@ -32,7 +33,7 @@ import struct
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from appliance.errors import RemoteProtocolError
@@ -245,8 +246,8 @@ class SecureChannel:
     """Frames after the handshake: `seal` what we send, `receive_data` + `next_frame` what we get."""
 
     def __init__(self, *, send_key: bytes, receive_key: bytes) -> None:
-        self._send = ChaCha20Poly1305(send_key)
-        self._receive = ChaCha20Poly1305(receive_key)
+        self._send = AESGCM(send_key)
+        self._receive = AESGCM(receive_key)
         self._send_counter = 0
         self._receive_counter = 0
         self._in = bytearray()
@@ -283,10 +284,10 @@ class SecureChannel:
             raise TamperedFrame(f"a frame of {length} bytes (between {_TAG_BYTES} and {MAX_FRAME_BYTES})")
         if len(self._in) < _LEN.size + length:
             return None
-        header = bytes(self._in[:_LEN.size])
-        sealed = bytes(self._in[_LEN.size:_LEN.size + length])
         try:
-            plaintext = self._receive.decrypt(self._nonce(self._receive_counter), sealed, header)
+            with memoryview(self._in) as view:  # no copy of a MiB frame before it is opened
+                plaintext = self._receive.decrypt(self._nonce(self._receive_counter),
+                                                  view[_LEN.size:_LEN.size + length], view[:_LEN.size])
         except InvalidTag:
             raise TamperedFrame(f"frame {self._receive_counter} does not authenticate "
                                 "(tampered, replayed, reordered or dropped)") from None

@@ -9,6 +9,14 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
+- A full resync ships the spool's file image (spool/image.py): the active copies its spool
+  (SQLite's backup API, one read transaction) in a worker thread, then streams the copy in IMAGE
+  pieces, never more than IMAGE_UNSENT_MAX queued unsealed (no round trip per piece); the standby
+  writes each piece in a worker thread as it arrives and checks the whole (size, SHA-256, the
+  store's checks, the head) before it swaps it in. A refused image is logged, counted (`bad_image`)
+  and the link closes; the standby's spool is untouched. The standby stops reading while more than
+  IMAGE_QUEUED_MAX_BYTES of pieces wait to be written (bounded memory; TCP holds the active back),
+  and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
@@ -22,31 +30,39 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import logging
 import os
+import shutil
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from appliance.errors import RemoteProtocolError
+from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
+from appliance.spool.image import ImageReceiver, ImageRefused, image_dir, make_image, read_chunks
 from appliance.spool.install import SnapshotBuilder
-from appliance.spool.snapshot import snapshot_bodies
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
-from .standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
+from .standby import Apply, ImageChunk, ImageDone, SnapshotBatch, SnapshotDone, StandbyLink
 from .transport import LinkCounters, MateConnection
 
 log = logging.getLogger("pairmq.mate_link")
 TICK_S = 0.05
 STOP_RETRY_S = 0.1
 PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet durable
+IMAGE_PIECE_BYTES = 1 << 20  # one IMAGE message
+IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active queues no more
+IMAGE_WAIT_S = 0.002
+IMAGE_QUEUED_MAX_BYTES = 32 << 20  # a standby's IMAGE pieces received, not yet written: past it, it stops reading
 
 
 def now_ms() -> int:
@@ -129,10 +145,12 @@ class ActiveReplication(_Replication):
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._imaging: asyncio.Lock | None = None  # one spool image at a time (they share a directory)
         self.links_made = 0
 
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
+        self._imaging = asyncio.Lock()
         self.port.writer.on_entries = self._on_entries
         self.port.writer.on_rollback = lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head)
         self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
@@ -237,14 +255,49 @@ class ActiveReplication(_Replication):
                 if conn is self.conn and not conn.closed:
                     link.entries_read(entries)
             elif isinstance(request, MakeSnapshot):
-                state = await asyncio.to_thread(spool.load_state, raw_bodies=True)
-                bodies = await asyncio.to_thread(snapshot_bodies, state)
-                if conn is self.conn and not conn.closed:
-                    link.snapshot_ready(bodies, state.head)
+                await self._send_image(link, conn, spool.path)
         except LookupError as exc:  # the log was truncated under a catch-up: start over
             conn.close(f"resync restarts: {exc}")
             return
+        except (sqlite3.Error, SpoolCorruption) as exc:  # our spool cannot be read: this link cannot serve
+            log.error("mate link: reading our spool for the standby failed: %r", exc)
+            conn.close(f"reading the active's spool failed: {exc}")
+            return
         self._drain()
+
+    async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
+        """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
+        async with self._imaging:  # one image at a time; an earlier link's ends at its next piece
+            if conn is self.conn and not conn.closed:
+                out_dir = image_dir(spool_path)
+                try:
+                    await self._stream_image(link, conn, spool_path, out_dir)
+                except (OSError, sqlite3.Error) as exc:  # our disk or our spool: no image for this link
+                    log.error("mate link: cannot make or send the spool image: %r", exc)
+                    conn.close(f"the spool image failed here: {exc}")
+                finally:
+                    await asyncio.to_thread(shutil.rmtree, out_dir, True)
+
+    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
+        info = await asyncio.to_thread(make_image, spool_path, out_dir)
+        log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
+        digest, offset = hashlib.sha256(), 0
+        pieces = read_chunks(info.path, digest)
+        try:
+            while (data := await asyncio.to_thread(next, pieces, None)) is not None:
+                if conn is not self.conn or conn.closed:
+                    return
+                for at in range(0, len(data), IMAGE_PIECE_BYTES):
+                    link.snapshot_image_chunk(offset + at, info.size, data[at:at + IMAGE_PIECE_BYTES])
+                offset += len(data)
+                self._drain()
+                while conn.unsent > IMAGE_UNSENT_MAX and not conn.closed:
+                    await asyncio.sleep(IMAGE_WAIT_S)
+        finally:
+            pieces.close()
+        if conn is self.conn and not conn.closed:
+            link.snapshot_image_done(info.point, offset, digest.digest())
+            self._drain()
 
 
 class StandbyReplication(_Replication):
@@ -267,6 +320,8 @@ class StandbyReplication(_Replication):
         self._task: asyncio.Task | None = None
         self._closed: asyncio.Event | None = None
         self._work: asyncio.Queue | None = None
+        self._image_queued = 0  # bytes of IMAGE pieces received and not yet written
+        self._committing: collections.deque[asyncio.Future] = collections.deque()  # ops handed to the writer
         self.links_made = 0
         self.snapshots_installed = 0
         self._stopping = False
@@ -310,6 +365,8 @@ class StandbyReplication(_Replication):
     async def _one_link(self, loop: asyncio.AbstractEventLoop, address: tuple[str, int]) -> None:
         self._closed = asyncio.Event()
         self._work = asyncio.Queue()
+        self._image_queued = 0
+        self._committing = collections.deque()
         established = asyncio.Event()
         conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
                               counters=self.counters, on_established=lambda c: established.set(),
@@ -327,6 +384,8 @@ class StandbyReplication(_Replication):
             self.links_made += 1
             self._drain()
             await self._closed.wait()
+            if self.link.plan is not None and not self._stopping:  # a link that was up, not a refused redial
+                log.warning("mate link to the active %s down: %s", conn.peer, conn.close_reason)
         except TimeoutError:
             conn.close("no handshake")
         finally:
@@ -349,6 +408,10 @@ class StandbyReplication(_Replication):
             return
         self.conn.send(self.link.messages_to_send())
         for request in self.link.requests():
+            if isinstance(request, ImageChunk):
+                self._image_queued += len(request.data)
+                if self._image_queued > IMAGE_QUEUED_MAX_BYTES:
+                    self.conn.transport.pause_reading()  # bounded: the active's pieces wait in TCP meanwhile
             self._work.put_nowait(request)
 
     async def _apply_in_order(self) -> None:
@@ -377,9 +440,18 @@ class StandbyReplication(_Replication):
         link, conn = self.link, self.conn
         try:
             if isinstance(request, Apply):
-                if self.port.writer.pending_ops > PIPELINE_MAX_OPS:
-                    await acks.join()
-                acks.put_nowait(self.port.writer.submit_entries(list(request.entries), asyncio.get_running_loop()))
+                while self.port.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
+                    # Wait for the oldest commit only, not for all of them: the writer keeps a batch to work on.
+                    oldest = self._committing[0]
+                    if not oldest.done():
+                        await asyncio.wait({oldest})
+                    self._committing.popleft()
+                sub = self.port.writer.submit_entries(  # StandbyLink verified the chain within the batch
+                    list(request.entries), asyncio.get_running_loop(), chained=True)
+                self._committing.append(sub.future)
+                while self._committing and self._committing[0].done():
+                    self._committing.popleft()
+                acks.put_nowait(sub)
             elif isinstance(request, SnapshotBatch):
                 if request.first:
                     self._builder = await _in_thread(  # the id history keeps our spool's bound
@@ -387,6 +459,28 @@ class StandbyReplication(_Replication):
                         undo=SnapshotBuilder.abandon)
                 await _in_thread(self._builder.add, request.bodies)
                 link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
+            elif isinstance(request, ImageChunk):
+                if request.first:
+                    self._builder = await _in_thread(ImageReceiver, self._incoming_dir, undo=ImageReceiver.abandon)
+                await _in_thread(self._builder.write, request.offset, [request.data])
+                self._image_queued -= len(request.data)
+                if self._image_queued <= IMAGE_QUEUED_MAX_BYTES // 2 and not conn.closed:
+                    conn.transport.resume_reading()
+                link.consumed(now_ms())
+                link.progressed(0, len(request.data), now_ms())
+            elif isinstance(request, ImageDone):
+                await acks.join()
+                receiver = self._builder
+                log.info("mate link: spool image received (%d bytes): checking it", request.size)
+                await _in_thread(receiver.finish, request.point, request.size, request.digest)
+                self._builder = None  # swapped in now, or never: not to abandon
+                log.info("mate link: spool image checked: swapping it in")
+                await _in_thread(self.port.replace_spool, receiver)
+                if not conn.closed:
+                    link.snapshot_installed(request.point, now_ms())
+                self.snapshots_installed += 1
+                log.info("mate link: full resync (spool image, %d bytes) installed at op %d", request.size,
+                         request.point.seq)
             elif isinstance(request, SnapshotDone):
                 await acks.join()
                 await _in_thread(self._builder.finish, request.point)
@@ -397,7 +491,8 @@ class StandbyReplication(_Replication):
                 self.snapshots_installed += 1
                 log.info("mate link: full resync installed at op %d", request.point.seq)
         except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
-            self.counters["bad_ops"] += 1
+            self.counters["bad_image" if isinstance(exc, ImageRefused) else "bad_ops"] += 1
+            log.warning("mate link: refused what the active sent: %s", exc)
             conn.close(f"refused what the active sent: {exc}")
             return False
         return True

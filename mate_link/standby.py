@@ -13,6 +13,10 @@ Rules:
   which builds a new spool beside the old one and swaps it in only at the batch marked last
   (`SnapshotDone(point)`); until then our old state stands. OPS before the snapshot ended are refused.
   We ACK the snapshot's point only once the adapter reports it installed (`snapshot_installed`).
+  The active may instead ship its spool's file image (IMAGE pieces, then IMAGE_END with the size,
+  digest and head; spool/image.py): pieces must arrive in order (each at the offset where the last
+  ended) and never mix with SNAPSHOT batches; the adapter writes them (`ImageChunk`) and checks
+  and installs the whole (`ImageDone`); the same ACK rule holds.
 - OPS must continue our chain (epoch, seq + 1, chained checksum: spool/chain.verify_chain); they go
   to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
@@ -32,7 +36,7 @@ from appliance.spool.chain import ChainPoint, LogEntry, verify_chain
 from appliance.spool.errors import ChainError
 
 from .active import Endpoint, LinkFault
-from .messages import Ack, Catchup, Join, Message, Ops, Ping, Plan, Pong, Snapshot
+from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +55,20 @@ class SnapshotDone:
     point: ChainPoint
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageChunk:
+    offset: int
+    data: bytes
+    first: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageDone:
+    point: ChainPoint
+    size: int
+    digest: bytes
+
+
 @dataclasses.dataclass(slots=True)
 class ResyncProgress:
     """One catch-up as this standby applies it: ops and op-body bytes done durably, and announced in all."""
@@ -61,17 +79,22 @@ class ResyncProgress:
     ops_done: int = 0
     bytes_done: int = 0
     finished_ms: int | None = None
+    image: bool = False  # a snapshot shipped as the spool's file image: its progress is in bytes
 
     def view(self, now_ms: int) -> dict:
         """The redundancy view's `resync` (rates over the whole catch-up so far; ETA at that rate)."""
         elapsed_ms = max(1, (self.finished_ms if self.finished_ms is not None else now_ms) - self.started_ms)
         running = self.finished_ms is None
         # None: not known yet (a snapshot's size comes with its first batch, once the active has built it).
-        known = not running or self.kind is not Catchup.SNAPSHOT or self.ops_total > 0
+        known = not running or self.kind is not Catchup.SNAPSHOT or self.ops_total > 0 or self.bytes_total > 0
         ops_to_go = max(0, self.ops_total - self.ops_done) if running else 0
         bytes_to_go = max(0, self.bytes_total - self.bytes_done) if running else 0
         rate = self.ops_done * 1000 / elapsed_ms
-        eta_ms = 0 if not running else round(ops_to_go * 1000 / rate) if known and rate else None
+        if self.image:  # an image's pages are not ops: its ETA goes by bytes
+            to_go, rate_for_eta = bytes_to_go, self.bytes_done * 1000 / elapsed_ms
+        else:
+            to_go, rate_for_eta = ops_to_go, rate
+        eta_ms = 0 if not running else round(to_go * 1000 / rate_for_eta) if known and rate_for_eta else None
         return {"kind": self.kind.name.lower(), "state": "running" if running else "done",
                 "ops_done": self.ops_done, "ops_to_go": ops_to_go if known else None, "bytes_done": self.bytes_done,
                 "bytes_to_go": bytes_to_go if known else None, "elapsed_ms": elapsed_ms, "ops_per_s": round(rate, 1),
@@ -93,6 +116,7 @@ class StandbyLink(Endpoint):
         self.heard_at = now_ms
         self._in_snapshot = False
         self._snapshot_batches = 0
+        self._image_bytes: int | None = None  # an image snapshot's bytes so far (None: not an image)
         self._snapshot_uninstalled = False  # a SNAPSHOT plan until the adapter installed it
         self._acked = head.seq
         self.progress: ResyncProgress | None = None  # the catch-up of this link, if it needed one
@@ -124,6 +148,10 @@ class StandbyLink(Endpoint):
             self._on_plan(m, now_ms)
         elif isinstance(m, Snapshot):
             self._on_snapshot(m)
+        elif isinstance(m, Image):
+            self._on_image(m)
+        elif isinstance(m, ImageEnd):
+            self._on_image_end(m)
         elif isinstance(m, Ops):
             self._on_ops(m)
         else:
@@ -148,8 +176,9 @@ class StandbyLink(Endpoint):
             self._snapshot_uninstalled = True
 
     def _on_snapshot(self, m: Snapshot) -> None:
-        if not self._in_snapshot:
-            raise LinkFault("a SNAPSHOT outside a snapshot catch-up")
+        if not self._in_snapshot or self._image_bytes is not None:
+            raise LinkFault("a SNAPSHOT outside a snapshot catch-up" if not self._in_snapshot
+                            else "a SNAPSHOT batch inside a spool image")
         self._requests.append(SnapshotBatch(m.bodies, first=self._snapshot_batches == 0))
         if self._snapshot_batches == 0:
             self.progress.ops_total, self.progress.bytes_total = m.ops_total, m.bytes_total
@@ -159,6 +188,31 @@ class StandbyLink(Endpoint):
             self.progress.ops_total += max(0, self.plan.target.seq - m.last.seq)  # the ops that follow it
             self.head = m.last  # the ops that follow chain on the snapshot's point
             self._requests.append(SnapshotDone(m.last))
+
+    def _on_image(self, m: Image) -> None:
+        if not self._in_snapshot or self._snapshot_batches:
+            raise LinkFault("an IMAGE outside a snapshot catch-up" if not self._in_snapshot
+                            else "an IMAGE piece after SNAPSHOT batches")
+        first = self._image_bytes is None
+        if first:
+            self._image_bytes = 0
+            self.progress.image, self.progress.bytes_total = True, m.total
+        if m.offset != self._image_bytes:
+            raise LinkFault(f"an IMAGE piece at byte {m.offset}, but {self._image_bytes} bytes arrived so far")
+        self._image_bytes += len(m.data)
+        self._requests.append(ImageChunk(m.offset, m.data, first))
+
+    def _on_image_end(self, m: ImageEnd) -> None:
+        if not self._in_snapshot:
+            raise LinkFault("an IMAGE_END outside a snapshot catch-up")
+        if self._image_bytes is None:
+            raise LinkFault("an IMAGE_END before any IMAGE piece")
+        if m.size != self._image_bytes:
+            raise LinkFault(f"an IMAGE_END for {m.size} bytes, but {self._image_bytes} arrived (truncated or padded)")
+        self._in_snapshot = False
+        self.progress.ops_total += max(0, self.plan.target.seq - m.point.seq)  # the ops that follow it
+        self.head = m.point  # the ops that follow chain on the image's head
+        self._requests.append(ImageDone(m.point, m.size, m.digest))
 
     def _on_ops(self, m: Ops) -> None:
         if self._in_snapshot:
@@ -201,6 +255,11 @@ class StandbyLink(Endpoint):
         p.bytes_done += nbytes
         if not self._snapshot_uninstalled and self.durable.seq >= self.plan.target.seq:
             p.finished_ms = now_ms
+
+    def consumed(self, now_ms: int) -> None:
+        """The adapter is still consuming what the active sent (it stopped reading meanwhile, to bound what it
+        holds): that silence is ours, not the active's."""
+        self.heard_at = max(self.heard_at, now_ms)
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from appliance.spool.chain import GENESIS, ChainPoint, LogEntry, chain
 from mate_link.messages import (
-    MAX_OP_BYTES, Ack, Catchup, Join, MalformedMessage, Ops, Ping, Plan, Pong, Snapshot, decode, encode,
+    MAX_IMAGE_CHUNK_BYTES, MAX_OP_BYTES, Ack, Catchup, Image, ImageEnd, Join, MalformedMessage, Ops, Ping, Plan,
+    Pong, Snapshot, decode, encode,
 )
 from mate_link.resync import plan_resync
 
@@ -21,6 +22,8 @@ messages = st.one_of(
     st.builds(Ops, u64, st.lists(entries, max_size=5).map(tuple)),
     st.builds(Ack, u64, u64),
     st.builds(Snapshot, u64, st.lists(st.binary(max_size=64), max_size=5).map(tuple), st.none() | points),
+    st.builds(Image, u64, u64, u64, st.binary(max_size=64)),
+    st.builds(ImageEnd, u64, points, u64, st.binary(min_size=32, max_size=32)),
     st.builds(Ping, u64, u64),
     st.builds(Pong, u64, u64),
 )
@@ -54,7 +57,8 @@ def test_garbage_is_a_clean_refusal_or_a_canonical_message(raw):
 
 
 @pytest.mark.parametrize("raw, why", [
-    (b"\x09" + bytes(8), "unknown message type 9"),
+    (b"\x0a" + bytes(8), "unknown message type 10"),
+    (b"\x08" + bytes(8) + bytes(16) + (MAX_IMAGE_CHUNK_BYTES + 1).to_bytes(4, "big"), "-byte image chunk"),
     (b"\x02" + bytes(8) + b"\x07" + bytes(40), "unknown catch-up kind 7"),
     (b"\x03" + bytes(8) + b"\xff\xff\xff\xff", "ops in one message"),
     (b"\x03" + bytes(8) + b"\x00\x00\x00\x01" + bytes(32) + (MAX_OP_BYTES + 1).to_bytes(4, "big"), "-byte op"),

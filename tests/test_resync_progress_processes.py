@@ -1,9 +1,9 @@
 """Resync progress with real node processes, read the way an operator reads it: `pairmq show redundancy --json`.
 
-The primary's spool holds 150,000 queued messages (built with the spool writer before any node
+The primary's spool holds 100,000 queued 4 KiB messages (built with the spool writer before any node
 starts: bench/spoolfill.py); the backup's is empty. The group starts; the primary, further ahead,
-takes activity and sends the backup a full snapshot. While the backup
-catches up, the CLI shows its progress (ops done only growing, ops to go only shrinking, a rate
+takes activity and sends the backup a full snapshot (the spool's file image). While the backup
+catches up, the CLI shows its progress (bytes done only growing, bytes to go only shrinking, a rate
 and an ETA) and redundancy Down on both routing nodes; then the resync is done and redundancy Up.
 """
 
@@ -23,8 +23,8 @@ from tests.group import REPO, Group
 
 pytestmark = pytest.mark.processes
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
-MESSAGES = 150_000
-PAYLOAD_BYTES = 512
+MESSAGES = 100_000
+PAYLOAD_BYTES = 4096  # an image big enough (~440 MB) that the CLI, half a second a call, sees it move
 
 
 def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
@@ -38,7 +38,7 @@ def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
 
 
 def test_a_snapshot_resync_shows_its_progress_then_redundancy_up(tmp_path):
-    # Taking activity, the primary rebuilds its broker core from 150,000 messages on its event loop (~4 s on a
+    # Taking activity, the primary rebuilds its broker core from 100,000 messages on its event loop (~4 s on a
     # busy machine): not this test's subject, so the loop-stall watchdog gets room (docs/redundancy.md).
     g = Group(tmp_path / "group", limits=Limits(session_queue_max_messages=MESSAGES),
               timers=Timers(broker_stall_ms=30_000))
@@ -63,22 +63,27 @@ def test_a_snapshot_resync_shows_its_progress_then_redundancy_up(tmp_path):
                 break
             time.sleep(0.05)
     print(f"{len(running)} progress samples while running: " + ", ".join(
-        f"{s['ops_done']:,} done/{s['ops_to_go']} to go" for s in running))
+        f"{s['bytes_done']:,} B done/{s['bytes_to_go']} to go" for s in running))
     print(f"done: {final}")
     assert len(running) >= 2, f"the CLI showed the resync running only {len(running)} time(s): {running}"
     assert all(s["kind"] == "snapshot" for s in running) and final["kind"] == "snapshot"
-    # A snapshot's size is unknown (None) until the active built it and its first batch arrived; then known.
-    known = [s["ops_to_go"] is not None for s in running]
-    assert known == sorted(known) and known[-1], f"ops to go known then unknown again: {running}"
-    running = [s for s in running if s["ops_to_go"] is not None]
-    done = [s["ops_done"] for s in running]
-    to_go = [s["ops_to_go"] for s in running]
-    assert done == sorted(done) and done[-1] > done[0], f"ops done did not grow: {done}"
-    assert to_go == sorted(to_go, reverse=True) and to_go[-1] < to_go[0], f"ops to go did not shrink: {to_go}"
+    # A full resync ships the spool's file image (docs/mate_link.md): its progress counts bytes, and its size is
+    # unknown (None) until the active made the image and its first piece arrived; then known.
+    known = [s["bytes_to_go"] is not None for s in running]
+    assert known == sorted(known) and known[-1], f"bytes to go known then unknown again: {running}"
+    running = [s for s in running if s["bytes_to_go"] is not None]
+    done = [s["bytes_done"] for s in running]
+    to_go = [s["bytes_to_go"] for s in running]
+    # Never backwards. (The image moves in about a second here, and one CLI call takes half of one: the samples
+    # may all come from after its last byte, while the standby checks and swaps it in; so not "must grow".)
+    assert done == sorted(done), f"bytes done went backwards: {done}"
+    assert to_go == sorted(to_go, reverse=True), f"bytes to go grew: {to_go}"
+    assert len({d + t for d, t in zip(done, to_go)}) == 1, f"the image's size changed: {done} / {to_go}"
     assert len(running) >= 2, f"the CLI showed a known size only {len(running)} time(s)"
-    assert all(s["ops_per_s"] > 0 and s["eta_ms"] is not None for s in running if s["ops_done"])
-    assert all(s["bytes_done"] + s["bytes_to_go"] > MESSAGES * PAYLOAD_BYTES for s in running if s["bytes_done"])
+    assert all(s["bytes_per_s"] > 0 and s["eta_ms"] is not None for s in running if s["bytes_done"])
+    # The image holds every message's body (and the op log the primary keeps): more than the payloads.
+    assert all(s["bytes_done"] + s["bytes_to_go"] > MESSAGES * PAYLOAD_BYTES for s in running)
     assert statuses == {("Down", "Down")}, f"redundancy while resyncing (primary, backup): {statuses}"
-    # Every op of the snapshot: one body and one queue entry per message, the session's three ops.
-    assert final["ops_done"] == 2 * MESSAGES + 3 and final["ops_to_go"] == 0 and final["bytes_to_go"] == 0
+    assert final["bytes_to_go"] == 0 and final["ops_to_go"] == 0
+    assert final["bytes_done"] == running[-1]["bytes_done"] + running[-1]["bytes_to_go"], "the whole image, once"
     assert head.seq == 2 * MESSAGES + 3

@@ -102,15 +102,20 @@ class SnapshotBuilder:
     def swap_into(self, spool_dir: Path) -> None:
         """Replace the (closed) spool in `spool_dir` with the finished one."""
         assert self.finished is not None, "swap_into before finish"
-        spool_dir = Path(spool_dir)
-        target = spool_dir / FILE_NAME
-        for stale in (Path(f"{target}-wal"), Path(f"{target}-shm")):
-            stale.unlink(missing_ok=True)  # the old file's; its connections are closed (checkpointed)
         fd = os.open(self.incoming_dir / FILE_NAME, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(self.incoming_dir / FILE_NAME, target)
-        _fsync_dir(spool_dir)
-        shutil.rmtree(self.incoming_dir, ignore_errors=True)
+        install_file(self.incoming_dir, spool_dir)
+
+
+def install_file(incoming_dir: Path, spool_dir: Path) -> None:
+    """Rename `incoming_dir`'s (synced) spool file over the closed spool in `spool_dir`, then remove the rest."""
+    spool_dir = Path(spool_dir)
+    target = spool_dir / FILE_NAME
+    for stale in (Path(f"{target}-wal"), Path(f"{target}-shm")):
+        stale.unlink(missing_ok=True)  # the old file's; its connections are closed (checkpointed)
+    os.replace(Path(incoming_dir) / FILE_NAME, target)
+    _fsync_dir(spool_dir)
+    shutil.rmtree(incoming_dir, ignore_errors=True)

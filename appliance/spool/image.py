@@ -1,0 +1,158 @@
+"""A spool's file image: how a full resync ships the spool's pages instead of re-encoding rows as ops.
+
+Rules:
+- The active makes the image with SQLite's online backup API (`make_image`) in one step: one read
+  transaction of a separate connection, so the image matches the head its meta table records,
+  whatever the writer commits meanwhile (the writer never waits for it: WAL), and the GIL is free
+  meanwhile (`Connection.serialize` holds it: a 1.5 GB spool froze the active's loop for 12 s).
+  The copy goes to `image_dir(spool)`: memory (/dev/shm) when it has room for it, else beside the
+  spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
+  commits) wait behind its writeback: the active's loop stalled for seconds (1,000,000 messages).
+  It is streamed from there (`read_chunks`) with its SHA-256 taken on the way, then removed.
+- The standby writes what arrives to `<incoming dir>/spool.db` (`ImageReceiver`), in order: a
+  chunk at any offset but the next one is refused (`ImageRefused`). It syncs the file every
+  SYNC_BYTES as it goes, so its dirty pages stay bounded (the same stall, on the standby). Nothing of it counts until
+  `finish`, which checks, in order: the size announced, the digest announced, then the file as
+  the store checks any spool it opens (`Spool.open`: pages, schema, the log's chain) and that its
+  head is the point announced. Any failure is `ImageRefused` with what was wrong (the active's
+  fault, or damage on the way: the link closes and the standby resyncs); the file is removed.
+- A refused or abandoned image never touches the live spool: `swap_into` (as `SnapshotBuilder`'s)
+  needs the live spool closed, fsyncs the file, renames it over `spool.db`, fsyncs the directory.
+- The image carries the active's op log (what its writer keeps) and meta (head and base): after
+  the swap the standby continues the chain from the head, and could itself serve an incremental
+  resync from that log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from .chain import ChainPoint
+from .sql import read_meta
+from .install import install_file
+from .store import FILE_NAME, Spool, connect, vouch
+from ..errors import SpoolCorruption
+
+DIGEST_BYTES = 32
+READ_BYTES = 4 << 20  # read from the image per worker-thread call on the active
+SYNC_BYTES = 64 << 20  # the standby syncs what it received every this many bytes
+
+
+class ImageRefused(ValueError):
+    """A received spool image that must not be installed (the peer's fault or damage in transit)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageInfo:
+    path: Path
+    point: ChainPoint  # the head the image holds
+    size: int
+
+
+def image_dir(spool_path: Path) -> Path:
+    """Where the active puts its copy: memory if /dev/shm has room for twice the spool, else beside it."""
+    spool_path = Path(spool_path)
+    need = 2 * sum(p.stat().st_size for p in (spool_path, Path(f"{spool_path}-wal")) if p.exists())
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
+        return shm / f"pairmq-image-{os.getpid()}-{spool_path.parent.name}"
+    return spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
+
+
+def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
+    """Copy the spool at `spool_path` to `out_dir/spool.db` in one consistent read (see the rules)."""
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
+    out_dir.mkdir(parents=True)
+    out = out_dir / FILE_NAME
+    source, target = connect(spool_path), connect(out)
+    try:
+        target.execute("PRAGMA synchronous=OFF")  # a scratch copy: the standby syncs what it installs
+        source.backup(target)  # pages=-1: one step, one read transaction of the source
+        head, _, _ = read_meta(target)
+    finally:
+        target.close()
+        source.close()
+    return ImageInfo(out, head, out.stat().st_size)
+
+
+def read_chunks(path: Path, digest) -> Iterator[bytes]:
+    """The file at `path` in READ_BYTES pieces, fed to `digest` (a hashlib object) on the way."""
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_BYTES):
+            digest.update(chunk)
+            yield chunk
+
+
+class ImageReceiver:
+    """A standby's incoming spool image, written as it arrives, checked whole at `finish`."""
+
+    def __init__(self, incoming_dir: Path) -> None:
+        self.incoming_dir = Path(incoming_dir)
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)  # a half-received earlier attempt
+        self.incoming_dir.mkdir(parents=True)
+        self.path = self.incoming_dir / FILE_NAME
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._digest = hashlib.sha256()
+        self.received = 0
+        self._synced = 0
+        self.finished: ChainPoint | None = None
+
+    def write(self, offset: int, chunks: list[bytes]) -> None:
+        """Append `chunks`, which start at `offset` (the end of what we hold)."""
+        if self._fd < 0:
+            raise RuntimeError(f"the image in {self.incoming_dir} is closed")
+        if offset != self.received:
+            raise ImageRefused(f"an image chunk at byte {offset}, but {self.received} bytes arrived so far")
+        for chunk in chunks:
+            self._digest.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self.received += len(chunk)
+        if self.received - self._synced >= SYNC_BYTES:
+            os.fdatasync(self._fd)
+            self._synced = self.received
+
+    def finish(self, point: ChainPoint, size: int, digest: bytes) -> None:
+        """Check the whole image (see the rules); `ImageRefused` and the file removed if it fails."""
+        try:
+            self._check(point, size, digest)
+        except BaseException:
+            self.abandon()
+            raise
+        self.finished = point
+
+    def _check(self, point: ChainPoint, size: int, digest: bytes) -> None:
+        if self.received != size:
+            raise ImageRefused(f"the image is {size} bytes, but {self.received} arrived (truncated or padded)")
+        if self._digest.digest() != digest:
+            raise ImageRefused("the image's SHA-256 does not match the one the active sent (damaged in transit)")
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            with Spool.open(self.incoming_dir) as spool:
+                head = spool.head
+        except SpoolCorruption as exc:
+            raise ImageRefused(f"the image is not a sound spool: {exc}") from None
+        if head != point:
+            raise ImageRefused(f"the image holds op {head.seq} (epoch {head.epoch}) as its head, but the active "
+                               f"announced op {point.seq} (epoch {point.epoch})")
+        vouch(self.path)  # checked whole here: opened as the live spool next, it is not checked page by page again
+
+    def abandon(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)
+
+    def swap_into(self, spool_dir: Path) -> None:
+        """Replace the (closed) spool in `spool_dir` with the checked image."""
+        assert self.finished is not None, "swap_into before finish"
+        install_file(self.incoming_dir, spool_dir)  # synced in finish
