@@ -16,9 +16,8 @@ import json
 import time
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from . import ingest
+from . import ingest, partials
 from . import transforms as t
 
 REPORT_VERSION = 1
@@ -27,29 +26,26 @@ REPORT_VERSION = 1
 def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) -> dict:
     started = time.monotonic()
     loaded = ingest.load(spark, roots, out)
-    all_rows = loaded.events
-    counts_df = all_rows.transform(t.event_counts).cache()
-    # Parquet is read by column, so the events are not cached whole; the two narrow tables most reports use are.
-    events = all_rows.transform(t.valid)
-    pub = events.transform(t.published).cache()
-    stage_rows = events.transform(t.stages).cache()
+    p = loaded.partials
+    # Every report reads partials (small or narrow); the three that several reports read are cached.
+    traffic, messages, small = p.traffic.cache(), p.messages.cache(), p.small.cache()
     reports: dict[str, DataFrame] = {
-        "event_counts": counts_df,
-        "rates_per_minute": pub.transform(t.rates_per_minute),
-        "stages": stage_rows.transform(t.stage_counts),
-        "latency": t.latency_percentiles(t.latencies(pub, stage_rows)),
-        "incidents": events.transform(t.incidents),
-        "top_topics": t.top_topics(pub, top_n),
-        "top_clients": t.top_clients(pub, top_n),
-        "delivery_problems": t.delivery_problems(events, stage_rows),
-        "overload_episodes": events.transform(t.overload_episodes),
-        "unlogged": events.transform(t.unlogged),
+        "event_counts": t.event_counts(p.counts),
+        "rates_per_minute": t.rates_per_minute(traffic),
+        "stages": t.stage_counts(messages),
+        "latency": t.latency_percentiles(t.latencies(messages, _topic_names(spark, traffic))),
+        "incidents": t.incidents(small, p.pulses, messages),
+        "top_topics": t.top_topics(traffic, top_n),
+        "top_clients": t.top_clients(traffic, top_n),
+        "delivery_problems": t.delivery_problems(small, p.deliveries),
+        "overload_episodes": small.transform(t.overload_episodes),
+        "unlogged": small.transform(t.unlogged),
     }
     collected = {name: df.collect() for name, df in reports.items()}
     rows = {name: [_plain(r.asDict()) for r in got] for name, got in collected.items()}
     incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
-    avail = _plain(t.availability(events, incident_rows).collect()[0].asDict())
-    total_bytes = pub.agg(F.coalesce(F.sum("bytes"), F.lit(0)).alias("b")).collect()[0]["b"]
+    avail = _plain(t.availability(p.span, incident_rows).collect()[0].asDict())
+    total_bytes = sum(r["bytes"] or 0 for r in rows["rates_per_minute"])  # every published message is in one minute
     per_node = {}
     for r in rows["event_counts"]:
         per_node.setdefault(r["node"], {})[r["event"]] = r["events"]
@@ -71,9 +67,19 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
         for name, df in reports.items():  # from the collected rows: the reports are small, their inputs are not
             spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite") \
                 .parquet(f"{out}/reports/{name}")
-    for df in (counts_df, pub, stage_rows):
+    for df in (traffic, messages, small):
         df.unpersist()
     return view
+
+
+def _topic_names(spark, traffic: DataFrame) -> DataFrame:
+    """The published topics and their hashes (partials.per_message), checked: two topics with one hash would merge
+    their latencies (odds about n² / 2⁶⁵ for n topics), so the job refuses rather than report that."""
+    names = partials.topic_names(traffic)
+    got = names.collect()
+    if len({r["topic_hash"] for r in got}) != len(got):
+        raise ingest.AnalyticsError("two topics have the same xxhash64: the latency report cannot tell them apart")
+    return spark.createDataFrame(got, names.schema)
 
 
 def write_json(view: dict, path) -> None:
