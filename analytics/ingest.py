@@ -22,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import re
 
@@ -121,8 +122,11 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
         added = [f for f in _files(spark, table) if f not in before]
         rows = spark.read.schema(schema.TABLE).option("basePath", table).parquet(*added)
         where = f"{tables}/partials/{batch}"
-        for kind, df in partials.reduce(rows).frames().items():
-            df.write.mode("overwrite").parquet(f"{where}/{kind}")
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="partials") as pool:
+            writes = [pool.submit(df.write.mode("overwrite").parquet, f"{where}/{kind}")
+                      for kind, df in partials.reduce(rows).frames().items()]
+            for w in writes:
+                w.result()
         parts.append(_read_partials(spark, where))
         spark.createDataFrame([(p, batch) for p in new], "path string, batch string").write.mode("append") \
             .parquet(manifest)

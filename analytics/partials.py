@@ -36,12 +36,11 @@ MESSAGE_KEY = ("node", "epoch", "msg_id")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Partials:
-    counts: DataFrame  # node, event, events: every row, malformed ones as event `malformed`
+    counts: DataFrame  # node, event, events, first_ts, last_ts: every row, malformed ones as event `malformed`
     traffic: DataFrame  # minute, node, topic, client, messages, bytes: the published messages
     messages: DataFrame  # per_message(): one row per (node, epoch, msg_id)
     deliveries: DataFrame  # client, msg_id, deliveries: `delivered` stage events per message and subscriber
     pulses: DataFrame  # node, second, ts: each node's last sign of serving in each second
-    span: DataFrame  # start, end: the first and last valid event (null without one)
     small: DataFrame  # the valid rows that are neither published nor stage events (decisions, pulses, clients...)
 
     def frames(self) -> dict[str, DataFrame]:
@@ -52,9 +51,12 @@ KINDS = tuple(f.name for f in dataclasses.fields(Partials))
 
 
 def event_counts(events: DataFrame) -> DataFrame:
-    """node, event, events: what each node logged (malformed rows as event `malformed`)."""
+    """node, event, events, first_ts, last_ts: what each node logged and when (malformed rows as event `malformed`,
+    without times)."""
     name = F.when(F.col("malformed"), F.lit("malformed")).otherwise(F.col("event"))
-    return events.groupBy("node", name.alias("event")).agg(F.count(F.lit(1)).alias("events"))
+    ts = F.when(~F.col("malformed"), F.col("ts"))
+    return events.groupBy("node", name.alias("event")).agg(F.count(F.lit(1)).alias("events"),
+                                                           F.min(ts).alias("first_ts"), F.max(ts).alias("last_ts"))
 
 
 def traffic(events: DataFrame) -> DataFrame:
@@ -110,8 +112,9 @@ def pulses(events: DataFrame) -> DataFrame:
     return events.filter(serving).groupBy("node", F.floor("ts").alias("second")).agg(F.max("ts").alias("ts"))
 
 
-def span(events: DataFrame) -> DataFrame:
-    return events.agg(F.min("ts").alias("start"), F.max("ts").alias("end"))
+def span(counts: DataFrame) -> DataFrame:
+    """start, end: the first and last valid event (null without one), from `event_counts`."""
+    return counts.agg(F.min("first_ts").alias("start"), F.max("last_ts").alias("end"))
 
 
 def small(events: DataFrame) -> DataFrame:
@@ -123,7 +126,7 @@ def reduce(rows: DataFrame) -> Partials:
     """The partials of table rows (schema.TABLE, malformed ones included)."""
     valid = rows.filter(~F.col("malformed"))
     return Partials(counts=event_counts(rows), traffic=traffic(valid), messages=per_message(valid),
-                    deliveries=deliveries(valid), pulses=pulses(valid), span=span(valid), small=small(valid))
+                    deliveries=deliveries(valid), pulses=pulses(valid), small=small(valid))
 
 
 def merge(batches: list[Partials]) -> Partials:
@@ -134,7 +137,9 @@ def merge(batches: list[Partials]) -> Partials:
     union = {k: functools.reduce(DataFrame.unionByName, [getattr(b, k) for b in batches]) for k in KINDS}
     stage_sums = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]
     return Partials(
-        counts=union["counts"].groupBy("node", "event").agg(F.sum("events").alias("events")),
+        counts=union["counts"].groupBy("node", "event").agg(F.sum("events").alias("events"),
+                                                            F.min("first_ts").alias("first_ts"),
+                                                            F.max("last_ts").alias("last_ts")),
         traffic=union["traffic"].groupBy("minute", "node", "topic", "client")
         .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")),
         messages=union["messages"].groupBy(*MESSAGE_KEY).agg(
@@ -142,5 +147,4 @@ def merge(batches: list[Partials]) -> Partials:
             F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered")),
         deliveries=union["deliveries"].groupBy("client", "msg_id").agg(F.sum("deliveries").alias("deliveries")),
         pulses=union["pulses"].groupBy("node", "second").agg(F.max("ts").alias("ts")),
-        span=union["span"].agg(F.min("start").alias("start"), F.max("end").alias("end")),
         small=union["small"])

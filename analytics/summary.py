@@ -11,6 +11,7 @@ Rich table and the charts render). With `--out DIR`, DIR gets:
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import time
@@ -41,10 +42,10 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
         "overload_episodes": small.transform(t.overload_episodes),
         "unlogged": small.transform(t.unlogged),
     }
-    collected = {name: df.collect() for name, df in reports.items()}
+    collected = collect_all(reports)
     rows = {name: [_plain(r.asDict()) for r in got] for name, got in collected.items()}
     incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
-    avail = _plain(t.availability(p.span, incident_rows).collect()[0].asDict())
+    avail = _plain(t.availability(partials.span(p.counts), incident_rows).collect()[0].asDict())
     total_bytes = sum(r["bytes"] or 0 for r in rows["rates_per_minute"])  # every published message is in one minute
     per_node = {}
     for r in rows["event_counts"]:
@@ -70,6 +71,14 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
     for df in (traffic, messages, small):
         df.unpersist()
     return view
+
+
+def collect_all(frames: dict[str, DataFrame], threads: int = 4) -> dict[str, list]:
+    """Every frame's rows, several Spark jobs at once: each small job spends much of its time in the driver
+    (planning, code generation), which a second job's tasks can use the cores during."""
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="report") as pool:
+        futures = {name: pool.submit(df.collect) for name, df in frames.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
 def _topic_names(spark, traffic: DataFrame) -> DataFrame:

@@ -186,7 +186,7 @@ def test_incidents_name_a_step_down_and_skip_the_first_activation(spark):
 
 def test_availability(spark):
     events = frame(spark, *FAILOVER, ev("monitor", 1100, "node_alive"))
-    got = t.availability(events.transform(partials.span), incidents(events))
+    got = t.availability(events.transform(partials.event_counts).transform(partials.span), incidents(events))
     assertDataFrameEqual(got, spark.createDataFrame([(100.0, 1100.0, 1000.0, 1250, 1 - 1.25 / 1000)],
                                                     "start double, end double, period_s double, unavailable_ms long, "
                                                     "availability double"))
