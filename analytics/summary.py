@@ -65,9 +65,12 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
-        for name, df in reports.items():  # from the collected rows: the reports are small, their inputs are not
-            spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite") \
-                .parquet(f"{out}/reports/{name}")
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="report") as pool:
+            # From the collected rows: the reports are small, their inputs are not.
+            writes = [pool.submit(spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite")
+                                  .parquet, f"{out}/reports/{name}") for name, df in reports.items()]
+            for w in writes:
+                w.result()
     for df in (traffic, messages, small):
         df.unpersist()
     return view
