@@ -132,8 +132,7 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
             .parquet(manifest)
     if active:
         parts.append(partials.reduce(read_json(spark, active)))
-    if not parts:
-        raise AnalyticsError(f"no events under {', '.join(roots)}")
+    assert parts, "list_segments found a segment, so there is a batch or an active segment"
     return Loaded(partials.merge(parts), len(new), len(closed) - len(new), len(active))
 
 
