@@ -4,13 +4,17 @@ Rules:
 - Paths go through Hadoop's FileSystem API, so the same code lists and reads
   local directories, hdfs:// and s3a:// (given the connector on a cluster).
 - A closed segment (`events-<node>-<seq>.jsonl`) never changes: once its rows
-  are in `<out>/tables/events` (Parquet, partitioned by day and node) its path
-  goes into `<out>/tables/_ingested`, and later runs skip it. JSON parsing is
-  the expensive part; Parquet is read back by column.
-- Active segments (`events.jsonl`) are still growing: parsed on every run,
-  never stored.
-- The table is appended before the manifest: a crash between the two ingests
-  those segments again on the next run (duplicates, never a gap).
+  are in `<out>/tables/events` (Parquet, partitioned by day and node) and
+  their partial aggregates in `<out>/tables/partials/<batch>/` (partials.py),
+  its path and batch go into `<out>/tables/_batches`, and later runs skip it.
+  JSON parsing is the expensive part; the partials are reduced from the
+  Parquet files this run added, and the reports read only partials.
+- Active segments (`events.jsonl`) are still growing: parsed and reduced on
+  every run, never stored.
+- Table, then partials, then the manifest: a crash before the manifest
+  ingests those segments again on the next run into the same batch number
+  (the orphan partials are overwritten: the reports stay exact; the raw table
+  holds those rows twice).
 - JSON is read with the explicit schema; a line that does not parse, or lacks
   ts, node or event, becomes a row with `malformed` set, counted by the
   summary and ignored by every report.
@@ -18,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import re
 
@@ -26,7 +31,8 @@ from pyspark.sql import functions as F
 
 from appliance.errors import PairMQError
 
-from . import schema
+from . import partials, schema
+from .partials import Partials
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
 ACTIVE = re.compile(r"events\.jsonl$")
@@ -84,36 +90,67 @@ def to_table(raw: DataFrame) -> DataFrame:
 
 @dataclasses.dataclass(slots=True)
 class Loaded:
-    events: DataFrame  # every row, malformed ones flagged
+    partials: Partials  # of every valid row (and the counts of every row), merged
     ingested_now: int  # closed segments parsed by this run
     ingested_before: int  # closed segments read from the table
     active: int  # active segments parsed by this run
 
 
 def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
-    """Every event under `roots`. With `out`, closed segments go through the Parquet table (ingested once)."""
+    """Every event under `roots`, reduced to partials. With `out`, closed segments go through the Parquet table and
+    their partials are stored beside it (ingested once); a re-run reads only those and parses what is new."""
     found = list_segments(spark, roots)
     closed = [s.path for s in found if s.closed]
     active = [s.path for s in found if not s.closed]
     if out is None:
-        return Loaded(read_json(spark, closed + active), len(closed), 0, len(active))
-    table, manifest = f"{out}/tables/events", f"{out}/tables/_ingested"
-    done = set()
+        return Loaded(partials.reduce(read_json(spark, closed + active)), len(closed), 0, len(active))
+    tables = f"{out}/tables"
+    table, manifest = f"{tables}/events", f"{tables}/_batches"
+    if _exists(spark, f"{tables}/_ingested") and not _exists(spark, manifest):
+        raise AnalyticsError(f"{out} was written by an earlier version of the job (no partial aggregates): "
+                             "summarize into a new --out DIR")
+    done: dict[str, str] = {}
     if _exists(spark, manifest):
-        done = {r.path for r in spark.read.parquet(manifest).collect()}
+        done = {r.path: r.batch for r in spark.read.parquet(manifest).collect()}
+    batches = sorted(set(done.values()))
+    parts = [_read_partials(spark, f"{tables}/partials/{b}") for b in batches]
     new = [p for p in closed if p not in done]
     if new:
+        batch = f"{len(batches) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
+        before = set(_files(spark, table))
         read_json(spark, new).write.mode("append").partitionBy("day", "node").parquet(table)
-        spark.createDataFrame([(p,) for p in new], "path string").write.mode("append").parquet(manifest)
-    parts = []
-    if _exists(spark, table):
-        parts.append(spark.read.schema(schema.TABLE).parquet(table).select(*[f.name for f in schema.TABLE.fields]))
+        added = [f for f in _files(spark, table) if f not in before]
+        rows = spark.read.schema(schema.TABLE).option("basePath", table).parquet(*added)
+        where = f"{tables}/partials/{batch}"
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="partials") as pool:
+            writes = [pool.submit(df.write.mode("overwrite").parquet, f"{where}/{kind}")
+                      for kind, df in partials.reduce(rows).frames().items()]
+            for w in writes:
+                w.result()
+        parts.append(_read_partials(spark, where))
+        spark.createDataFrame([(p, batch) for p in new], "path string, batch string").write.mode("append") \
+            .parquet(manifest)
     if active:
-        parts.append(read_json(spark, active))
-    events = parts[0]
-    for part in parts[1:]:
-        events = events.unionByName(part)
-    return Loaded(events, len(new), len(closed) - len(new), len(active))
+        parts.append(partials.reduce(read_json(spark, active)))
+    assert parts, "list_segments found a segment, so there is a batch or an active segment"
+    return Loaded(partials.merge(parts), len(new), len(closed) - len(new), len(active))
+
+
+def _read_partials(spark: SparkSession, where: str) -> Partials:
+    return Partials(**{kind: spark.read.parquet(f"{where}/{kind}") for kind in partials.KINDS})
+
+
+def _files(spark: SparkSession, root: str) -> list[str]:
+    jpath = spark._jvm.org.apache.hadoop.fs.Path(root)
+    fs = jpath.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(jpath):
+        return []
+    found, files = [], fs.listFiles(jpath, True)
+    while files.hasNext():
+        name = files.next().getPath().toString()
+        if name.endswith(".parquet"):
+            found.append(name)
+    return found
 
 
 def _exists(spark: SparkSession, path: str) -> bool:

@@ -24,7 +24,9 @@ def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_pa
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "2g")
                .config("spark.driver.extraJavaOptions", quiet)
-               .config("spark.sql.adaptive.enabled", "true"))
+               .config("spark.sql.adaptive.enabled", "true")
+               # Ingest writes one file per (day, node) per task: a writer each instead of sorting the rows first.
+               .config("spark.sql.maxConcurrentOutputFileWriters", "32"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -11,14 +11,14 @@ Rich table and the charts render). With `--out DIR`, DIR gets:
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import time
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from . import ingest
+from . import ingest, partials
 from . import transforms as t
 
 REPORT_VERSION = 1
@@ -27,29 +27,26 @@ REPORT_VERSION = 1
 def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) -> dict:
     started = time.monotonic()
     loaded = ingest.load(spark, roots, out)
-    all_rows = loaded.events
-    counts_df = all_rows.transform(t.event_counts).cache()
-    # Parquet is read by column, so the events are not cached whole; the two narrow tables most reports use are.
-    events = all_rows.transform(t.valid)
-    pub = events.transform(t.published).cache()
-    stage_rows = events.transform(t.stages).cache()
+    p = loaded.partials
+    # Every report reads partials (small or narrow); the three that several reports read are cached.
+    traffic, messages, small = p.traffic.cache(), p.messages.cache(), p.small.cache()
     reports: dict[str, DataFrame] = {
-        "event_counts": counts_df,
-        "rates_per_minute": pub.transform(t.rates_per_minute),
-        "stages": stage_rows.transform(t.stage_counts),
-        "latency": t.latency_percentiles(t.latencies(pub, stage_rows)),
-        "incidents": events.transform(t.incidents),
-        "top_topics": t.top_topics(pub, top_n),
-        "top_clients": t.top_clients(pub, top_n),
-        "delivery_problems": t.delivery_problems(events, stage_rows),
-        "overload_episodes": events.transform(t.overload_episodes),
-        "unlogged": events.transform(t.unlogged),
+        "event_counts": t.event_counts(p.counts),
+        "rates_per_minute": t.rates_per_minute(traffic),
+        "stages": t.stage_counts(messages),
+        "latency": t.latency_percentiles(t.latencies(messages, _topic_names(spark, traffic))),
+        "incidents": t.incidents(small, p.pulses, messages),
+        "top_topics": t.top_topics(traffic, top_n),
+        "top_clients": t.top_clients(traffic, top_n),
+        "delivery_problems": t.delivery_problems(small, p.deliveries),
+        "overload_episodes": small.transform(t.overload_episodes),
+        "unlogged": small.transform(t.unlogged),
     }
-    collected = {name: df.collect() for name, df in reports.items()}
+    collected = collect_all(reports)
     rows = {name: [_plain(r.asDict()) for r in got] for name, got in collected.items()}
     incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
-    avail = _plain(t.availability(events, incident_rows).collect()[0].asDict())
-    total_bytes = pub.agg(F.coalesce(F.sum("bytes"), F.lit(0)).alias("b")).collect()[0]["b"]
+    avail = _plain(t.availability(partials.span(p.counts), incident_rows).collect()[0].asDict())
+    total_bytes = sum(r["bytes"] or 0 for r in rows["rates_per_minute"])  # every published message is in one minute
     per_node = {}
     for r in rows["event_counts"]:
         per_node.setdefault(r["node"], {})[r["event"]] = r["events"]
@@ -68,12 +65,33 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
-        for name, df in reports.items():  # from the collected rows: the reports are small, their inputs are not
-            spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite") \
-                .parquet(f"{out}/reports/{name}")
-    for df in (counts_df, pub, stage_rows):
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="report") as pool:
+            # From the collected rows: the reports are small, their inputs are not.
+            writes = [pool.submit(spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite")
+                                  .parquet, f"{out}/reports/{name}") for name, df in reports.items()]
+            for w in writes:
+                w.result()
+    for df in (traffic, messages, small):
         df.unpersist()
     return view
+
+
+def collect_all(frames: dict[str, DataFrame], threads: int = 4) -> dict[str, list]:
+    """Every frame's rows, several Spark jobs at once: each small job spends much of its time in the driver
+    (planning, code generation), which a second job's tasks can use the cores during."""
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="report") as pool:
+        futures = {name: pool.submit(df.collect) for name, df in frames.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _topic_names(spark, traffic: DataFrame) -> DataFrame:
+    """The published topics and their hashes (partials.per_message), checked: two topics with one hash would merge
+    their latencies (odds about n² / 2⁶⁵ for n topics), so the job refuses rather than report that."""
+    names = partials.topic_names(traffic)
+    got = names.collect()
+    if len({r["topic_hash"] for r in got}) != len(got):
+        raise ingest.AnalyticsError("two topics have the same xxhash64: the latency report cannot tell them apart")
+    return spark.createDataFrame(got, names.schema)
 
 
 def write_json(view: dict, path) -> None:

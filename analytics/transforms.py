@@ -1,8 +1,11 @@
 """The reports' logic: pure DataFrame -> DataFrame functions (no I/O, no clock), chained with `df.transform`.
 
 Rules (what each report means is in docs/events.md, "What the analytics job reports"):
-- Inputs are the ingested table's rows (schema.TABLE) with malformed rows
-  already removed (`valid`). Outputs have the explicit schemas below.
+- Inputs are the partial aggregates of the valid rows (partials.py: the
+  published traffic, one row per message, deliveries, pulses, and the few
+  other events whole), never the raw rows: each report reads a small or
+  narrow table, and none joins the stage events back to their messages.
+  Outputs have the explicit schemas below.
 - A message is identified on the node that stored it by (node, epoch,
   msg_id): message ids restart after a takeover or a restart, epochs do not.
   Latencies are measured on that node, from the PUBLISH being routed
@@ -21,7 +24,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-MESSAGE_STAGES = ("message_spooled", "message_replicated", "message_delivered", "message_acknowledged")
+from .partials import STAGE_NAMES
+
 SERVER_BUSY = 0x89
 OVERLOAD_GAP_S = 10.0  # overload signals further apart than this are separate episodes
 
@@ -30,54 +34,58 @@ def valid(events: DataFrame) -> DataFrame:
     return events.filter(~F.col("malformed"))
 
 
-def published(events: DataFrame) -> DataFrame:
-    """node, epoch, msg_id, topic, qos, bytes, client, ts, created_ms: one row per stored message."""
-    return (events.filter(F.col("event") == "message_published")
-            .select("node", "epoch", "msg_id", "topic", "qos", "bytes", "client", "ts", "created_ms"))
+def stage_counts(messages: DataFrame) -> DataFrame:
+    """node, stage, messages: how many messages reached each stage on each node (from partials.per_message)."""
+    sums = messages.groupBy("node").agg(*[F.sum(s).alias(s) for s in STAGE_NAMES])
+    pairs = F.explode(F.array(*[F.struct(F.lit(s).alias("stage"), F.col(s).alias("messages")) for s in STAGE_NAMES]))
+    return (sums.select("node", pairs.alias("p"))
+            .select("node", "p.stage", F.col("p.messages").cast("long").alias("messages")).filter(F.col("messages") > 0).orderBy("node", "stage"))
 
 
-def stages(events: DataFrame) -> DataFrame:
-    """node, epoch, msg_id, stage, client, ts: the batched stage events, one row per message."""
-    return (events.filter(F.col("event").isin(*MESSAGE_STAGES))
-            .select("node", "epoch", F.explode("msg_ids").alias("msg_id"),
-                    F.regexp_replace("event", "^message_", "").alias("stage"), "client", "ts"))
-
-
-def stage_counts(stage_rows: DataFrame) -> DataFrame:
-    """node, stage, messages: how many messages reached each stage on each node."""
-    return stage_rows.groupBy("node", "stage").agg(F.count(F.lit(1)).alias("messages")).orderBy("node", "stage")
-
-
-def rates_per_minute(pub: DataFrame) -> DataFrame:
-    """minute (timestamp), node, topic, messages, bytes."""
-    minute = F.timestamp_seconds(F.floor(F.col("ts") / 60) * 60).alias("minute")
-    return (pub.groupBy(minute, "node", "topic")
-            .agg(F.count(F.lit(1)).alias("messages"), F.sum("bytes").alias("bytes"))
+def rates_per_minute(traffic: DataFrame) -> DataFrame:
+    """minute (timestamp), node, topic, messages, bytes (from partials.traffic)."""
+    return (traffic.groupBy("minute", "node", "topic")
+            .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
             .orderBy("minute", "node", "topic"))
 
 
-def latencies(pub: DataFrame, stage_rows: DataFrame) -> DataFrame:
-    """topic, stage (delivered | replicated), node, epoch, msg_id, latency_ms: first time each message got there."""
-    firsts = (stage_rows.filter(F.col("stage").isin("delivered", "replicated"))
-              .groupBy("node", "epoch", "msg_id", "stage").agg(F.min("ts").alias("at")))
-    return (pub.join(firsts, ["node", "epoch", "msg_id"])
-            .select("topic", "stage", "node", "epoch", "msg_id",
-                    (F.round(F.col("at") * 1000) - F.col("created_ms")).cast("long").alias("latency_ms")))
+def latencies(messages: DataFrame, names: DataFrame) -> DataFrame:
+    """topic, stage (delivered | replicated), latency_ms, messages: how many messages first got to the stage that
+    long after they were published, each `message_published` line of one counted (from partials.per_message,
+    its topics named by partials.topic_names: a handful of rows, broadcast)."""
+    stored = messages.filter((F.col("published") > 0) & F.col("node").isNotNull() & F.col("epoch").isNotNull()
+                             & F.col("msg_id").isNotNull())
+    firsts = F.explode(F.array(*[F.struct(F.lit(s).alias("stage"), F.col(f"first_{s}").alias("at"))
+                                 for s in ("replicated", "delivered")]))
+    latency = (F.round(F.col("f.at") * 1000) - F.col("created_ms")).cast("long").alias("latency_ms")
+    hist = (stored.select("topic_hash", "created_ms", "published", firsts.alias("f"))
+            .filter(F.col("f.at").isNotNull())
+            .groupBy("topic_hash", F.col("f.stage").alias("stage"), latency)
+            .agg(F.sum("published").alias("messages")))
+    return (hist.join(F.broadcast(names), "topic_hash", "left")
+            .select("topic", "stage", "latency_ms", F.col("messages").cast("long")))
 
 
-def latency_percentiles(lat: DataFrame) -> DataFrame:
-    """topic, stage, messages, p50_ms, p90_ms, p99_ms, max_ms."""
-    q = F.percentile_approx("latency_ms", [0.5, 0.9, 0.99], 10_000)
-    return (lat.groupBy("topic", "stage")
-            .agg(F.count(F.lit(1)).alias("messages"), q.alias("q"), F.max("latency_ms").alias("max_ms"))
-            .select("topic", "stage", "messages", F.col("q")[0].alias("p50_ms"), F.col("q")[1].alias("p90_ms"),
-                    F.col("q")[2].alias("p99_ms"), "max_ms")
+def latency_percentiles(hist: DataFrame) -> DataFrame:
+    """topic, stage, messages, p50_ms, p90_ms, p99_ms, max_ms, from the histogram `latencies` makes. Exact: pN is
+    the smallest latency that at least N% of the messages did not exceed (the value at rank ceil(N% x count), what
+    percentile_approx returns while its sample is exact)."""
+    group = Window.partitionBy("topic", "stage")
+    running = group.orderBy(F.asc_nulls_last("latency_ms")).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    ranked = (hist.withColumn("cum", F.sum("messages").over(running))
+              .withColumn("n", F.sum(F.when(F.col("latency_ms").isNotNull(), F.col("messages"))).over(group)))
+    pick = lambda q: F.min(F.when(F.col("latency_ms").isNotNull()  # noqa: E731
+                                  & (F.col("cum") >= F.ceil(F.lit(q) * F.col("n"))), F.col("latency_ms")))
+    return (ranked.groupBy("topic", "stage")
+            .agg(F.sum("messages").cast("long").alias("messages"), pick(0.5).alias("p50_ms"),
+                 pick(0.9).alias("p90_ms"), pick(0.99).alias("p99_ms"), F.max("latency_ms").alias("max_ms"))
             .orderBy("topic", "stage"))
 
 
-def incidents(events: DataFrame) -> DataFrame:
+def incidents(events: DataFrame, pulse_rows: DataFrame, messages: DataFrame) -> DataFrame:
     """One row per change of the active node: epoch, from_node, to_node, cause, last_seen_old, detected, takeover,
-    detection_ms, takeover_ms, unavailable_ms, in_flight."""
+    detection_ms, takeover_ms, unavailable_ms, in_flight. `events` needs only the decisions (partials.small will
+    do), `pulse_rows` is partials.pulses, `messages` partials.per_message."""
     decisions = events.filter(F.col("event") == "redundancy_decision")
     order = Window.orderBy("takeover", "to_node")
     acts = (decisions.filter(F.col("kind") == "activate")
@@ -91,19 +99,15 @@ def incidents(events: DataFrame) -> DataFrame:
     detected = (i.join(bids, (F.col("b.node") == F.col("i.to_node")) & (F.col("b.ts") <= F.col("i.takeover"))
                        & (F.col("b.ts") > F.col("i.since")), "left")
                 .groupBy("i.epoch").agg(F.max("b.ts").alias("detected")))
-    # The old active's last sign of serving (its pulse said so, or it handled a message or a client); the latest
-    # per second first, so the range join stays small.
-    serving = (((F.col("event") == "node_alive") & F.col("serving")) | F.col("event").startswith("message_")
-               | (F.col("event") == "client_accepted"))
-    pulse = (events.filter(serving).groupBy("node", F.floor("ts").alias("second")).agg(F.max("ts").alias("ts"))
-             .alias("o"))
+    # The old active's last sign of serving, the latest per second (partials.pulses), so the range join stays small.
+    pulse = pulse_rows.alias("o")
     seen = (i.join(pulse, (F.col("o.node") == F.col("i.from_node")) & (F.col("o.ts") <= F.col("i.takeover")), "left")
             .groupBy("i.epoch").agg(F.max("o.ts").alias("last_seen_old")))
     downs = decisions.filter(F.col("kind") == "step_down").alias("s")
     stepped = (i.join(downs, (F.col("s.node") == F.col("i.from_node")) & (F.col("s.ts") <= F.col("i.takeover"))
                       & (F.col("s.ts") > F.col("i.since")), "left")
                .groupBy("i.epoch").agg(F.count("s.ts").alias("stepped_down")))
-    flight = _in_flight(events, i)
+    flight = _in_flight(messages, i)
     rows = (acts.join(detected, "epoch", "left").join(seen, "epoch", "left").join(stepped, "epoch", "left")
             .join(flight, "epoch", "left")
             .withColumn("detected", F.coalesce("detected", "takeover"))
@@ -121,19 +125,18 @@ def incidents(events: DataFrame) -> DataFrame:
         .orderBy("takeover"))
 
 
-def _in_flight(events: DataFrame, acts: DataFrame) -> DataFrame:
-    """epoch (of the incident), in_flight: messages the old active stored in its epoch, never acknowledged there."""
-    pub = published(events).select("node", "epoch", "msg_id")
-    acked = (stages(events).filter(F.col("stage") == "acknowledged").select("node", "epoch", "msg_id").distinct())
-    open_msgs = pub.join(acked, ["node", "epoch", "msg_id"], "left_anti")
+def _in_flight(messages: DataFrame, acts: DataFrame) -> DataFrame:
+    """epoch (of the incident), in_flight: messages the old active stored in its epoch, never acknowledged there
+    (each `message_published` line of one counts)."""
+    open_msgs = messages.filter((F.col("published") > 0) & (F.col("acknowledged") == 0))
     a = acts.select(F.col("epoch").alias("incident"), "from_node", "from_epoch")
-    return (open_msgs.join(a, (open_msgs.node == a.from_node) & (open_msgs.epoch == a.from_epoch))
-            .groupBy(F.col("incident").alias("epoch")).agg(F.count(F.lit(1)).alias("in_flight")))
+    return (open_msgs.join(F.broadcast(a), (open_msgs.node == a.from_node) & (open_msgs.epoch == a.from_epoch))
+            .groupBy(F.col("incident").alias("epoch")).agg(F.sum("published").alias("in_flight")))
 
 
-def availability(events: DataFrame, incident_rows: DataFrame) -> DataFrame:
-    """One row: start, end, period_s, unavailable_ms, availability (share of the period; 1.0 without incidents)."""
-    span = events.agg(F.min("ts").alias("start"), F.max("ts").alias("end"))
+def availability(span: DataFrame, incident_rows: DataFrame) -> DataFrame:
+    """One row: start, end, period_s, unavailable_ms, availability (share of the period; 1.0 without incidents).
+    `span` is partials.span: the first and last valid event."""
     down = incident_rows.agg(F.coalesce(F.sum("unavailable_ms"), F.lit(0)).cast("long").alias("unavailable_ms"))
     period = F.col("end") - F.col("start")
     return (span.crossJoin(down)
@@ -142,23 +145,23 @@ def availability(events: DataFrame, incident_rows: DataFrame) -> DataFrame:
                     .otherwise(F.lit(1.0)).alias("availability")))
 
 
-def top_topics(pub: DataFrame, n: int = 10) -> DataFrame:
-    """topic, messages, bytes: the n busiest by messages."""
-    return (pub.groupBy("topic").agg(F.count(F.lit(1)).alias("messages"), F.sum("bytes").alias("bytes"))
+def top_topics(traffic: DataFrame, n: int = 10) -> DataFrame:
+    """topic, messages, bytes: the n busiest by messages (from partials.traffic)."""
+    return (traffic.groupBy("topic").agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
             .orderBy(F.desc("messages"), "topic").limit(n))
 
 
-def top_clients(pub: DataFrame, n: int = 10) -> DataFrame:
-    """client, messages, bytes: the n busiest publishers by messages."""
-    return (pub.groupBy("client").agg(F.count(F.lit(1)).alias("messages"), F.sum("bytes").alias("bytes"))
+def top_clients(traffic: DataFrame, n: int = 10) -> DataFrame:
+    """client, messages, bytes: the n busiest publishers by messages (from partials.traffic)."""
+    return (traffic.groupBy("client").agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
             .orderBy(F.desc("messages"), "client").limit(n))
 
 
-def delivery_problems(events: DataFrame, stage_rows: DataFrame) -> DataFrame:
+def delivery_problems(events: DataFrame, delivery_rows: DataFrame) -> DataFrame:
     """what (redelivered | expired | dropped), reason, messages. A redelivery is a second `delivered` of the same
-    message to the same client, on any node (a takeover resends what was in flight)."""
-    redelivered = (stage_rows.filter(F.col("stage") == "delivered").groupBy("client", "msg_id")
-                   .agg((F.count(F.lit(1)) - 1).alias("extra"))
+    message to the same client, on any node (a takeover resends what was in flight): `delivery_rows` is
+    partials.deliveries; `events` needs only the expiries and drops (partials.small will do)."""
+    redelivered = (delivery_rows.select((F.col("deliveries") - 1).alias("extra"))
                    .agg(F.lit("redelivered").alias("what"), F.lit("").alias("reason"),
                         F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("messages")))
     gone = (events.filter(F.col("event").isin("message_expired", "message_dropped"))
@@ -185,10 +188,9 @@ def overload_episodes(events: DataFrame, gap_s: float = OVERLOAD_GAP_S) -> DataF
             .select("node", "start", "end", "busy_refusals", "loop_lags", "max_lag_ms").orderBy("node", "start"))
 
 
-def event_counts(events: DataFrame) -> DataFrame:
-    """node, event, events: what each node logged (malformed rows as event `malformed`)."""
-    name = F.when(F.col("malformed"), F.lit("malformed")).otherwise(F.col("event"))
-    return events.groupBy("node", name.alias("event")).agg(F.count(F.lit(1)).alias("events")).orderBy("node", "event")
+def event_counts(counts: DataFrame) -> DataFrame:
+    """node, event, events: what each node logged, malformed rows as event `malformed` (from partials.counts)."""
+    return counts.select("node", "event", F.col("events").cast("long")).orderBy("node", "event")
 
 
 def unlogged(events: DataFrame) -> DataFrame:

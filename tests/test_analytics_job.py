@@ -7,9 +7,11 @@ import io
 import json
 import shutil
 
+import pytest
 from rich.console import Console
 
 from analytics import render, summary
+from analytics.ingest import AnalyticsError
 from appliance.eventlog import EventLog, EventSettings
 from cli.main import main
 from cli.terminal import Terminal
@@ -44,6 +46,17 @@ def test_malformed_lines_are_counted_and_ingestion_happens_once(spark, tmp_path)
     shutil.rmtree(logs / "primary")  # ingested segments may be gone from the nodes (retention): the table has them
     third = summary.summarize(spark, [logs.as_uri()], out.as_uri())
     assert third["messages"]["published_per_node"] == {"primary": 2, "backup": 1}
+
+
+def test_an_out_dir_from_before_partials_is_refused_with_a_sentence(spark, tmp_path):
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    write_segment(logs / "primary", "primary", 1, [published("primary", 100.0, 1)])
+    (out / "tables" / "_ingested").mkdir(parents=True)  # what the job wrote before it kept partial aggregates
+    with pytest.raises(AnalyticsError) as refused:
+        summary.summarize(spark, [logs.as_uri()], out.as_uri())
+    assert str(refused.value) == (f"{out.as_uri()} was written by an earlier version of the job (no partial "
+                                  "aggregates): summarize into a new --out DIR")
+    assert not (out / "tables" / "events").exists()
 
 
 def test_an_active_segment_is_read_every_run_and_never_stored(spark, tmp_path):
