@@ -90,7 +90,7 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
         sub.disconnect()
         sub.loop_stop()
 
-        pub = Raw(V5, port=node.port)
+        pub = Raw(V5, host=HOST, port=node.port)
         assert pub.connect("pub", clean=False, properties=[(0x11, 3600)]).reason_and_props()[0] == 0
         lock = sqlite3.connect(broker.spool.path, isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")  # the writer's next commit waits for this lock (up to 5 s)
@@ -122,7 +122,7 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
         seen = node.loop.call(lambda: dict(outcome))
         assert seen.get("rolled_back") == 1 and "read" in seen, f"the window was not hit as planned: {seen}"
 
-        pub = Raw(V5, port=node.port)
+        pub = Raw(V5, host=HOST, port=node.port)
         assert pub.connect("pub", clean=False, properties=[(0x11, 3600)]).reason_and_props()[0] == 0
         resend_qos2(pub, 1, b"1" * BIG)
         resend_qos2(pub, 2, b"2")

@@ -26,7 +26,8 @@ from tests.tmpfs import small_disks
 pytestmark = pytest.mark.processes
 P, B = Role.PRIMARY, Role.BACKUP
 DATA_FS = "16m"
-BIG = 1 << 20  # larger than any WAL space the spool can reuse: its commit needs space the disk does not have
+BIG = (1 << 20) - 4096  # under the 1 MiB maximum packet (else 0x95), larger than any WAL space the spool can
+# reuse: its commit needs space the disk does not have
 
 
 @pytest.fixture
