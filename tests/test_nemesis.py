@@ -20,7 +20,7 @@ from tests.nemesis_schedule import KINDS, schedule
 
 pytestmark = [pytest.mark.netns, pytest.mark.processes, pytest.mark.soak]
 
-CI_SEEDS = (1, 2)
+CI_SEEDS = (1,)  # one "cover" schedule (every fault kind once, ~1 minute); more seeds are for --soak
 SOAK_STEPS_PER_SEED = 12
 
 

@@ -13,9 +13,11 @@ import pytest
 
 from tests.simulator import random_schedule
 
-SCHEDULES = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", "2000"))
+# 1,000 by default: they come on top of test_quorum_random_schedules.py's 2,000 (issue 2's floor), and CI's
+# 15-minute budget is shared. PAIRMQ_SIM_SCHEDULES=N runs N here too, for a longer soak.
+SCHEDULES = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("PAIRMQ_SIM_FIRST_SEED", "0"))
-BATCHES = 4  # one test each, so none nears the per-test timeout on a loaded machine
+BATCHES = 2  # one test each, so none nears the per-test timeout on a loaded machine
 
 
 def _run_batch(seeds: range) -> tuple[int, int, int, int]:
