@@ -173,8 +173,14 @@ def test_the_status_page_shows_the_active_node_and_follows_a_failover(tmp_path):
 
             g.kill(P)
             g.wait_for("the backup to serve", lambda: g.probe_once()[B] == 0)
-            page = load(browser, g, url + "?stream=0")
-            assert page.text("active-node") == "backup"
+
+            def reloaded_naming_the_backup():
+                # The monitor learns the backup's claim from its next heartbeat, a moment after clients can.
+                again = load(browser, g, url + "?stream=0")
+                return again if again.text("active-node") == "backup" else None
+
+            page = g.wait_for("a new load of the monitor's page to name the backup active", reloaded_naming_the_backup,
+                              timeout_s=10, every_s=0.2)
             assert int(page.text("epoch")) > epoch
             assert page.by_id["node-backup"]["data-activity"] == "Local Active"
             assert page.by_id["node-primary"]["data-reachable"] == "false"
