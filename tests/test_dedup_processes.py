@@ -245,8 +245,13 @@ def slow_standby(hosts, tmp_path) -> None:  # noqa: F811
         time.sleep(1.0)
         group.signal(B, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        time.sleep(0.6)  # under the mate link's 1 s timeout
+        # Under the mate link's 1 s timeout, looked at every 50 ms: the backlog passes max_lag a moment after
+        # the stop (how soon depends on the publishers' pace), and holding may end with the in-sync lease.
         during = spool_view(group, P)["mate_backpressure"]
+        while not during["holding"] and time.monotonic() < stopped_at + 0.6:
+            time.sleep(0.05)
+            during = spool_view(group, P)["mate_backpressure"]
+        time.sleep(max(0.0, stopped_at + 0.6 - time.monotonic()))
         group.signal(B, signal.SIGCONT)
         resumed_at = time.monotonic()
         time.sleep(2.0)
