@@ -26,8 +26,9 @@ class Role(enum.Enum):
         return Role.BACKUP if self is Role.PRIMARY else Role.PRIMARY
 
     def peers(self) -> tuple["Role", ...]:
-        return tuple(r for r in Role if r is not self)
+        return _PEERS[self]
 
 
 _WIRE_IDS = {Role.PRIMARY: 1, Role.BACKUP: 2, Role.MONITOR: 3}
 _ROLES_BY_WIRE = {v: k for k, v in _WIRE_IDS.items()}
+_PEERS = {role: tuple(r for r in Role if r is not role) for role in Role}  # asked on every heartbeat

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import hmac
 
 from cryptography.hazmat.primitives import hashes
@@ -67,7 +66,7 @@ class HeartbeatAuth:
     def seal(self, hb: wire.Heartbeat) -> bytes:
         body = wire.encode(dataclasses.replace(hb, key_id=self.send_key_id))
         key = self._keys[(self.send_key_id, self.role)]
-        return body + hmac.new(key, body, hashlib.sha256).digest()
+        return body + hmac.digest(key, body, "sha256")
 
     def open(self, data: bytes) -> wire.Heartbeat:
         """Return the verified heartbeat, or raise Rejected (and count it)."""
@@ -92,7 +91,7 @@ class HeartbeatAuth:
         key = self._keys.get((header.key_id, header.sender))
         if key is None:
             raise Rejected("bad_mac", f"unknown key id {header.key_id}")
-        tag = hmac.new(key, data[:header.body_end], hashlib.sha256).digest()
+        tag = hmac.digest(key, data[:header.body_end], "sha256")
         if not hmac.compare_digest(tag, data[header.body_end:]):
             raise Rejected("bad_mac")
         try:
