@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from appliance.config import load_group, load_secret
@@ -68,4 +70,19 @@ def run(group_path: Path, role: Role) -> int:
                           f"{config.ports.heartbeat}, MQTT {config.ports.mqtt}{tls}, management "
                           f"{config.ports.management}): {exc.strerror or exc}") from None
     logging.getLogger("pairmq.cli").info("%s: stopped", role.value)
+    _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit 0 without the interpreter's teardown: everything the node opened is closed by now, and tearing
+    down the modules and heap took 0.3-0.4 s of CPU (strace: no system call in between), which `systemctl
+    stop` waited for on every host. Not under cProfile (bench/), which writes its profile at exit, nor while
+    a thread the interpreter would wait for still runs."""
+    if sys.getprofile() is not None or any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+                                           for t in threading.enumerate()):
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
