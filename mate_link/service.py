@@ -304,6 +304,7 @@ class ActiveReplication(_Replication):
             pieces.close()
             await _wait_out(checked)  # before the image is removed; raises SpoolCorruption if it failed
         if conn is self.conn and not conn.closed:
+            log.info("mate link: spool image sent (%d bytes, its pages checked)", offset)
             link.snapshot_image_done(info.point, offset, digest.digest())
             self._drain()
 
@@ -518,5 +519,10 @@ class StandbyReplication(_Replication):
                 acks.task_done()
             if entries and not conn.closed:
                 link.applied(entries[-1].point)
+                running = link.progress is not None and link.progress.finished_ms is None
                 link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
+                if running and link.progress.finished_ms is not None:
+                    p = link.progress
+                    log.info("mate link: catch-up done: %d ops (%d bytes of ops) in %d ms", p.ops_done, p.bytes_done,
+                             p.finished_ms - p.started_ms)
                 self._drain()
