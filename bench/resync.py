@@ -59,6 +59,15 @@ def _wait(g: Group, what: str, predicate, timeout_s: float):
     raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{g.logs_tail()}")
 
 
+def steps(node_log: Path, last: int = 12) -> list[str]:
+    """The mate link's log lines of one node (its resync's steps, with their times), the last `last` of them."""
+    try:
+        lines = node_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if "pairmq.mate_link" in line][-last:]
+
+
 def measure(workdir: Path, kind: str, messages: int, payload_bytes: int) -> dict:
     """One resync of `messages` queued messages of `payload_bytes`; the numbers, or RuntimeError saying why not."""
     assert kind in KINDS
@@ -95,6 +104,9 @@ def measure(workdir: Path, kind: str, messages: int, payload_bytes: int) -> dict
 
         final = _wait(g, f"the backup's {kind} resync", done, START_TIMEOUT_S)
         wall_s = time.monotonic() - started
+        for role in (Role.PRIMARY, Role.BACKUP):  # where the seconds went: the nodes' own account, timestamped
+            for line in steps(g.dir / f"{role.value}.log"):
+                log(f"    {role.value}: {line}")
     if final["kind"] != kind:
         raise RuntimeError(f"expected a {kind} resync, the backup did a {final['kind']} one")
     seconds = final["elapsed_ms"] / 1000

@@ -43,17 +43,20 @@ def fill(spool_dir: Path, messages: int, payload_bytes: int, *, first_msg_id: in
          keep_ops: int = WriterLimits().keep_ops) -> ChainPoint:
     """Append the session (if `with_session`) and `messages` queued messages to the spool in `spool_dir`
     (created if missing); returns its head. `keep_ops` bounds the op log as a node's writer would (a node
-    keeps 100,000); a larger value keeps every op, for an incremental resync of all of them."""
+    keeps 100,000); a larger value keeps every op, for an incremental resync of all of them. The ops are written
+    in epoch 1, or in the spool's own epoch if it is later (a test's diverged tail on a node that already
+    wrote in a later epoch)."""
     payload = bytes(i % 251 for i in range(payload_bytes))
     limits = WriterLimits(keep_ops=keep_ops, max_spool_bytes=1 << 40, max_pending_ops=200_000)
     with Spool.open(spool_dir) as spool:
         writer = SpoolWriter(spool, limits)
+        epoch = max(EPOCH, spool.head.epoch)
         last = None
         if with_session:
-            last = writer.submit(session_ops(), EPOCH)
+            last = writer.submit(session_ops(), epoch)
         for at in range(0, messages, MESSAGES_PER_SUBMISSION):
             n = min(MESSAGES_PER_SUBMISSION, messages - at)
-            last = writer.submit(message_ops(first_msg_id + at, n, payload), EPOCH)
+            last = writer.submit(message_ops(first_msg_id + at, n, payload), epoch)
             if writer.pending_ops > limits.max_pending_ops // 2:
                 last.future.result()  # bounded: let the commits catch up
         if last is not None:

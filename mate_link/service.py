@@ -13,8 +13,9 @@ Rules:
   (SQLite's backup API, one read transaction) in a worker thread, then streams the copy in IMAGE
   pieces, never more than IMAGE_UNSENT_MAX queued unsealed (no round trip per piece); the standby
   writes each piece in a worker thread as it arrives and checks the whole (size, SHA-256, the
-  store's checks, the head) before it swaps it in. A refused image is logged, counted (`bad_image`)
-  and the link closes; the standby's spool is untouched. The standby stops reading while more than
+  store's checks but the pages, the head) before it swaps it in; the active checks the image's pages
+  while it streams them and sends IMAGE_END only if they passed. A refused image is logged, counted
+  (`bad_image`, on the side that refused it) and the link closes; the standby's spool is untouched. The standby stops reading while more than
   IMAGE_QUEUED_MAX_BYTES of pieces wait to be written (bounded memory; TCP holds the active back),
   and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
@@ -45,7 +46,7 @@ from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
-from appliance.spool.image import ImageReceiver, ImageRefused, image_dir, make_image, read_chunks
+from appliance.spool.image import ImageReceiver, ImageRefused, check_pages, image_dir, make_image, read_chunks
 from appliance.spool.install import SnapshotBuilder
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
@@ -275,6 +276,10 @@ class ActiveReplication(_Replication):
                 except (OSError, sqlite3.Error) as exc:  # our disk or our spool: no image for this link
                     log.error("mate link: cannot make or send the spool image: %r", exc)
                     conn.close(f"the spool image failed here: {exc}")
+                except SpoolCorruption as exc:  # its pages failed their check: never ended, never installed
+                    self.counters["bad_image"] += 1
+                    log.error("mate link: our spool image is not sound, not sent: %s", exc)
+                    conn.close(f"the active's spool image is damaged: {exc}")
                 finally:
                     await asyncio.to_thread(shutil.rmtree, out_dir, True)
 
@@ -283,6 +288,8 @@ class ActiveReplication(_Replication):
         log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
         digest, offset = hashlib.sha256(), 0
         pieces = read_chunks(info.path, digest)
+        # Its pages are checked while they go out (spool/image.py): the standby relies on that and the SHA-256.
+        checked = asyncio.ensure_future(asyncio.to_thread(check_pages, info.path))
         try:
             while (data := await asyncio.to_thread(next, pieces, None)) is not None:
                 if conn is not self.conn or conn.closed:
@@ -295,7 +302,9 @@ class ActiveReplication(_Replication):
                     await asyncio.sleep(IMAGE_WAIT_S)
         finally:
             pieces.close()
+            await _wait_out(checked)  # before the image is removed; raises SpoolCorruption if it failed
         if conn is self.conn and not conn.closed:
+            log.info("mate link: spool image sent (%d bytes, its pages checked)", offset)
             link.snapshot_image_done(info.point, offset, digest.digest())
             self._drain()
 
@@ -447,7 +456,7 @@ class StandbyReplication(_Replication):
                         await asyncio.wait({oldest})
                     self._committing.popleft()
                 sub = self.port.writer.submit_entries(  # StandbyLink verified the chain within the batch
-                    list(request.entries), asyncio.get_running_loop(), chained=True)
+                    list(request.entries), asyncio.get_running_loop(), chained=True, bulk=link.resyncing)
                 self._committing.append(sub.future)
                 while self._committing and self._committing[0].done():
                     self._committing.popleft()
@@ -510,5 +519,10 @@ class StandbyReplication(_Replication):
                 acks.task_done()
             if entries and not conn.closed:
                 link.applied(entries[-1].point)
+                running = link.progress is not None and link.progress.finished_ms is None
                 link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
+                if running and link.progress.finished_ms is not None:
+                    p = link.progress
+                    log.info("mate link: catch-up done: %d ops (%d bytes of ops) in %d ms", p.ops_done, p.bytes_done,
+                             p.finished_ms - p.started_ms)
                 self._drain()

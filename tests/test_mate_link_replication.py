@@ -188,6 +188,27 @@ def test_ops_that_do_not_chain_close_the_link():
         p.standby.receive(Ops(EPOCH, tuple(forged)), 0)
 
 
+@pytest.mark.parametrize("spoil, match", [
+    (lambda es: es[:2] + es[3:], "op 4 follows op 2 \\(op 3 is missing\\)"),
+    (lambda es: es[:2] + [es[2]._replace(body=b"changed")] + es[3:], "op 3's checksum does not chain"),
+    (lambda es: es[:1] + [es[1]._replace(checksum=es[1].checksum[:8])] + es[2:], "op 2's checksum does not chain"),
+    (lambda es: es[:1] + [es[1]._replace(epoch=EPOCH + 1)] + es[2:], "op 2 claims epoch 6, newer than its sender's 5"),
+    (lambda es: es[:3] + [es[2]] + es[3:], "op 3 repeats or goes back after op 3"),
+])
+def test_a_catch_up_batch_is_checked_op_by_op_and_a_bad_one_named(spoil, match):
+    """The standby's one-loop chain check (standby._continue_chain) over a whole batch: any op out of place,
+    changed, cut short or from a newer epoch refuses the batch, naming the op; nothing reaches the writer."""
+    standby = StandbyLink(GENESIS, 1, EPOCH, 0)
+    standby.receive(Plan(EPOCH, Catchup.INCREMENTAL, 0, ChainPoint(EPOCH, 6, b"t" * 16)), 0)
+    good = chain(GENESIS, EPOCH, [b"op%d" % i for i in range(1, 7)])
+    standby.requests()
+    with pytest.raises(LinkFault, match=match):
+        standby.receive(Ops(EPOCH, tuple(spoil(list(good)))), 0)
+    assert standby.requests() == [] and standby.head == GENESIS
+    standby.receive(Ops(EPOCH, tuple(good)), 0)  # the same batch, sound, goes through whole
+    assert standby.head == good[-1].point and standby.requests() == [Apply(tuple(good))]
+
+
 def test_a_deposed_active_cannot_write_into_the_standby():
     p = Pair(5)
     p.pump()

@@ -19,7 +19,7 @@ import pytest
 from appliance.spool import ops as o
 from appliance.spool.chain import ChainPoint, chain
 from appliance.spool.codec import encode_op
-from appliance.spool.image import ImageReceiver, ImageRefused, image_dir, make_image, read_chunks
+from appliance.spool.image import ImageReceiver, ImageRefused, check_pages, image_dir, make_image, read_chunks
 from appliance.spool.store import FILE_NAME, Spool
 from appliance.spool.writer import SpoolWriter
 from appliance.errors import SpoolCorruption
@@ -99,7 +99,7 @@ def test_the_image_is_one_consistent_read_while_the_writer_commits(tmp_path):
 @pytest.mark.parametrize("damage, why", [
     ("truncated", "but .* arrived \\(truncated or padded\\)"),
     ("flipped in transit", "SHA-256 does not match"),
-    ("damaged at the source", "not a sound spool"),
+    ("not a spool at the source", "not a sound spool"),
     ("another head", "announced op"),
 ])
 def test_a_damaged_or_truncated_image_is_refused_and_the_live_spool_stays(tmp_path, damage, why):
@@ -110,9 +110,8 @@ def test_a_damaged_or_truncated_image_is_refused_and_the_live_spool_stays(tmp_pa
         data = data[:-PIECE]
     elif damage == "flipped in transit":
         data = data[:5000] + bytes([data[5000] ^ 1]) + data[5001:]
-    elif damage == "damaged at the source":  # a sound digest of a broken file: the store's checks refuse it
-        half = len(data) // 2 // PIECE * PIECE
-        data = data[:half] + b"\xff" * PIECE + data[half + PIECE:]
+    elif damage == "not a spool at the source":  # a sound digest of a file that is no spool: the store refuses it
+        data = data[:100] + b"\xff" * (len(data) - 100)
         digest = hashlib.sha256(data).digest()
     else:
         point = ChainPoint(point.epoch, point.seq - 1, point.checksum)
@@ -121,6 +120,29 @@ def test_a_damaged_or_truncated_image_is_refused_and_the_live_spool_stays(tmp_pa
         receiver.finish(point, size, digest)
     assert not (tmp_path / "standby.incoming").exists(), "a refused image is removed"
     assert load(tmp_path / "standby") == before
+
+
+def damage_a_page(path, table="messages"):
+    conn = sqlite3.connect(path)
+    (root,), = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = ?", (table,))
+    (page_bytes,), = conn.execute("PRAGMA page_size")
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * page_bytes)
+        f.write(b"\xff" * page_bytes)
+
+
+def test_the_active_checks_its_images_pages_and_refuses_a_damaged_one(tmp_path):
+    info, data, _ = image_of(tmp_path)
+    check_pages(info.path)  # sound: no error, and the file is only read
+    assert info.path.read_bytes() == data and not os.path.exists(f"{info.path}-wal")
+    damage_a_page(info.path)
+    with pytest.raises(SpoolCorruption, match="damaged database pages"):
+        check_pages(info.path)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"\x07" * 8192)
+    with pytest.raises(SpoolCorruption, match="junk.db: damaged database pages"):
+        check_pages(junk)
 
 
 def test_a_checked_image_is_not_checked_page_by_page_again_once_and_only_if_unchanged(tmp_path):
@@ -272,9 +294,12 @@ async def test_an_image_of_a_damaged_spool_is_refused_logged_and_counted(tmp_pat
         f.write(b"\xff" * page_bytes)
     caplog.set_level(logging.WARNING, "pairmq.mate_link")
     await standby.start()
-    await until("a refused image", lambda: standby.counters["bad_image"] >= 1, 60)
+    # The active checks the image's pages while it streams them (the standby relies on that and the SHA-256):
+    # it refuses to end the image, and the standby never installs one.
+    await until("a refused image", lambda: active.counters["bad_image"] >= 1, 60)
     await stop(standby)
     assert sp.replaced == 0 and state_of(sp) == before, "the standby's spool is as it was"
     assert not (tmp_path / "standby.incoming").exists()
-    assert any("the image is not a sound spool" in r.getMessage() for r in caplog.records), caplog.text
+    assert any("our spool image is not sound" in r.getMessage() and "damaged database pages" in r.getMessage()
+               for r in caplog.records), caplog.text
     await stop(active, ap, sp)

@@ -85,6 +85,7 @@ def read_meta(conn: sqlite3.Connection) -> tuple[ChainPoint, ChainPoint, int]:
     return ChainPoint(he, hs, hc), ChainPoint(be, bs, bc), stored
 
 
+_RUN_TYPES = (o.MessageStored, o.MessageQueued)  # what `apply_many` applies in bulk
 _IN_CHUNK = 500  # ids in one "IN (...)" (SQLite allows 32766 parameters)
 
 
@@ -114,6 +115,60 @@ class SqlApplier:
         applied = self._handlers[type(op)](seq, op, body)
         self.ignored += not applied
         return applied
+
+    def apply_many(self, entries: tuple[LogEntry, ...], ops: tuple[o.Op, ...]) -> None:
+        """`apply` for each (entry, op) in order, with the same outcome; a run of queued messages (MessageStored and
+        MessageQueued ops, what a catch-up is mostly made of) goes in with one executemany (`_apply_run`)."""
+        i, n = 0, len(ops)
+        while i < n:
+            j = i
+            while j < n and type(ops[j]) in _RUN_TYPES:
+                j += 1
+            if j - i < 2 or not self._apply_run(entries, ops, i, j):
+                for k in range(i, j):
+                    self.apply(entries[k].seq, ops[k], entries[k].body)
+            if j < n:
+                self.apply(entries[j].seq, ops[j], entries[j].body)
+                j += 1
+            i = j
+
+    def _apply_run(self, entries: tuple[LogEntry, ...], ops: tuple[o.Op, ...], i: int, j: int) -> bool:
+        """ops[i:j] (MessageStored/MessageQueued only) in bulk, or False with nothing changed. Taken only when the
+        per-op rules would apply every one of them: each stored msg_id new (above every id held, rising) and each
+        queue entry for a live session and a message stored earlier in the run; a queue row the table already
+        has (UNIQUE) makes the INSERT fail, the savepoint undoes it and the caller applies the run op by op."""
+        stored: dict[int, list] = {}
+        rows = []
+        top, sessions, added = self.max_msg_id, self.sessions, 0
+        for k in range(i, j):
+            op = ops[k]
+            if type(op) is o.MessageStored:
+                msg_id = op.msg_id
+                if msg_id <= top or msg_id in self._fresh:
+                    return False
+                body = entries[k].body
+                size = stored_size(body)
+                stored[msg_id] = [0, size, zlib.crc32(body), body]
+                top, added = msg_id, added + size
+            else:
+                held = stored.get(op.msg_id)
+                if held is None or op.client_id not in sessions:
+                    return False
+                held[0] += 1
+                rows.append((entries[k].seq, op.client_id, op.msg_id, op.qos, op.retain,
+                             encode_uints(op.subscription_ids)))
+        self.conn.execute("SAVEPOINT apply_run")
+        try:
+            self.conn.executemany("INSERT INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, "
+                                  "packet_id, pubrec) VALUES (?, ?, ?, ?, ?, ?, 0, 0)", rows)
+        except sqlite3.IntegrityError:
+            self.conn.execute("ROLLBACK TO apply_run")
+            self.conn.execute("RELEASE apply_run")
+            return False
+        self.conn.execute("RELEASE apply_run")
+        self._fresh.update(stored)
+        self.max_msg_id, self.stored_bytes = top, self.stored_bytes + added
+        return True
 
     def write_fresh_bodies(self) -> None:
         """Write the bodies stored in this transaction (with their final reference counts)."""

@@ -101,6 +101,7 @@ class Submission:
     added_bytes: int = 0
     nbytes: int = 0
     loop: asyncio.AbstractEventLoop | None = None
+    bulk: bool = False  # a catch-up's ops: applied with SqlApplier.apply_many
 
 
 class SpoolWriter:
@@ -168,13 +169,14 @@ class SpoolWriter:
         return await self.submit_async(ops, epoch).future
 
     def submit_entries(self, entries: list[LogEntry], loop: asyncio.AbstractEventLoop | None = None, *,
-                       chained: bool = False) -> Submission:
+                       chained: bool = False, bulk: bool = False) -> Submission:
         """The standby's path: entries received from the active, applied as they are.
 
         `ChainError` if they do not follow the head, `OpCodecError` if a body is malformed, ValueError if an op is
         outside its domain (state.check_op): all the peer's fault; nothing is queued then. `chained`: the caller
         verified that each entry chains on the one before it (the mate link's standby end does), so only the
-        first is checked against our head here (a checksum per op fewer in a catch-up).
+        first is checked against our head here (a checksum per op fewer in a catch-up). `bulk`: apply them with
+        `SqlApplier.apply_many` (same outcome; a run of queued messages in one executemany).
         """
         ops = tuple(decode_op(e.body) for e in entries)
         for op in ops:
@@ -188,7 +190,7 @@ class SpoolWriter:
                 self.head = entries[-1].point
             else:
                 self.head = verify_chain(entries, self.head)
-            sub = Submission(tuple(entries), future, ops, added, loop=loop)
+            sub = Submission(tuple(entries), future, ops, added, loop=loop, bulk=bulk)
             self._enqueue(sub)
         if not entries:
             _settle([(sub, (), None)])
@@ -307,6 +309,10 @@ class SpoolWriter:
             conn.execute("BEGIN IMMEDIATE")
             entries: list[LogEntry] = []
             for sub in batch:
+                if sub.bulk:
+                    applier.apply_many(sub.entries, sub.ops)
+                    entries.extend(sub.entries)
+                    continue
                 for entry, op in zip(sub.entries, sub.ops):
                     applier.apply(entry.seq, op, entry.body)
                 entries.extend(sub.entries)
