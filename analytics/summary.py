@@ -3,7 +3,8 @@
 The view model is plain JSON-able data (what `--json` prints and what the
 Rich table and the charts render). With `--out DIR`, DIR gets:
   tables/events/      the ingested closed segments (Parquet, by day and node)
-  tables/_ingested/   which segments those are
+  tables/state/<n>/   the partial aggregates of every ingested row (analytics/partials.py)
+  tables/_batches/    which segments those are, and their batch n
   reports/<name>/     each report as Parquet
   summary.json        the view model
   charts/*.png        message rate with failover markers, latency percentiles, availability
@@ -28,17 +29,19 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) 
     started = time.monotonic()
     loaded = ingest.load(spark, roots, out)
     p = loaded.partials
-    # Every report reads partials (small or narrow); the three that several reports read are cached.
+    # Every report reads partials (small: the open messages, settled totals); those several reports read are cached.
     traffic, messages, small = p.traffic.cache(), p.messages.cache(), p.small.cache()
+    stage_rows = p.stage_totals.unionByName(messages.select("node", *partials.STAGE_NAMES))
+    hist = p.latency.unionByName(partials.latency_histogram(messages))
     reports: dict[str, DataFrame] = {
         "event_counts": t.event_counts(p.counts),
         "rates_per_minute": t.rates_per_minute(traffic),
-        "stages": t.stage_counts(messages),
-        "latency": t.latency_percentiles(t.latencies(messages, _topic_names(spark, traffic))),
+        "stages": t.stage_counts(stage_rows),
+        "latency": t.latency_percentiles(t.latencies(hist, _topic_names(spark, traffic))),
         "incidents": t.incidents(small, p.pulses, messages),
         "top_topics": t.top_topics(traffic, top_n),
         "top_clients": t.top_clients(traffic, top_n),
-        "delivery_problems": t.delivery_problems(small, p.deliveries),
+        "delivery_problems": t.delivery_problems(small, p.redelivered),
         "overload_episodes": small.transform(t.overload_episodes),
         "unlogged": small.transform(t.unlogged),
     }
