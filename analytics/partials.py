@@ -198,9 +198,10 @@ def settle(p: Partials, messages: DataFrame, stage_totals: list[DataFrame], late
 
 def reduce(rows: DataFrame, cache: bool = False) -> Partials:
     """The partials of table rows (schema.TABLE, malformed ones included), settled. With `cache` the per-message
-    aggregation (read three times by settling) is cached: for a caller that computes every partial."""
+    aggregation (read three times by settling) and the deliveries (twice) are cached: for a caller that computes
+    every partial."""
     valid = rows.filter(~F.col("malformed"))
-    d = deliveries(valid)
+    d = deliveries(valid).cache() if cache else deliveries(valid)  # stored, and summed into `redelivered`
     p = Partials(counts=event_counts(rows), traffic=traffic(valid), messages=per_message(valid), stage_totals=None,
                  latency=None, deliveries=d, redelivered=redelivered(d), pulses=pulses(valid), small=small(valid))
     return settle(p, p.messages.cache() if cache else p.messages, [], [])
@@ -214,6 +215,7 @@ def merge(batches: list[Partials], cache: bool = False) -> Partials:
     union = {k: functools.reduce(DataFrame.unionByName, [getattr(b, k) for b in batches]) for k in KINDS}
     stage_sums_ = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]
     d = union["deliveries"].groupBy("client", "msg_id").agg(F.sum("deliveries").alias("deliveries"))
+    d = d.cache() if cache else d
     p = Partials(
         counts=union["counts"].groupBy("node", "event").agg(F.sum("events").alias("events"),
                                                             F.min("first_ts").alias("first_ts"),
