@@ -228,4 +228,5 @@ def merge(batches: list[Partials], cache: bool = False) -> Partials:
     messages = union["messages"].groupBy(*MESSAGE_KEY).agg(
         F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"), *stage_sums_,
         F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered"))
-    return settle(p, messages.cache() if cache else messages, [b.stage_totals for b in batches], [b.latency for b in batches])
+    return settle(p, messages.cache() if cache else messages, [b.stage_totals for b in batches],
+                  [b.latency for b in batches])
