@@ -3,7 +3,7 @@
 schema.py     the event log's schema as Spark types (explicit: never inferred)
 spark.py      the SparkSession: local[2] by default, UI off, quiet
 ingest.py     closed segments -> a Parquet table partitioned by day and node, once each
-partials.py   rows -> partial aggregates (stored per ingested batch, merged every run): the reports' input
+partials.py   rows -> partial aggregates, complete messages settled (the state stored at ingest): the reports' input
 transforms.py pure DataFrame -> DataFrame functions (the reports' logic)
 summary.py    runs the transforms, writes Parquet tables and JSON; the view model
 render.py     the Rich table of a summary;  charts.py  its PNG charts

@@ -4,16 +4,19 @@ Rules:
 - Paths go through Hadoop's FileSystem API, so the same code lists and reads
   local directories, hdfs:// and s3a:// (given the connector on a cluster).
 - A closed segment (`events-<node>-<seq>.jsonl`) never changes: once its rows
-  are in `<out>/tables/events` (Parquet, partitioned by day and node) and
-  their partial aggregates in `<out>/tables/partials/<batch>/` (partials.py),
-  its path and batch go into `<out>/tables/_batches`, and later runs skip it.
-  JSON parsing is the expensive part; the partials are reduced from the
-  Parquet files this run added, and the reports read only partials.
+  are in `<out>/tables/events` (Parquet, partitioned by day and node) and the
+  state (partials.py: every ingested row so far, reduced, merged and settled)
+  in `<out>/tables/state/<batch>/`, its path and batch go into
+  `<out>/tables/_batches`, and later runs skip it. JSON parsing is the
+  expensive part; the new rows' partials are reduced from the Parquet files
+  this run added and merged with the previous batch's state, which is then
+  deleted. The reports read only the latest state (small tables: a re-run
+  that finds nothing new reads no per-delivery keys and no settled message).
 - Active segments (`events.jsonl`) are still growing: parsed and reduced on
   every run, never stored.
-- Table, then partials, then the manifest: a crash before the manifest
+- Table, then state, then the manifest: a crash before the manifest
   ingests those segments again on the next run into the same batch number
-  (the orphan partials are overwritten: the reports stay exact; the raw table
+  (the orphan state is overwritten: the reports stay exact; the raw table
   holds those rows twice).
 - JSON is read with the explicit schema; a line that does not parse, or lacks
   ts, node or event, becomes a row with `malformed` set, counted by the
@@ -98,7 +101,7 @@ class Loaded:
 
 def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
     """Every event under `roots`, reduced to partials. With `out`, closed segments go through the Parquet table and
-    their partials are stored beside it (ingested once); a re-run reads only those and parses what is new."""
+    the state is stored beside it (ingested once); a re-run reads only that and parses what is new."""
     found = list_segments(spark, roots)
     closed = [s.path for s in found if s.closed]
     active = [s.path for s in found if not s.closed]
@@ -106,38 +109,50 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
         return Loaded(partials.reduce(read_json(spark, closed + active)), len(closed), 0, len(active))
     tables = f"{out}/tables"
     table, manifest = f"{tables}/events", f"{tables}/_batches"
-    if _exists(spark, f"{tables}/_ingested") and not _exists(spark, manifest):
-        raise AnalyticsError(f"{out} was written by an earlier version of the job (no partial aggregates): "
+    if _exists(spark, f"{tables}/_ingested") or _exists(spark, f"{tables}/partials"):
+        raise AnalyticsError(f"{out} was written by an earlier version of the job (no settled state): "
                              "summarize into a new --out DIR")
     done: dict[str, str] = {}
     if _exists(spark, manifest):
-        done = {r.path: r.batch for r in spark.read.parquet(manifest).collect()}
-    batches = sorted(set(done.values()))
-    parts = [_read_partials(spark, f"{tables}/partials/{b}") for b in batches]
+        done = {r.path: r.batch for r in spark.read.schema(_MANIFEST).parquet(manifest).collect()}
+    last = max(done.values(), default=None)
+    parts = [_read_state(spark, f"{tables}/state/{last}")] if last else []
     new = [p for p in closed if p not in done]
     if new:
-        batch = f"{len(batches) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
+        batch = f"{int(last or 0) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
         before = set(_files(spark, table))
         read_json(spark, new).write.mode("append").partitionBy("day", "node").parquet(table)
         added = [f for f in _files(spark, table) if f not in before]
         rows = spark.read.schema(schema.TABLE).option("basePath", table).parquet(*added)
-        where = f"{tables}/partials/{batch}"
-        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="partials") as pool:
+        where = f"{tables}/state/{batch}"
+        state = partials.merge([*parts, partials.reduce(rows, cache=True)], cache=True)
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="state") as pool:
             writes = [pool.submit(df.write.mode("overwrite").parquet, f"{where}/{kind}")
-                      for kind, df in partials.reduce(rows).frames().items()]
+                      for kind, df in state.frames().items()]
             for w in writes:
                 w.result()
-        parts.append(_read_partials(spark, where))
-        spark.createDataFrame([(p, batch) for p in new], "path string, batch string").write.mode("append") \
-            .parquet(manifest)
+        spark.catalog.clearCache()
+        parts = [_read_state(spark, where)]
+        spark.createDataFrame([(p, batch) for p in new], _MANIFEST).write.mode("append").parquet(manifest)
+        if last:
+            _delete(spark, f"{tables}/state/{last}")  # superseded: every row of it is in the new batch's state
     if active:
         parts.append(partials.reduce(read_json(spark, active)))
     assert parts, "list_segments found a segment, so there is a batch or an active segment"
     return Loaded(partials.merge(parts), len(new), len(closed) - len(new), len(active))
 
 
-def _read_partials(spark: SparkSession, where: str) -> Partials:
-    return Partials(**{kind: spark.read.parquet(f"{where}/{kind}") for kind in partials.KINDS})
+_MANIFEST = "path string, batch string"
+
+
+def _read_state(spark: SparkSession, where: str) -> Partials:
+    return Partials(**{kind: spark.read.schema(partials.SCHEMAS[kind]).parquet(f"{where}/{kind}")
+                       for kind in partials.KINDS})
+
+
+def _delete(spark: SparkSession, path: str) -> None:
+    jpath = spark._jvm.org.apache.hadoop.fs.Path(path)
+    jpath.getFileSystem(spark._jsc.hadoopConfiguration()).delete(jpath, True)
 
 
 def _files(spark: SparkSession, root: str) -> list[str]:

@@ -1,18 +1,31 @@
-"""Partial aggregates: what a batch of event rows reduces to. Stored when segments are ingested, merged every run.
+"""Partial aggregates: what event rows reduce to. The state stored at each ingest, merged with what a run parses.
 
 Rules:
 - Every report is computed from a `Partials`, never from the raw rows: a run
   reduces only the rows it parses (new closed segments, active segments) and
-  merges them with the partials stored when earlier segments were ingested.
+  merges them with the state stored when earlier segments were ingested.
 - Each partial merges exactly: counts and sums add, first times take the
   minimum, last times the maximum, keys come from the same column whichever
   batch saw them; the few rows the incident and overload reports need
   (everything but published and stage events) are kept whole and unioned.
   Merging is per key, so a message whose events straddle two batches
   (published in one segment, acknowledged in the next) comes out as if one
-  batch had held them all.
-- One batch is already merged per key: `merge` of a single `Partials` returns
-  it as is (no shuffle); only several batches are grouped again.
+  batch had held them all (a test checks every partial).
+- Settled messages are folded away: a message that was published and has
+  been replicated, delivered and acknowledged on its node is added to
+  per-node stage totals and to a latency histogram, and its per-message row
+  is dropped. Only the open ones stay rows, to be merged with later batches.
+  Exact because a node writes its log in time order and its segments are
+  ingested in order: a later event of a settled message can only be a later
+  stage event (a redelivery), which adds to the stage totals (an open row
+  with published 0, never in a latency or in flight) and cannot be an
+  earlier first time. A message never acknowledged stays open: that is what
+  "in flight" reads.
+- Redeliveries per (client, msg_id) need the keys to merge; the reports read
+  only their total (`redelivered`, one row), so a re-run that parses nothing
+  new never reads the keys.
+- A reduced or merged `Partials` is settled; `merge` of a single one returns
+  it as is (no shuffle); only several are grouped again.
 - A message is keyed by (node, epoch, msg_id) on the node that stored it
   (transforms.py); its stage events are batched (`msg_ids`) and counted per
   message here, in one aggregation instead of exploding and joining.
@@ -32,14 +45,20 @@ PUBLISHED = "message_published"
 MESSAGE_STAGES = ("message_spooled", "message_replicated", "message_delivered", "message_acknowledged")
 STAGE_NAMES = tuple(s.removeprefix("message_") for s in MESSAGE_STAGES)
 MESSAGE_KEY = ("node", "epoch", "msg_id")
+LATENCY_STAGES = ("replicated", "delivered")
+STAGE_TOTALS = "node string, " + ", ".join(f"{s} long" for s in STAGE_NAMES)
+LATENCY_HISTOGRAM = "topic_hash long, stage string, latency_ms long, messages long"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Partials:
     counts: DataFrame  # node, event, events, first_ts, last_ts: every row, malformed ones as event `malformed`
     traffic: DataFrame  # minute, node, topic, client, messages, bytes: the published messages
-    messages: DataFrame  # per_message(): one row per (node, epoch, msg_id)
+    messages: DataFrame  # per_message() of the open messages: one row per (node, epoch, msg_id)
+    stage_totals: DataFrame  # node, spooled, replicated, delivered, acknowledged: of the settled messages
+    latency: DataFrame  # topic_hash, stage, latency_ms, messages: latency_histogram() of the settled messages
     deliveries: DataFrame  # client, msg_id, deliveries: `delivered` stage events per message and subscriber
+    redelivered: DataFrame  # extra: one row, the deliveries beyond the first of each (client, msg_id)
     pulses: DataFrame  # node, second, ts: each node's last sign of serving in each second
     small: DataFrame  # the valid rows that are neither published nor stage events (decisions, pulses, clients...)
 
@@ -48,6 +67,16 @@ class Partials:
 
 
 KINDS = tuple(f.name for f in dataclasses.fields(Partials))
+MESSAGES = ("node string, epoch long, msg_id long, topic_hash long, created_ms long, published long, spooled long, "
+            "replicated long, delivered long, acknowledged long, first_replicated double, first_delivered double")
+# Each kind's columns: a stored state is read with them (Spark would otherwise run a job per table for its schema).
+SCHEMAS = {
+    "counts": "node string, event string, events long, first_ts double, last_ts double",
+    "traffic": "minute timestamp, node string, topic string, client string, messages long, bytes long",
+    "messages": MESSAGES, "stage_totals": STAGE_TOTALS, "latency": LATENCY_HISTOGRAM,
+    "deliveries": "client string, msg_id long, deliveries long", "redelivered": "extra long",
+    "pulses": "node string, second long, ts double", "small": schema.EVENT,
+}
 
 
 def event_counts(events: DataFrame) -> DataFrame:
@@ -122,29 +151,82 @@ def small(events: DataFrame) -> DataFrame:
             .select(*[f.name for f in schema.EVENT.fields]))
 
 
-def reduce(rows: DataFrame) -> Partials:
-    """The partials of table rows (schema.TABLE, malformed ones included)."""
+def stage_sums(messages: DataFrame) -> DataFrame:
+    """node, spooled, replicated, delivered, acknowledged: per_message rows (or stage totals) summed per node."""
+    return messages.groupBy("node").agg(*[F.sum(s).cast("long").alias(s) for s in STAGE_NAMES])
+
+
+def latency_histogram(messages: DataFrame) -> DataFrame:
+    """topic_hash, stage (replicated | delivered), latency_ms, messages: how many messages (each `message_published`
+    line of one counted) first got to the stage that long after they were published, from per_message rows."""
+    stored = messages.filter((F.col("published") > 0) & F.col("node").isNotNull() & F.col("epoch").isNotNull()
+                             & F.col("msg_id").isNotNull())
+    firsts = F.explode(F.array(*[F.struct(F.lit(s).alias("stage"), F.col(f"first_{s}").alias("at"))
+                                 for s in LATENCY_STAGES]))
+    latency = (F.round(F.col("f.at") * 1000) - F.col("created_ms")).cast("long").alias("latency_ms")
+    return (stored.select("topic_hash", "created_ms", "published", firsts.alias("f"))
+            .filter(F.col("f.at").isNotNull())
+            .groupBy("topic_hash", F.col("f.stage").alias("stage"), latency)
+            .agg(F.sum("published").cast("long").alias("messages")))
+
+
+def redelivered(deliveries: DataFrame) -> DataFrame:
+    """extra: one row, every `delivered` of a message to a client beyond its first (on any node)."""
+    return deliveries.agg(F.coalesce(F.sum(F.col("deliveries") - 1), F.lit(0)).cast("long").alias("extra"))
+
+
+def settled(messages: DataFrame):
+    """Whether a per_message row is settled (see the rules): published, replicated, delivered and acknowledged."""
+    return ((F.col("published") > 0) & (F.col("replicated") > 0) & (F.col("delivered") > 0)
+            & (F.col("acknowledged") > 0) & F.col("node").isNotNull() & F.col("epoch").isNotNull()
+            & F.col("msg_id").isNotNull())
+
+
+def settle(p: Partials, messages: DataFrame, stage_totals: list[DataFrame], latency: list[DataFrame]) -> Partials:
+    """`p` with the settled rows of `messages` (every per_message row, merged) folded into the stage totals and
+    the latency histogram, `messages` keeping the open ones."""
+    done = messages.filter(settled(messages))
+    totals = functools.reduce(DataFrame.unionByName, [*stage_totals, stage_sums(done)])
+    hist = functools.reduce(DataFrame.unionByName, [*latency, latency_histogram(done)])
+    return dataclasses.replace(
+        p, messages=messages.filter(~settled(messages)),
+        stage_totals=stage_sums(totals) if stage_totals else totals,
+        latency=(hist.groupBy("topic_hash", "stage", "latency_ms").agg(F.sum("messages").cast("long")
+                                                                        .alias("messages"))
+                 if latency else hist))
+
+
+def reduce(rows: DataFrame, cache: bool = False) -> Partials:
+    """The partials of table rows (schema.TABLE, malformed ones included), settled. With `cache` the per-message
+    aggregation (read three times by settling) and the deliveries (twice) are cached: for a caller that computes
+    every partial."""
     valid = rows.filter(~F.col("malformed"))
-    return Partials(counts=event_counts(rows), traffic=traffic(valid), messages=per_message(valid),
-                    deliveries=deliveries(valid), pulses=pulses(valid), small=small(valid))
+    d = deliveries(valid).cache() if cache else deliveries(valid)  # stored, and summed into `redelivered`
+    p = Partials(counts=event_counts(rows), traffic=traffic(valid), messages=per_message(valid), stage_totals=None,
+                 latency=None, deliveries=d, redelivered=redelivered(d), pulses=pulses(valid), small=small(valid))
+    return settle(p, p.messages.cache() if cache else p.messages, [], [])
 
 
-def merge(batches: list[Partials]) -> Partials:
-    """One Partials from several batches' (exact: see the rules)."""
+def merge(batches: list[Partials], cache: bool = False) -> Partials:
+    """One settled Partials from several (exact: see the rules); `cache` as for `reduce`."""
     assert batches, "merge needs at least one batch"
     if len(batches) == 1:
         return batches[0]
     union = {k: functools.reduce(DataFrame.unionByName, [getattr(b, k) for b in batches]) for k in KINDS}
-    stage_sums = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]
-    return Partials(
+    stage_sums_ = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]
+    d = union["deliveries"].groupBy("client", "msg_id").agg(F.sum("deliveries").alias("deliveries"))
+    d = d.cache() if cache else d
+    p = Partials(
         counts=union["counts"].groupBy("node", "event").agg(F.sum("events").alias("events"),
                                                             F.min("first_ts").alias("first_ts"),
                                                             F.max("last_ts").alias("last_ts")),
         traffic=union["traffic"].groupBy("minute", "node", "topic", "client")
         .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")),
-        messages=union["messages"].groupBy(*MESSAGE_KEY).agg(
-            F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"), *stage_sums,
-            F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered")),
-        deliveries=union["deliveries"].groupBy("client", "msg_id").agg(F.sum("deliveries").alias("deliveries")),
+        messages=None, stage_totals=None, latency=None, deliveries=d, redelivered=redelivered(d),
         pulses=union["pulses"].groupBy("node", "second").agg(F.max("ts").alias("ts")),
         small=union["small"])
+    messages = union["messages"].groupBy(*MESSAGE_KEY).agg(
+        F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"), *stage_sums_,
+        F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered"))
+    return settle(p, messages.cache() if cache else messages, [b.stage_totals for b in batches],
+                  [b.latency for b in batches])

@@ -3,7 +3,8 @@
 The view model is plain JSON-able data (what `--json` prints and what the
 Rich table and the charts render). With `--out DIR`, DIR gets:
   tables/events/      the ingested closed segments (Parquet, by day and node)
-  tables/_ingested/   which segments those are
+  tables/state/<n>/   the partial aggregates of every ingested row (analytics/partials.py)
+  tables/_batches/    which segments those are, and their batch n
   reports/<name>/     each report as Parquet
   summary.json        the view model
   charts/*.png        message rate with failover markers, latency percentiles, availability
@@ -12,6 +13,7 @@ Rich table and the charts render). With `--out DIR`, DIR gets:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import time
@@ -27,18 +29,47 @@ REPORT_VERSION = 1
 def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) -> dict:
     started = time.monotonic()
     loaded = ingest.load(spark, roots, out)
+    # Without --out nothing is stored: the reports read every row parsed, for which generated code pays.
+    with _interpreted(spark) if out is not None else contextlib.nullcontext():
+        return _report(spark, loaded, roots, out, top_n, started)
+
+
+@contextlib.contextmanager
+def _interpreted(spark):
+    """Evaluate expressions without generating code. The reports' inputs are the state's small tables, so a summary
+    runs a few dozen small jobs whose time goes into compiling the code Spark generates for each (measured on two
+    loaded cores, the same re-run: 50 s with code generation, 25 s without). Ingest, the big scan, runs before with
+    the session's setting (and so do the reports of a run without --out, which read every row); the previous
+    values are restored after."""
+    keys = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    before = {k: spark.conf.get(k, None) for k in keys}
+    for k, v in keys.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top_n: int, started: float) -> dict:
     p = loaded.partials
-    # Every report reads partials (small or narrow); the three that several reports read are cached.
+    # Every report reads partials (small: the open messages, settled totals); those several reports read are cached.
     traffic, messages, small = p.traffic.cache(), p.messages.cache(), p.small.cache()
+    stage_rows = p.stage_totals.unionByName(messages.select("node", *partials.STAGE_NAMES))
+    hist = p.latency.unionByName(partials.latency_histogram(messages))
     reports: dict[str, DataFrame] = {
         "event_counts": t.event_counts(p.counts),
         "rates_per_minute": t.rates_per_minute(traffic),
-        "stages": t.stage_counts(messages),
-        "latency": t.latency_percentiles(t.latencies(messages, _topic_names(spark, traffic))),
+        "stages": t.stage_counts(stage_rows),
+        "latency": t.latency_percentiles(t.latencies(hist, _topic_names(spark, traffic))),
         "incidents": t.incidents(small, p.pulses, messages),
         "top_topics": t.top_topics(traffic, top_n),
         "top_clients": t.top_clients(traffic, top_n),
-        "delivery_problems": t.delivery_problems(small, p.deliveries),
+        "delivery_problems": t.delivery_problems(small, p.redelivered),
         "overload_episodes": small.transform(t.overload_episodes),
         "unlogged": small.transform(t.unlogged),
     }

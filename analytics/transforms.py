@@ -2,9 +2,10 @@
 
 Rules (what each report means is in docs/events.md, "What the analytics job reports"):
 - Inputs are the partial aggregates of the valid rows (partials.py: the
-  published traffic, one row per message, deliveries, pulses, and the few
-  other events whole), never the raw rows: each report reads a small or
-  narrow table, and none joins the stage events back to their messages.
+  published traffic, one row per open message, the settled messages' stage
+  totals and latency histogram, the redelivery total, pulses, and the few
+  other events whole), never the raw rows: each report reads a small table,
+  and none joins the stage events back to their messages.
   Outputs have the explicit schemas below.
 - A message is identified on the node that stored it by (node, epoch,
   msg_id): message ids restart after a takeover or a restart, epochs do not.
@@ -35,11 +36,13 @@ def valid(events: DataFrame) -> DataFrame:
 
 
 def stage_counts(messages: DataFrame) -> DataFrame:
-    """node, stage, messages: how many messages reached each stage on each node (from partials.per_message)."""
+    """node, stage, messages: how many messages reached each stage on each node, from rows with a node and a count
+    per stage (partials.per_message of the open messages, unioned with partials.stage_totals of the settled)."""
     sums = messages.groupBy("node").agg(*[F.sum(s).alias(s) for s in STAGE_NAMES])
     pairs = F.explode(F.array(*[F.struct(F.lit(s).alias("stage"), F.col(s).alias("messages")) for s in STAGE_NAMES]))
     return (sums.select("node", pairs.alias("p"))
-            .select("node", "p.stage", F.col("p.messages").cast("long").alias("messages")).filter(F.col("messages") > 0).orderBy("node", "stage"))
+            .select("node", "p.stage", F.col("p.messages").cast("long").alias("messages"))
+            .filter(F.col("messages") > 0).orderBy("node", "stage"))
 
 
 def rates_per_minute(traffic: DataFrame) -> DataFrame:
@@ -49,20 +52,13 @@ def rates_per_minute(traffic: DataFrame) -> DataFrame:
             .orderBy("minute", "node", "topic"))
 
 
-def latencies(messages: DataFrame, names: DataFrame) -> DataFrame:
+def latencies(hist: DataFrame, names: DataFrame) -> DataFrame:
     """topic, stage (delivered | replicated), latency_ms, messages: how many messages first got to the stage that
-    long after they were published, each `message_published` line of one counted (from partials.per_message,
-    its topics named by partials.topic_names: a handful of rows, broadcast)."""
-    stored = messages.filter((F.col("published") > 0) & F.col("node").isNotNull() & F.col("epoch").isNotNull()
-                             & F.col("msg_id").isNotNull())
-    firsts = F.explode(F.array(*[F.struct(F.lit(s).alias("stage"), F.col(f"first_{s}").alias("at"))
-                                 for s in ("replicated", "delivered")]))
-    latency = (F.round(F.col("f.at") * 1000) - F.col("created_ms")).cast("long").alias("latency_ms")
-    hist = (stored.select("topic_hash", "created_ms", "published", firsts.alias("f"))
-            .filter(F.col("f.at").isNotNull())
-            .groupBy("topic_hash", F.col("f.stage").alias("stage"), latency)
-            .agg(F.sum("published").alias("messages")))
-    return (hist.join(F.broadcast(names), "topic_hash", "left")
+    long after they were published, from histograms keyed by topic hash (partials.latency_histogram of the open
+    messages unioned with partials.latency of the settled ones), the topics named by partials.topic_names (a
+    handful of rows, broadcast)."""
+    summed = hist.groupBy("topic_hash", "stage", "latency_ms").agg(F.sum("messages").alias("messages"))
+    return (summed.join(F.broadcast(names), "topic_hash", "left")
             .select("topic", "stage", "latency_ms", F.col("messages").cast("long")))
 
 
@@ -157,13 +153,12 @@ def top_clients(traffic: DataFrame, n: int = 10) -> DataFrame:
             .orderBy(F.desc("messages"), "client").limit(n))
 
 
-def delivery_problems(events: DataFrame, delivery_rows: DataFrame) -> DataFrame:
+def delivery_problems(events: DataFrame, extra: DataFrame) -> DataFrame:
     """what (redelivered | expired | dropped), reason, messages. A redelivery is a second `delivered` of the same
-    message to the same client, on any node (a takeover resends what was in flight): `delivery_rows` is
-    partials.deliveries; `events` needs only the expiries and drops (partials.small will do)."""
-    redelivered = (delivery_rows.select((F.col("deliveries") - 1).alias("extra"))
-                   .agg(F.lit("redelivered").alias("what"), F.lit("").alias("reason"),
-                        F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("messages")))
+    message to the same client, on any node (a takeover resends what was in flight): `extra` is
+    partials.redelivered (one row); `events` needs only the expiries and drops (partials.small will do)."""
+    redelivered = extra.agg(F.lit("redelivered").alias("what"), F.lit("").alias("reason"),
+                            F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("messages"))
     gone = (events.filter(F.col("event").isin("message_expired", "message_dropped"))
             .groupBy(F.regexp_replace("event", "^message_", "").alias("what"),
                      F.coalesce("reason", F.lit("")).alias("reason"))

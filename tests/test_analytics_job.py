@@ -48,14 +48,48 @@ def test_malformed_lines_are_counted_and_ingestion_happens_once(spark, tmp_path)
     assert third["messages"]["published_per_node"] == {"primary": 2, "backup": 1}
 
 
-def test_an_out_dir_from_before_partials_is_refused_with_a_sentence(spark, tmp_path):
+def stage(node: str, ts: float, kind: str, ids: list[int], client: str = "s", epoch: int = 1) -> str:
+    return json.dumps({"v": 2, "ts": ts, "mono_ms": int(ts * 1000), "node": node, "event": f"message_{kind}",
+                       "msg_ids": ids, "client": client, "epoch": epoch})
+
+
+def test_reports_from_the_settled_state_equal_those_of_one_pass_over_every_segment(spark, tmp_path):
+    """Messages straddle segments ingested by different runs (published in one, acknowledged or redelivered in the
+    next): the reports from the stored state, merged and settled run after run, are those of one run that
+    parses every segment without --out."""
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    views = []
+    batches = [
+        [published("primary", 100.0, 1, "a"), published("primary", 100.5, 2, "b"), published("primary", 100.6, 3),
+         stage("primary", 100.51, "replicated", [1, 2]), stage("primary", 100.52, "delivered", [1, 2]),
+         stage("primary", 100.55, "acknowledged", [1])],
+        [stage("primary", 160.0, "acknowledged", [2]), stage("primary", 161.0, "delivered", [1]),
+         stage("primary", 161.5, "replicated", [3]), stage("primary", 161.6, "delivered", [3]),
+         stage("primary", 170.0, "delivered", [2]), published("primary", 171.0, 4, "a"),
+         stage("primary", 171.2, "spooled", [4])],
+    ]
+    for seq, lines in enumerate(batches, 1):
+        write_segment(logs / "primary", "primary", seq, lines)
+        views.append(summary.summarize(spark, [logs.as_uri()], out.as_uri()))
+    once = summary.summarize(spark, [logs.as_uri()])
+    ignore = ("inputs", "elapsed_s")
+    assert {k: v for k, v in views[-1].items() if k not in ignore} == {k: v for k, v in once.items() if k not in ignore}
+    assert {(r["stage"], r["messages"]) for r in once["stages"]} == {
+        ("replicated", 3), ("delivered", 5), ("acknowledged", 2), ("spooled", 1)}
+    assert once["delivery_problems"] == [{"what": "redelivered", "reason": "", "messages": 2}]
+    assert [p.name for p in (out / "tables" / "state").iterdir()] == ["000002"]  # the first batch's is superseded
+
+
+@pytest.mark.parametrize("layout", ["_ingested", "partials"])
+def test_an_out_dir_from_before_the_settled_state_is_refused_with_a_sentence(spark, tmp_path, layout):
     logs, out = tmp_path / "logs", tmp_path / "out"
     write_segment(logs / "primary", "primary", 1, [published("primary", 100.0, 1)])
-    (out / "tables" / "_ingested").mkdir(parents=True)  # what the job wrote before it kept partial aggregates
+    # What the job wrote before it kept partial aggregates (_ingested), and before it settled them (partials/<batch>).
+    (out / "tables" / layout).mkdir(parents=True)
     with pytest.raises(AnalyticsError) as refused:
         summary.summarize(spark, [logs.as_uri()], out.as_uri())
-    assert str(refused.value) == (f"{out.as_uri()} was written by an earlier version of the job (no partial "
-                                  "aggregates): summarize into a new --out DIR")
+    assert str(refused.value) == (f"{out.as_uri()} was written by an earlier version of the job (no settled "
+                                  "state): summarize into a new --out DIR")
     assert not (out / "tables" / "events").exists()
 
 

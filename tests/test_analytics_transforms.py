@@ -51,8 +51,7 @@ def test_to_table_flags_malformed_lines_and_names_their_node_from_the_segment(sp
          ("monitor", "node_alive", True, "1970-01-01")], "node string, event string, malformed boolean, day string"))
 
 
-MESSAGES = ("node string, epoch long, msg_id long, topic_hash long, created_ms long, published long, spooled long, "
-            "replicated long, delivered long, acknowledged long, first_replicated double, first_delivered double")
+MESSAGES = partials.MESSAGES
 
 
 def hashed(spark, topic):
@@ -82,7 +81,36 @@ def test_partials_of_two_batches_merge_to_those_of_one(spark):
                              partials.reduce(frame(spark, *rows[6:]))])
     for kind in partials.KINDS:
         assertDataFrameEqual(getattr(merged, kind), getattr(whole, kind))
+        # A stored state is read back with these columns.
+        want = spark.createDataFrame([], partials.SCHEMAS[kind]).schema
+        assert [(f.name, f.dataType) for f in getattr(whole, kind).schema] == [(f.name, f.dataType) for f in want]
     assert partials.merge([whole]) is whole
+
+
+def test_settling_folds_complete_messages_into_totals_and_keeps_the_open_ones(spark):
+    """Message 1 has every stage: it leaves the per-message rows for the stage totals and the latency histogram.
+    Message 2 was never acknowledged and stays a row. A redelivery of 1 in a later batch adds to its stage count
+    and does not change its latency; the reports from the settled state equal those from every message's row."""
+    first = [pub("primary", 10, 1, "a", created=10_000), pub("primary", 10, 2, "a", created=10_000),
+             stage("primary", 10.004, "replicated", [1, 2]), stage("primary", 10.020, "delivered", [1, 2], client="s"),
+             stage("primary", 10.030, "acknowledged", [1], client="s")]
+    later = [stage("primary", 20, "delivered", [1], client="s")]
+    p = partials.reduce(frame(spark, *first))
+    assertDataFrameEqual(p.messages.select(*partials.MESSAGE_KEY), [("primary", 1, 2)])
+    assertDataFrameEqual(p.stage_totals, spark.createDataFrame([("primary", 0, 1, 1, 1)], partials.STAGE_TOTALS))
+    assertDataFrameEqual(p.latency, spark.createDataFrame(
+        [(hashed(spark, "a"), "replicated", 4, 1), (hashed(spark, "a"), "delivered", 20, 1)],
+        partials.LATENCY_HISTOGRAM))
+    merged = partials.merge([p, partials.reduce(frame(spark, *later))])
+    assertDataFrameEqual(merged.messages.select(*partials.MESSAGE_KEY, "published", "delivered"),
+                         [("primary", 1, 1, 0, 1), ("primary", 1, 2, 1, 1)])
+    every = frame(spark, *first, *later).transform(partials.per_message)
+    assertDataFrameEqual(t.stage_counts(merged.stage_totals.unionByName(
+        merged.messages.select("node", *partials.STAGE_NAMES))), t.stage_counts(every))
+    names = merged.traffic.transform(partials.topic_names)
+    assertDataFrameEqual(t.latencies(merged.latency.unionByName(partials.latency_histogram(merged.messages)), names),
+                         t.latencies(partials.latency_histogram(every), names))
+    assertDataFrameEqual(merged.redelivered, [(1,)])
 
 
 def test_stage_counts(spark):
@@ -108,7 +136,8 @@ def test_latencies_take_the_first_stage_event_on_the_same_node_and_epoch(spark):
                stage("primary", 10.500, "delivered", [1]),  # a redelivery: not the latency
                stage("backup", 10.1, "delivered", [2], epoch=2))  # another node's message 2
     names = df.transform(partials.traffic).transform(partials.topic_names)
-    assertDataFrameEqual(t.latencies(df.transform(partials.per_message), names), spark.createDataFrame(
+    hist = df.transform(partials.per_message).transform(partials.latency_histogram)
+    assertDataFrameEqual(t.latencies(hist, names), spark.createDataFrame(
         [("a", "replicated", 14, 1), ("b", "replicated", 4, 1), ("a", "delivered", 30, 1)],
         "topic string, stage string, latency_ms long, messages long"))
 
@@ -118,7 +147,8 @@ def test_latencies_count_a_message_published_twice_twice(spark):
     df = frame(spark, pub("primary", 10, 1, "a", created=9_990), pub("primary", 10, 1, "a", created=9_990),
                stage("primary", 10.02, "delivered", [1]))
     names = df.transform(partials.traffic).transform(partials.topic_names)
-    assertDataFrameEqual(t.latencies(df.transform(partials.per_message), names),
+    hist = df.transform(partials.per_message).transform(partials.latency_histogram)
+    assertDataFrameEqual(t.latencies(hist, names),
                          [("a", "delivered", 30, 2)])
 
 
@@ -207,7 +237,8 @@ def test_delivery_problems(spark):
                stage("primary", 1, "delivered", [1], client="other"),
                ev("primary", 9, "message_expired", client="s", msg_id=3, reason="expired"),
                ev("primary", 9, "message_dropped", client="s", msg_id=4, reason="queue full"))
-    assertDataFrameEqual(t.delivery_problems(df.transform(partials.small), df.transform(partials.deliveries)),
+    assertDataFrameEqual(t.delivery_problems(df.transform(partials.small),
+                                               df.transform(partials.deliveries).transform(partials.redelivered)),
                          spark.createDataFrame(
         [("dropped", "queue full", 1), ("expired", "expired", 1), ("redelivered", "", 1)],
         "what string, reason string, messages long"))
