@@ -27,7 +27,7 @@ from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
-from . import dedup
+from . import dedup, routing
 from .routing import Router
 from .session import NEVER, Connection, EntryState, Session, Will
 
@@ -63,16 +63,20 @@ class Persist:
     then: tuple = ()
 
     def __post_init__(self) -> None:
-        if any(isinstance(e, Persist) for e in self.then):
-            ops_, then = list(self.ops), []
-            for e in self.then:
-                if isinstance(e, Persist):
-                    ops_ += e.ops
-                    then += e.then
-                else:
-                    then.append(e)
-            object.__setattr__(self, "ops", tuple(ops_))
-            object.__setattr__(self, "then", tuple(then))
+        for e in self.then:  # a plain loop: a generator per Persist showed in the QoS 1 profile
+            if type(e) is Persist:
+                break
+        else:
+            return
+        ops_, then = list(self.ops), []
+        for e in self.then:
+            if isinstance(e, Persist):
+                ops_ += e.ops
+                then += e.then
+            else:
+                then.append(e)
+        object.__setattr__(self, "ops", tuple(ops_))
+        object.__setattr__(self, "then", tuple(then))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +95,9 @@ class Durable:
 
     entries: tuple
     client_ids: tuple = ()
+
+
+routing.bind_effects(Send, Persist, Durable)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
