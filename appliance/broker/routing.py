@@ -50,8 +50,9 @@ class Router:
     def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int,
               extra_ops: tuple = ()) -> list:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
-        props = {k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
-        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL)
+        props = ({k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
+                 if packet.properties else {})  # most PUBLISHes carry none: no comprehension for them
+        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL) if props else None
         msg = Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
                       now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
         targets = self._targets(core, topic, session.client_id, msg.retain)
@@ -60,7 +61,7 @@ class Router:
             core._count("publish_refused_queue_full")
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
-        stored_props = _encode_props(props)
+        stored_props = _encode_props(props) if props else b""
         size = stored_estimate(msg, stored_props)
         if conn is not None and self._needs_store(targets, msg):
             if self.stored_bytes + size > self.limits.max_spool_bytes:

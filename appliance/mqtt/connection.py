@@ -37,7 +37,7 @@ log = logging.getLogger("appliance.mqtt.listener")
 REASON_STRING_MAX_CHARS = 200
 NOT_SUPPORTED_YET = "not supported by this node yet"
 WILL_TOPIC_RESERVED = "will topics starting with $ are reserved"
-_WINDOWED = (Publish, Subscribe, Unsubscribe)
+_WINDOWED = frozenset((Publish, Subscribe, Unsubscribe))
 
 # Why reading is paused (bits of MqttConnection._paused).
 _CONNECTING = 1
@@ -172,19 +172,20 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle(self, packet: Packet) -> None:
         if self.conn_id is not None:
-            if isinstance(packet, Disconnect):
+            kind = type(packet)  # the codec makes exactly these classes (no subclasses): `is` tests
+            if kind is Disconnect:
                 self.broker_lost(packet)
                 self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
             elif not (self._gate_ok if self._gate_ok is not None else self._ask_gate()):
                 self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN), "this node may no longer serve")
             else:
                 pending = self._l.broker.packet(self.conn_id, packet)
-                if pending is not None and isinstance(packet, _WINDOWED):
+                if pending is not None and kind in _WINDOWED:
                     self.inflight += 1
                     pending.add_done_callback(self._completed)
                     if self.inflight >= self._l.window:
                         self._throttle()
-                if isinstance(packet, Publish):
+                if kind is Publish:
                     self._l.messages_in += 1
                     if packet.qos and self._l.hold_for_mate(self):
                         self._pause(_MATE)
