@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from ..frozen import fast_init
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
@@ -37,12 +38,14 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 MAX_KEEP_ALIVE_S = 65535
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Send:
     conn: int
     packet: object
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Close:
     conn: int
@@ -50,6 +53,7 @@ class Close:
     reason: str = ""
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Persist:
     """Write `ops`; run `then` once they are durable.
@@ -88,6 +92,7 @@ class Connacked:
     conn: int
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Durable:
     """In a `Persist`'s `then`: the commit that queued `entries` is durable; the adapter hands this back to
