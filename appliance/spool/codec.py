@@ -84,6 +84,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def _put_uints(out: bytearray, values: tuple[int, ...]) -> None:
     """Append a varint count and the varints (also the queue table's subscription-id column)."""
+    if not values:  # a queued message's usual subscription ids: none (a count of 0, one byte)
+        out.append(0)
+        return
     _put_varint(out, len(values))
     for v in values:
         if type(v) is not int:
