@@ -145,8 +145,7 @@ class MqttConnection(asyncio.Protocol):
         try:
             packets = self._packets
             budget = PACKETS_PER_TURN
-            # The gate is asked once per read, not once per packet (Node.may_serve costs ~1 us, and a read holds
-            # up to a window of PUBLISHes): the packets of one read are handled as if they arrived together.
+            # The gate is asked once per read, not per packet (~1 us each): one read's packets arrived together.
             self._gate_ok = None
             while not self.closing and not self._paused:
                 if not budget:
@@ -422,9 +421,8 @@ class MqttConnection(asyncio.Protocol):
 
     def send_nowait(self, packet: Packet) -> None:
         if type(packet) is Puback and not packet.reason_code and not packet.properties and not self.closing:
-            # The durable QoS 1 stream's every ack: byte for byte what `Puback.encode` makes (3.1.1 and 5.0 alike:
-            # v5 omits reason 0 without properties), without the general encoder (~2 us a packet). Its packet
-            # id came from the client's PUBLISH, which the decoder held to 1..65535.
+            # What `Puback.encode` makes in 3.1.1 and 5.0 (v5 omits reason 0 without properties), minus ~2 us a
+            # packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
             if self.peer_max_packet_size is None or self.peer_max_packet_size >= 4:
                 self._write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
             return
