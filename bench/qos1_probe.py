@@ -1,6 +1,7 @@
 """Where a durable QoS 1 message's time goes: bench/throughput.py's QoS 1 test on a local group, watched.
 
     python bench/qos1_probe.py [--duration-s 6] [--window 100]
+    PAIRMQ_MESSAGE_EVENTS=0 python bench/qos1_probe.py   (per-message event logging off, as in bench/brokers.py)
 
 Prints, once a second during the load, each routing node's spool writer as its management API shows it
 (`/api/v1/message-spool`: submissions, commits, ops per commit, the last commit's ms, submissions of
@@ -25,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from appliance.eventlog import EventSettings  # noqa: E402
 from appliance.roles import Role  # noqa: E402
 from bench.brokers import Target, cpu_s  # noqa: E402
 from bench.throughput import qos1  # noqa: E402
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration_s <= 0 or args.window < 1 or args.payload < 0:
         parser.error("--duration-s must be positive, --window at least 1, --payload not negative")
     work = Path(tempfile.mkdtemp(prefix="pairmq-qos1-probe-"))
-    with active_group(work / "pairmq", timeout_s=30) as g:
+    events = EventSettings(message_events=os.environ.get("PAIRMQ_MESSAGE_EVENTS", "1") != "0")
+    with active_group(work / "pairmq", timeout_s=30, events=events) as g:
         target = Target("pairmq", g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY))
         stop = threading.Event()
         watcher = threading.Thread(target=watch, args=(g, stop), daemon=True)
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         # The CPU spent over the whole run (connects and warm-up too) per message measured: a slight overestimate.
         messages = rate * (time.monotonic() - started)
         print(f"{rate:,.0f} msg/s at the subscriber, {acks:,.0f} PUBACKs/s; primary CPU {m.cpu:.0%}, other processes "
-              f"{m.other_cpu:.0%} during the measurement; load average {os.getloadavg()[0]:.2f}")
+              f"{m.other_cpu:.0%} during the measurement; load average {os.getloadavg()[0]:.2f}"
+              + ("" if events.message_events else "; per-message events OFF"))
         for role in Role:
             print(f"{role.value}: {(cpu_s(g.pid(role)) - process0[role]) * 1e6 / messages:.1f} µs CPU per message")
         for role in ROUTING:

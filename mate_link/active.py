@@ -210,7 +210,7 @@ class ActiveLink(Endpoint):
         self._recent.extend(entries)
         if self.phase is Phase.LIVE:
             assert entries[0].seq == self.shipped_seq + 1, (entries[0].seq, self.shipped_seq)
-            self._ship(list(entries), whole=True)
+            self._ship(entries, whole=True)
         elif self.phase is Phase.CATCHING_UP:
             self._continue_catchup()
 
@@ -270,20 +270,28 @@ class ActiveLink(Endpoint):
         """Batches of OPS; `whole` keeps them in one message: the standby applies a message atomically, and a
         submission split across two could leave it, at a failover, holding half of one (a message queued
         without the QoS 2 record that stops its retransmission from being routed again)."""
+        if whole:  # the live path, once per submission: no per-op loop beyond the byte count
+            if entries:
+                total = sum(map(len, [e.body for e in entries]))
+                self._out.append(Ops(self.epoch, tuple(entries)))
+                self.shipped_seq = entries[-1].seq
+                self._unacked_bytes.append((self.shipped_seq, total))
+                self.unacked_bytes += total
+            return
         batch: list[LogEntry] = []
-        size = 0
+        size = total = 0
         for e in entries:
-            if batch and not whole and (len(batch) >= self.limits.max_batch_ops
-                                        or size + len(e.body) > self.limits.max_batch_bytes):
+            if batch and (len(batch) >= self.limits.max_batch_ops or size + len(e.body) > self.limits.max_batch_bytes):
                 self._out.append(Ops(self.epoch, tuple(batch)))
                 batch, size = [], 0
             batch.append(e)
             size += len(e.body)
+            total += len(e.body)
         if batch:
             self._out.append(Ops(self.epoch, tuple(batch)))
             self.shipped_seq = batch[-1].seq
-            self._unacked_bytes.append((self.shipped_seq, sum(len(e.body) for e in entries)))
-            self.unacked_bytes += self._unacked_bytes[-1][1]
+            self._unacked_bytes.append((self.shipped_seq, total))
+            self.unacked_bytes += total
 
     def _continue_catchup(self) -> None:
         if self._recent and self._recent[0].seq <= self.shipped_seq + 1 <= self._recent[-1].seq:

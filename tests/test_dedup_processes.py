@@ -245,6 +245,14 @@ def slow_standby(hosts, tmp_path) -> None:  # noqa: F811
         time.sleep(1.0)
         group.signal(B, signal.SIGSTOP)
         stopped_at = time.monotonic()
+        # Holding starts only when a QoS 1 PUBLISH is read while the backlog is over max_lag. The streams send 50
+        # and wait for their PUBACKs, so if the stop lands after the broker read a whole round (more likely the
+        # faster the broker is), no PUBLISH comes during the stop and nothing is held. A burst now makes sure
+        # some do: 150 messages, 300 ops, past max_lag (100) whatever the backlog was at the stop.
+        burst = Client("car-burst", group.address(P), persistent=False, max_inflight=200)
+        pubs.append(burst)
+        for j in range(150):
+            burst.publish(f"burst-{j}".encode(), None)
         # Under the mate link's 1 s timeout, looked at every 50 ms: the backlog passes max_lag a moment after
         # the stop (how soon depends on the publishers' pace), and holding may end with the in-sync lease.
         during = spool_view(group, P)["mate_backpressure"]

@@ -553,3 +553,42 @@ def test_hundred_thousand_subscriptions_match_by_walk_not_scan():
         for d in range(1000):
             index.remove_client(f"dev-{s}-{d}")
     assert len(index) == 4
+
+
+# --- the match cache (session 8) ------------------------------------------------------
+
+
+def test_a_cached_answer_follows_every_change():
+    index = SubscriptionIndex()
+    index.subscribe("c1", "a/+", Opts(qos=1))
+    assert [(m.client_id, m.options.qos) for m in index.match("a/b")] == [("c1", 1)]
+    assert "a/b" in index._cache  # no shared group: kept
+    index.subscribe("c1", "a/+", Opts(qos=2))  # new options for the same filter
+    assert [(m.client_id, m.options.qos) for m in index.match("a/b")] == [("c1", 2)]
+    index.subscribe("c2", "#", Opts(qos=0))
+    assert sorted(m.client_id for m in index.match("a/b")) == ["c1", "c2"]
+    index.unsubscribe("c1", "a/+")
+    assert [m.client_id for m in index.match("a/b")] == ["c2"]
+    index.remove_client("c2")
+    assert index.match("a/b") == []
+    got = index.match("a/b")
+    got.append("junk")  # a caller's list is its own
+    assert index.match("a/b") == []
+
+
+def test_shared_answers_are_never_kept():
+    index = SubscriptionIndex()
+    index.subscribe("c1", "$share/g/t", Opts(qos=1))
+    index.subscribe("c2", "$share/g/t", Opts(qos=1))
+    picks = [index.match("t")[0].client_id for _ in range(4)]
+    assert picks == ["c1", "c2", "c1", "c2"] and "t" not in index._cache
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    from appliance.broker import topics
+    monkeypatch.setattr(topics, "MATCH_CACHE_TOPICS", 8)
+    index = SubscriptionIndex()
+    index.subscribe("c1", "#", Opts(qos=1))
+    for i in range(50):
+        assert [m.client_id for m in index.match(f"t/{i}")] == ["c1"]
+        assert len(index._cache) <= 8

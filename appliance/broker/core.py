@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from ..frozen import fast_init
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
-from . import dedup
+from . import dedup, routing
 from .routing import Router
 from .session import NEVER, Connection, EntryState, Session, Will
 
@@ -37,12 +38,14 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 MAX_KEEP_ALIVE_S = 65535
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Send:
     conn: int
     packet: object
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Close:
     conn: int
@@ -50,6 +53,7 @@ class Close:
     reason: str = ""
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Persist:
     """Write `ops`; run `then` once they are durable.
@@ -63,16 +67,20 @@ class Persist:
     then: tuple = ()
 
     def __post_init__(self) -> None:
-        if any(isinstance(e, Persist) for e in self.then):
-            ops_, then = list(self.ops), []
-            for e in self.then:
-                if isinstance(e, Persist):
-                    ops_ += e.ops
-                    then += e.then
-                else:
-                    then.append(e)
-            object.__setattr__(self, "ops", tuple(ops_))
-            object.__setattr__(self, "then", tuple(then))
+        for e in self.then:  # a plain loop: a generator per Persist showed in the QoS 1 profile
+            if type(e) is Persist:
+                break
+        else:
+            return
+        ops_, then = list(self.ops), []
+        for e in self.then:
+            if isinstance(e, Persist):
+                ops_ += e.ops
+                then += e.then
+            else:
+                then.append(e)
+        object.__setattr__(self, "ops", tuple(ops_))
+        object.__setattr__(self, "then", tuple(then))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +92,7 @@ class Connacked:
     conn: int
 
 
+@fast_init  # made per message: appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Durable:
     """In a `Persist`'s `then`: the commit that queued `entries` is durable; the adapter hands this back to
@@ -91,6 +100,9 @@ class Durable:
 
     entries: tuple
     client_ids: tuple = ()
+
+
+routing.bind_effects(Send, Persist, Durable)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -50,8 +50,9 @@ class Router:
     def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int,
               extra_ops: tuple = ()) -> list:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
-        props = {k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
-        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL)
+        props = ({k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
+                 if packet.properties else {})  # most PUBLISHes carry none: no comprehension for them
+        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL) if props else None
         msg = Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
                       now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
         targets = self._targets(core, topic, session.client_id, msg.retain)
@@ -60,9 +61,9 @@ class Router:
             core._count("publish_refused_queue_full")
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
-        stored_props = _encode_props(props)
+        stored_props = _encode_props(props) if props else b""
+        size = stored_estimate(msg, stored_props)
         if conn is not None and self._needs_store(targets, msg):
-            size = stored_estimate(msg, stored_props)
             if self.stored_bytes + size > self.limits.max_spool_bytes:
                 core._count("publish_refused_spool_full")
                 return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
@@ -78,8 +79,8 @@ class Router:
             nonlocal stored
             if not stored:
                 self.messages[msg.msg_id] = msg
-                msg.stored_size = stored_estimate(msg, stored_props)
-                self.stored_bytes += msg.stored_size
+                msg.stored_size = size
+                self.stored_bytes += size
                 op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
                                                  stored_props, msg.expiry_at_ms, msg.publisher, now_ms))
                 stored = True
@@ -408,21 +409,26 @@ def decode_stored_properties(data: bytes) -> dict:
     return decode_properties(Cursor(data), PacketType.PUBLISH) if data else {}
 
 
-def codec_send(conn: Connection, packet):
-    from .core import Send
+# The core's effect classes, bound once by core.py when it is imported (it imports this module first, so a
+# top-level import here would be circular). A `from .core import ...` inside each function ran the import
+# machinery on every call: ~3 times per routed QoS 1 message (session 8's profile).
+_Send = _Persist = _Durable = None
 
-    return Send(conn.conn_id, packet)
+
+def bind_effects(send, persist, durable) -> None:
+    global _Send, _Persist, _Durable
+    _Send, _Persist, _Durable = send, persist, durable
+
+
+def codec_send(conn: Connection, packet):
+    return _Send(conn.conn_id, packet)
 
 
 def Persist_(op_tuple: tuple, then: tuple):
-    from .core import Persist
-
-    return Persist(op_tuple, then)
+    return _Persist(op_tuple, then)
 
 
 def core_persist(op_list: list, sends: list, queued: list, client_ids: list):
     """Persist the ops; once durable, send the acks, mark the queued entries ready and fill the targets' windows."""
-    from .core import Durable, Persist
-
-    then = (*sends, Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
-    return Persist(tuple(op_list), then)
+    then = (*sends, _Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
+    return _Persist(tuple(op_list), then)

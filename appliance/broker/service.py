@@ -43,7 +43,9 @@ Rules:
 - Writes never wait for the socket to drain here; the listener stops reading a
   client whose output backs up or whose in-flight window is full. `packet`
   returns a future that resolves once the effects it queued behind a commit
-  have run, which is what the window counts.
+  have run, which is what the window counts. The packets of one callback share
+  one future, resolved behind the last of their effects (one future per read,
+  not per PUBLISH).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class BrokerService:
         self._held_future: asyncio.Future | None = None  # their commit, as message_events sees it
         self._last: asyncio.Future | None = None  # the latest submission's future
         self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
+        self._batch_done: asyncio.Future | None = None  # what `packet` returned during this callback
         # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
         # run now? None: they run at local durability (no standby). What it refuses waits here, in commit order.
         self.may_release: Callable[[int], bool] | None = None
@@ -160,13 +163,16 @@ class BrokerService:
         or None when nothing waits: the listener's in-flight window counts the packet until then."""
         if conn_id not in self.core.connections:
             return None
-        before = (len(self._ops), len(self._thens))
+        ops_before, thens_before = len(self._ops), len(self._thens)
         self.execute(self.core.packet(conn_id, packet, wall_ms()))
         self._schedule()  # acks leave work for the core's flush
-        if (len(self._ops), len(self._thens)) == before:
+        if len(self._ops) == ops_before and len(self._thens) == thens_before:
             return None
-        done = asyncio.get_running_loop().create_future()
-        self._thens.append((_Resolve(done),))
+        # One future for every packet of this callback that waits (see the rules): `_end_of_callback` queues
+        # its `_Resolve` behind all of their effects, so it resolves once the last of them has run.
+        done = self._batch_done
+        if done is None:
+            done = self._batch_done = asyncio.get_running_loop().create_future()
         return done
 
     def lost(self, conn_id: int, disconnect=None) -> None:
@@ -178,27 +184,28 @@ class BrokerService:
 
     def execute(self, effects) -> None:
         for effect in effects:
-            if isinstance(effect, Send):
+            kind = type(effect)  # no subclasses of the effects: `is` tests, the most frequent first
+            if kind is Send:
                 out = self._out.get(effect.conn)
                 if out is None:
                     self._out[effect.conn] = [effect.packet]
                     self._schedule()
                 else:
                     out.append(effect.packet)
-            elif isinstance(effect, Close):
+            elif kind is Close:
                 self._write(effect.conn, self._out.pop(effect.conn, None))  # what it was sent goes out first
                 conn = self.conns.pop(effect.conn, None)
                 if conn is not None:
                     conn.close_with(effect.reason_code, effect.reason)
                 if effect.conn in self.core.connections:
                     self.execute(self.core.connection_lost(effect.conn, wall_ms()))
-            elif isinstance(effect, Persist):
+            elif kind is Persist:
                 self._persist(effect)
-            elif isinstance(effect, Durable):
+            elif kind is Durable:
                 self.execute(self.core.durable(effect, wall_ms()))
-            elif isinstance(effect, Connacked):
+            elif kind is Connacked:
                 self.execute(self.core.connacked(effect, wall_ms()))
-            elif isinstance(effect, _Resolve):
+            elif kind is _Resolve:
                 if not effect.future.done():
                     effect.future.set_result(None)
             else:
@@ -223,6 +230,12 @@ class BrokerService:
     def _end_of_callback(self) -> None:
         self._flush_scheduled = False
         self.execute(self.core.flush(wall_ms()))
+        if self._batch_done is not None:
+            resolve, self._batch_done = (_Resolve(self._batch_done),), None
+            if self._ops:
+                self._thens.append(resolve)
+            else:  # a batch split at max_batch_ops submitted them all already: wait behind that submission
+                self._after_earlier(resolve)
         if self._thens:
             self._flush()
         elif self._ops:
@@ -265,6 +278,7 @@ class BrokerService:
     def _discard_ops(self) -> None:
         """Forget the ops not submitted (and their effects): they belong to a core that is being replaced."""
         self._ops, self._thens, self._evented = [], [], 0
+        self._batch_done = None  # as its packets' effects: never run (their connections are dropped)
         if self._held_future is not None:
             self._held_future.cancel()  # their message_spooled events never come
             self._held_future = None

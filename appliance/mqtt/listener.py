@@ -418,7 +418,10 @@ class MqttListener:
 
     def hold_for_mate(self, conn: MqttConnection) -> bool:
         """A QoS 1/2 PUBLISH from `conn` was handled: stop reading it while the mate link lags (overload.py)."""
-        if not self.backpressure.over(now_ms(), self._mate_lagging()):
+        lagging = self._mate_lagging()
+        if not lagging and not self.backpressure.holding:
+            return False  # the usual case, without a clock read (it runs once per QoS 1/2 PUBLISH)
+        if not self.backpressure.over(now_ms(), lagging):
             return False
         if not self.held_for_mate:
             log.info("mate link backlog over max_lag: holding publishers")

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from appliance.frozen import fast_init
 from appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties,
 )
@@ -101,24 +102,28 @@ class _PubAck:
         return fixed_header(t, flags, len(body)) + body
 
 
+@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
 @dataclass(frozen=True, slots=True)
 class Puback(_PubAck):
     packet_type: ClassVar[PacketType] = PacketType.PUBACK
     reason_codes: ClassVar[frozenset[ReasonCode]] = PUBACK_REASON_CODES
 
 
+@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
 @dataclass(frozen=True, slots=True)
 class Pubrec(_PubAck):
     packet_type: ClassVar[PacketType] = PacketType.PUBREC
     reason_codes: ClassVar[frozenset[ReasonCode]] = PUBREC_REASON_CODES
 
 
+@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
 @dataclass(frozen=True, slots=True)
 class Pubrel(_PubAck):
     packet_type: ClassVar[PacketType] = PacketType.PUBREL
     reason_codes: ClassVar[frozenset[ReasonCode]] = PUBREL_REASON_CODES
 
 
+@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
 @dataclass(frozen=True, slots=True)
 class Pubcomp(_PubAck):
     packet_type: ClassVar[PacketType] = PacketType.PUBCOMP

@@ -29,6 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from appliance.frozen import fast_init
 from appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties, encode_property,
 )
@@ -56,6 +57,7 @@ class _Keep(enum.Enum):
 KEEP = _Keep.KEEP  # "send the Message Expiry Interval the publisher sent"
 
 
+@fast_init  # one per PUBLISH in and out: appliance/frozen.py
 @dataclass(frozen=True, slots=True)
 class Publish:
     packet_type: ClassVar[PacketType] = PacketType.PUBLISH

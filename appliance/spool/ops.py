@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..frozen import fast_init
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageStored:
@@ -215,6 +217,8 @@ OP_TYPES: dict[int, type] = {cls.TYPE: cls for cls in (
     MessageStored, MessageQueued, MessageInflight, MessagePubrecReceived, MessageAcked, MessageDropped,
     SessionOpened, SessionDisconnected, SessionDeleted, Subscribed, Unsubscribed, RetainedSet, RetainedCleared,
     InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen, MessagesInflight, MessagesAcked)}
+for _cls in OP_TYPES.values():
+    fast_init(_cls)  # made on the message path: the faster constructor (appliance/frozen.py), same class otherwise
 
 Op = (MessageStored | MessageQueued | MessageInflight | MessagePubrecReceived | MessageAcked | MessageDropped
       | SessionOpened | SessionDisconnected | SessionDeleted | Subscribed | Unsubscribed | RetainedSet

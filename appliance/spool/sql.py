@@ -87,6 +87,7 @@ def read_meta(conn: sqlite3.Connection) -> tuple[ChainPoint, ChainPoint, int]:
 
 _RUN_TYPES = (o.MessageStored, o.MessageQueued)  # what `apply_many` applies in bulk
 _IN_CHUNK = 500  # ids in one "IN (...)" (SQLite allows 32766 parameters)
+_NO_IDS = encode_uints(())  # the subscription-id column of most queue rows, made once
 
 
 def _marks(n: int) -> str:
@@ -235,7 +236,8 @@ class SqlApplier:
     def _MessageQueued(self, seq: int, op: o.MessageQueued, body: bytes) -> bool:
         if op.client_id not in self.sessions:
             return False
-        row = (seq, op.client_id, op.msg_id, op.qos, op.retain, encode_uints(op.subscription_ids))
+        ids = op.subscription_ids
+        row = (seq, op.client_id, op.msg_id, op.qos, op.retain, encode_uints(ids) if ids else _NO_IDS)
         if self.conn.execute("INSERT OR IGNORE INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, "
                              "packet_id, pubrec) VALUES (?, ?, ?, ?, ?, ?, 0, 0)", row).rowcount == 0:
             return False

@@ -191,7 +191,7 @@ class SpoolWriter:
             else:
                 self.head = verify_chain(entries, self.head)
             sub = Submission(tuple(entries), future, ops, added, loop=loop, bulk=bulk)
-            self._enqueue(sub)
+            self._enqueue(sub, bodies)
         if not entries:
             _settle([(sub, (), None)])
         return sub
@@ -232,7 +232,7 @@ class SpoolWriter:
             sub = Submission(entries, future, ops, added, loop=loop)
             if entries:
                 self.head = entries[-1].point
-                self._enqueue(sub)
+                self._enqueue(sub, bodies)
                 if self.on_entries is not None:
                     self.on_entries(entries)
         if not entries:
@@ -262,10 +262,10 @@ class SpoolWriter:
                             f"{self._pending_added} in flight); refused, nothing applied")
         return added
 
-    def _enqueue(self, sub: Submission) -> None:
+    def _enqueue(self, sub: Submission, bodies: list[bytes]) -> None:
         if not sub.entries:
             return
-        sub.nbytes = sum(len(e.body) for e in sub.entries)
+        sub.nbytes = sum(map(len, bodies))
         self._pending_ops += len(sub.entries)
         self._pending_added += sub.added_bytes
         self._submissions += 1
