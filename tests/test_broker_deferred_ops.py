@@ -16,13 +16,9 @@ import pytest
 
 from appliance.broker.message_events import MessageEvents
 from appliance.broker.service import BrokerService
-from appliance.mqtt.listener import MqttListener
-from appliance.roles import Role
-from tests.group import LOOPBACK
+from tests.inprocess_broker import HOST, InProcessBroker
 from tests.mqttraw import PUBACK, PUBLISH, SUBACK, V5, Raw
-from tests.test_mqtt_listener import Events, FlipGate, LoopThread
 
-HOST = LOOPBACK[Role.PRIMARY]
 WAIT_S = 5.0
 HOLD_MS = 60_000  # "for ever" within one test
 
@@ -40,19 +36,12 @@ class Recorder:
         return [kind for kind, _ in list(self.events)]
 
 
-class Broker:
+class Broker(InProcessBroker):
     def __init__(self, tmp_path, defer_ms: int) -> None:
-        self.loop = LoopThread()
-        self.service = BrokerService(tmp_path / "spool", epoch=lambda: 1, defer_ms=defer_ms)
+        service = BrokerService(tmp_path / "spool", epoch=lambda: 1, defer_ms=defer_ms)
         self.recorder = Recorder()
-        self.service.message_events = MessageEvents(self.recorder)
-        self.loop.run(self.service.start())
-        self.listener = MqttListener(HOST, 0, FlipGate(), on_event=Events(), broker=self.service)
-        self.loop.run(self.listener.start())
-        self.port = self.listener.port
-
-    def call(self, fn, *args):
-        return self.loop.call(fn, *args)
+        service.message_events = MessageEvents(self.recorder)
+        super().__init__(service)
 
     def view(self) -> dict:
         return self.call(self.service.view)["writer"] | {"deferred_ops": self.call(lambda: self.service.deferred_ops)}
@@ -68,13 +57,6 @@ class Broker:
             if time.monotonic() > deadline:
                 pytest.fail(f"not within {WAIT_S} s: {what}; writer {self.view()}")
             time.sleep(0.005)
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.listener.stop())
-            self.loop.run(self.service.stop())
-        finally:
-            self.loop.close()
 
 
 @pytest.fixture

@@ -19,40 +19,19 @@ import pytest
 
 from appliance.broker.service import BrokerService
 from appliance.mqtt.codec import Puback
-from appliance.mqtt.listener import MqttListener
 from appliance.mqtt.overload import OverloadLimits
-from appliance.roles import Role
-from tests.group import LOOPBACK
+from tests.inprocess_broker import HOST, InProcessBroker
 from tests.mqttraw import DISCONNECT, PUBACK, SUBACK, V5, V311, Raw, utf8
-from tests.test_mqtt_listener import Events, FlipGate, LoopThread
 
-HOST = LOOPBACK[Role.PRIMARY]
 WAIT_S = 10.0
 
 
-class Broker:
+class Broker(InProcessBroker):
     def __init__(self, tmp_path, overload: OverloadLimits | None = None) -> None:
-        self.loop = LoopThread()
-        self.gate = FlipGate()
-        self.service = BrokerService(tmp_path / "spool", epoch=lambda: 1)
-        self.loop.run(self.service.start())
-        kwargs = {"overload": overload} if overload is not None else {}
-        self.listener = MqttListener(HOST, 0, self.gate, on_event=Events(), broker=self.service, **kwargs)
-        self.loop.run(self.listener.start())
-        self.port = self.listener.port
-
-    def call(self, fn, *args):
-        return self.loop.call(fn, *args)
+        super().__init__(BrokerService(tmp_path / "spool", epoch=lambda: 1), overload)
 
     def inflight(self) -> dict[str, int]:
         return self.call(lambda: {c.client_id: c.inflight for c in self.listener.connections()})
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.listener.stop())
-            self.loop.run(self.service.stop())
-        finally:
-            self.loop.close()
 
 
 @pytest.fixture
