@@ -8,6 +8,10 @@ class Role(enum.Enum):
     BACKUP = "backup"
     MONITOR = "monitor"
 
+    # Members are singletons compared by identity: the identity hash is exact and in C (Enum's hashes the
+    # name in Python; roles key the quorum core's dicts, asked several times per heartbeat).
+    __hash__ = object.__hash__
+
     @property
     def routes_messages(self) -> bool:
         return self is not Role.MONITOR

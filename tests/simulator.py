@@ -84,6 +84,7 @@ class SimNode:
         self.broker_stalled = False  # the heartbeat thread runs, the broker's event loop does not
         self.inbox: deque[bytes] = deque()
         self.timer_gen = 0
+        self.armed_at: int | None = None  # the instant of the pending timer event of generation timer_gen
         self.last_rx_global: int | None = None
 
     def local(self, t: int) -> int:
@@ -145,7 +146,7 @@ class Simulation:
         node.paused = False
         node.broker_stalled = False  # a restarted process has a fresh event loop
         node.inbox.clear()
-        node.timer_gen += 1
+        node.timer_gen, node.armed_at = node.timer_gen + 1, None
         self._log(f"CRASH {role.value}")
 
     def restart(self, role: Role) -> None:
@@ -157,7 +158,7 @@ class Simulation:
         node = self.nodes[role]
         if node.core is not None and not node.paused:
             node.paused = True
-            node.timer_gen += 1
+            node.timer_gen, node.armed_at = node.timer_gen + 1, None
             self._log(f"PAUSE {role.value}")
 
     def resume(self, role: Role) -> None:
@@ -219,6 +220,7 @@ class Simulation:
                 node = self.nodes[role]
                 if node.core is None or node.paused or gen != node.timer_gen:
                     continue
+                node.armed_at = None
                 self._stamp(node)
                 if self.mate_link and node.core.may_serve(node.local(self.t)):
                     node.core.mate_link(node.local(self.t), True)
@@ -350,8 +352,11 @@ class Simulation:
     def _arm(self, node: SimNode) -> None:
         if node.core is None or node.paused:
             return
-        node.timer_gen += 1
         when = max(self.t, node.global_at(node.core.get_timer()))
+        if when == node.armed_at:  # the pending event still stands (most deliveries leave the timer as it was)
+            return
+        node.timer_gen += 1
+        node.armed_at = when
         self._push(when, "timer", (node.role, node.timer_gen))
 
     def _send(self, src: Role, dst: Role, data: bytes) -> None:

@@ -64,7 +64,7 @@ class HeartbeatAuth:
         self.accepted = 0
 
     def seal(self, hb: wire.Heartbeat) -> bytes:
-        body = wire.encode(dataclasses.replace(hb, key_id=self.send_key_id))
+        body = wire.encode(hb, self.send_key_id)
         key = self._keys[(self.send_key_id, self.role)]
         return body + hmac.digest(key, body, "sha256")
 

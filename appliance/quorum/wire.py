@@ -91,11 +91,13 @@ class Malformed(RemoteProtocolError):
     pass
 
 
-def encode(hb: Heartbeat) -> bytes:
+def encode(hb: Heartbeat, key_id: int | None = None) -> bytes:
+    """`key_id`, when given, replaces the heartbeat's (the key the sender seals it with)."""
     group = hb.group.encode()
     assert len(group) <= MAX_GROUP_BYTES and len(hb.views) == 2
     parts = [
-        _HEADER.pack(MAGIC, VERSION, TYPE_HEARTBEAT, hb.sender.wire_id, hb.key_id, len(group)),
+        _HEADER.pack(MAGIC, VERSION, TYPE_HEARTBEAT, hb.sender.wire_id, hb.key_id if key_id is None else key_id,
+                     len(group)),
         group,
         _BODY.pack(
             hb.incarnation, hb.seq, hb.epoch, hb.activity.value, hb.flags, hb.bid_epoch, hb.vote_epoch,
