@@ -103,8 +103,9 @@ def settings(spark, keys: dict[str, str]):
 def topic_names(rows: dict[str, list[dict]]) -> dict[int, str]:
     """Each published topic by its xxhash64 (what the latency histograms key by); AnalyticsError if two topics
     have one hash (odds about n² / 2⁶⁵ for n topics): the latency report could not tell them apart."""
-    names = {r["topic_hash"]: r["topic"] for r in rows["traffic"] if r["topic"] is not None}
-    if len(names) != len(set(names.values())):
+    published = [r for r in rows["traffic"] if r["topic"] is not None]
+    names = {r["topic_hash"]: r["topic"] for r in published}
+    if len(names) != len({r["topic"] for r in published}):
         raise AnalyticsError(SAME_HASH)
     return names
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from analytics import driver, partials, summary
+from analytics.ingest import AnalyticsError
 from tests.spark_session import spark  # noqa: F401
 from tests.test_analytics_job import write_segment
 from tests.test_analytics_transforms import decision, ev, frame, pub, stage
@@ -93,6 +94,16 @@ def test_the_comparison_catches_a_wrong_report(spark):
     assert typed(off) != typed(spark_rows["top_topics"])
     as_int = [{**r, "takeover": int(r["takeover"])} for r in local["incidents"]]
     assert typed(as_int) != typed(spark_rows["incidents"])
+
+
+def test_two_topics_with_one_hash_are_refused_with_a_sentence():
+    rows = {"traffic": [{"topic": "a", "topic_hash": 5}, {"topic": "a", "topic_hash": 5}, {"topic": None,
+                                                                                          "topic_hash": None}]}
+    assert driver.topic_names(rows) == {5: "a"}
+    rows["traffic"].append({"topic": "b", "topic_hash": 5})
+    with pytest.raises(AnalyticsError) as refused:
+        driver.topic_names(rows)
+    assert str(refused.value) == "two topics have the same xxhash64: the latency report cannot tell them apart"
 
 
 def test_a_state_over_the_bound_is_not_collected(spark):
