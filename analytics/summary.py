@@ -14,69 +14,49 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import datetime
 import json
 import time
 
 from pyspark.sql import DataFrame
 
-from . import ingest, partials
+from . import driver, ingest, partials
 from . import transforms as t
 
 REPORT_VERSION = 1
 
 
-def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10) -> dict:
+def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10,
+              max_rows: int = driver.MAX_ROWS) -> dict:
+    """The view model. The reports are computed on the driver when every partial they read has at most `max_rows`
+    rows (0: never), by the Spark transforms otherwise: the same rows either way."""
     started = time.monotonic()
     loaded = ingest.load(spark, roots, out)
     # Without --out nothing is stored: the reports read every row parsed, for which generated code pays.
     with _interpreted(spark) if out is not None else contextlib.nullcontext():
-        return _report(spark, loaded, roots, out, top_n, started)
+        return _report(spark, loaded, roots, out, top_n, max_rows, started)
 
 
-@contextlib.contextmanager
 def _interpreted(spark):
     """Evaluate expressions without generating code. The reports' inputs are the state's small tables, so a summary
-    runs a few dozen small jobs whose time goes into compiling the code Spark generates for each (measured on two
-    loaded cores, the same re-run: 50 s with code generation, 25 s without). Ingest, the big scan, runs before with
-    the session's setting (and so do the reports of a run without --out, which read every row); the previous
-    values are restored after."""
-    keys = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-    before = {k: spark.conf.get(k, None) for k in keys}
-    for k, v in keys.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
+    runs small jobs whose time goes into compiling the code Spark generates for each (measured on two loaded cores,
+    the same re-run with a few dozen report jobs: 50 s with code generation, 25 s without). Ingest, the big scan,
+    runs before with the session's setting (and so do the reports of a run without --out, which read every row)."""
+    return driver.settings(spark, {"spark.sql.codegen.wholeStage": "false",
+                                   "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
 
 
-def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top_n: int, started: float) -> dict:
+def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top_n: int, max_rows: int,
+            started: float) -> dict:
     p = loaded.partials
-    # Every report reads partials (small: the open messages, settled totals); those several reports read are cached.
-    traffic, messages, small = p.traffic.cache(), p.messages.cache(), p.small.cache()
-    stage_rows = p.stage_totals.unionByName(messages.select("node", *partials.STAGE_NAMES))
-    hist = p.latency.unionByName(partials.latency_histogram(messages))
-    reports: dict[str, DataFrame] = {
-        "event_counts": t.event_counts(p.counts),
-        "rates_per_minute": t.rates_per_minute(traffic),
-        "stages": t.stage_counts(stage_rows),
-        "latency": t.latency_percentiles(t.latencies(hist, _topic_names(spark, traffic))),
-        "incidents": t.incidents(small, p.pulses, messages),
-        "top_topics": t.top_topics(traffic, top_n),
-        "top_clients": t.top_clients(traffic, top_n),
-        "delivery_problems": t.delivery_problems(small, p.redelivered),
-        "overload_episodes": small.transform(t.overload_episodes),
-        "unlogged": small.transform(t.unlogged),
-    }
-    collected = collect_all(reports)
-    rows = {name: [_plain(r.asDict()) for r in got] for name, got in collected.items()}
-    incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
-    avail = _plain(t.availability(partials.span(p.counts), incident_rows).collect()[0].asDict())
+    collected = driver.collect(p, max_rows) if max_rows > 0 else None
+    if collected is not None:  # small: the final merge on the driver (driver.py says why)
+        raw = driver.reports(collected, driver.topic_names(collected), top_n)
+        avail = _plain(driver.availability(collected["counts"], raw["incidents"]))
+    else:
+        raw, avail = _spark_reports(spark, p, top_n)
+    rows = {name: [_plain(r) for r in got] for name, got in raw.items()}
     total_bytes = sum(r["bytes"] or 0 for r in rows["rates_per_minute"])  # every published message is in one minute
     per_node = {}
     for r in rows["event_counts"]:
@@ -98,13 +78,43 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
     if out is not None:
         with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="report") as pool:
             # From the collected rows: the reports are small, their inputs are not.
-            writes = [pool.submit(spark.createDataFrame(collected[name], df.schema).coalesce(1).write.mode("overwrite")
-                                  .parquet, f"{out}/reports/{name}") for name, df in reports.items()]
+            writes = [pool.submit(driver.rows_frame(spark, name, got).coalesce(1).write.mode("overwrite").parquet,
+                                  f"{out}/reports/{name}") for name, got in raw.items()]
             for w in writes:
                 w.result()
-    for df in (traffic, messages, small):
-        df.unpersist()
     return view
+
+
+def _spark_reports(spark, p: partials.Partials, top_n: int) -> tuple[dict[str, list[dict]], dict]:
+    """Every report by the Spark transforms, and the availability: for a state too large to collect
+    (driver.MAX_ROWS)."""
+    # Every report reads partials; those several reports read are cached.
+    cached = {k: getattr(p, k).cache() for k in ("traffic", "messages", "small")}
+    p = dataclasses.replace(p, **cached)
+    reports = _spark_report_frames(spark, p, top_n)
+    collected = collect_all(reports)
+    incident_rows = spark.createDataFrame(collected["incidents"], reports["incidents"].schema)
+    avail = _plain(t.availability(partials.span(p.counts), incident_rows).collect()[0].asDict())
+    for df in cached.values():
+        df.unpersist()
+    return {name: [r.asDict() for r in got] for name, got in collected.items()}, avail
+
+
+def _spark_report_frames(spark, p: partials.Partials, top_n: int) -> dict[str, DataFrame]:
+    stage_rows = p.stage_totals.unionByName(p.messages.select("node", *partials.STAGE_NAMES))
+    hist = p.latency.unionByName(partials.latency_histogram(p.messages))
+    return {
+        "event_counts": t.event_counts(p.counts),
+        "rates_per_minute": t.rates_per_minute(p.traffic),
+        "stages": t.stage_counts(stage_rows),
+        "latency": t.latency_percentiles(t.latencies(hist, _topic_names(spark, p.traffic))),
+        "incidents": t.incidents(p.small, p.pulses, p.messages),
+        "top_topics": t.top_topics(p.traffic, top_n),
+        "top_clients": t.top_clients(p.traffic, top_n),
+        "delivery_problems": t.delivery_problems(p.small, p.redelivered),
+        "overload_episodes": p.small.transform(t.overload_episodes),
+        "unlogged": p.small.transform(t.unlogged),
+    }
 
 
 def collect_all(frames: dict[str, DataFrame], threads: int = 4) -> dict[str, list]:
@@ -121,7 +131,7 @@ def _topic_names(spark, traffic: DataFrame) -> DataFrame:
     names = partials.topic_names(traffic)
     got = names.collect()
     if len({r["topic_hash"] for r in got}) != len(got):
-        raise ingest.AnalyticsError("two topics have the same xxhash64: the latency report cannot tell them apart")
+        raise ingest.AnalyticsError(driver.SAME_HASH)
     return spark.createDataFrame(got, names.schema)
 
 
