@@ -178,11 +178,19 @@ class SqlApplier:
                                   [(msg_id, *row) for msg_id, row in self._fresh.items()])
             self._fresh.clear()
 
-    def finish(self, entries: list[LogEntry]) -> None:
-        """Write the fresh bodies, append the entries to the op log and move the head, in the same transaction."""
+    def finish(self, entries: list[LogEntry], new_base: LogEntry | None = None) -> None:
+        """Write the fresh bodies, append the entries to the op log and move the head, in the same transaction.
+
+        `new_base`: one of `entries`, a bulk catch-up's last op that the log need not hold (writer.py's rules):
+        the entries up to it are not logged, the log's older rows go and its base moves to it."""
         self.write_fresh_bodies()
-        self.conn.executemany("INSERT INTO oplog (epoch, seq, checksum, body) VALUES (?, ?, ?, ?)", entries)
         last = entries[-1]
+        if new_base is not None:
+            entries = [e for e in entries if e.seq > new_base.seq]
+            self.conn.execute("DELETE FROM oplog WHERE seq <= ?", (new_base.seq,))
+            self.conn.execute("UPDATE meta SET base_epoch = ?, base_seq = ?, base_checksum = ?",
+                              (new_base.epoch, new_base.seq, new_base.checksum))
+        self.conn.executemany("INSERT INTO oplog (epoch, seq, checksum, body) VALUES (?, ?, ?, ?)", entries)
         self.conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, stored_bytes = ?",
                           (last.epoch, last.seq, last.checksum, self.stored_bytes))
 
