@@ -24,6 +24,7 @@ from .state import stored_size
 
 SCHEMA_VERSION = 2  # 2: message_ids keyed by (client_id, message_id)
 APPLICATION_ID = 0x50514D53  # "PQMS": a PairMQ spool
+PAGE_SIZE = 16384  # a new spool's page size (an existing spool keeps its own; an image carries the active's)
 
 SCHEMA = """
 CREATE TABLE meta (
@@ -69,8 +70,11 @@ TABLES = ("meta", "oplog", "messages", "sessions", "subscriptions", "queue", "re
           "message_ids")
 
 
-def create(conn: sqlite3.Connection) -> None:
+def create(conn: sqlite3.Connection, page_size: int | None = None) -> None:
     """Lay out an empty spool in a fresh database file (the caller makes the file appear atomically)."""
+    if page_size is None:
+        page_size = PAGE_SIZE
+    conn.execute(f"PRAGMA page_size={page_size}")  # before the first write: fixed for the file's life in WAL mode
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
