@@ -10,6 +10,7 @@ leaves a spool that opens clean at a committed head.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -22,6 +23,8 @@ from appliance.spool.chain import GENESIS, chain
 from appliance.spool.codec import encode_op
 from appliance.spool.store import FILE_NAME, Spool
 from appliance.spool.writer import SpoolWriter, WriterLimits
+from tests.test_mate_link_service import state_of, stop, until, write
+from tests.test_spool_image import image_group
 from tests.test_spool_store import body, load
 
 KEEP_OPS = 1_000
@@ -139,3 +142,27 @@ def head_seq(directory) -> int:
             conn.close()
     except sqlite3.Error:  # being created
         return 0
+
+
+def test_a_standby_catching_up_over_the_link_logs_only_its_last_keep_ops(tmp_path):
+    """The wiring (mate_link/service.py): a real link, the active's log reaching back to op 0, a standby whose
+    writer keeps KEEP_OPS ops: its catch-up leaves the earlier ops out of its log and ends equal to the active."""
+    async def run():
+        active, standby, ap, sp = await image_group(tmp_path)
+        sp.writer.close()
+        sp.writer = SpoolWriter(sp.spool, LIMITS)
+        await write(ap, [[o.SessionOpened("sub", 4, 0xFFFFFFFF, 1), o.Subscribed("sub", "t", 1)]])
+        for m in range(1, 3_001, 100):
+            await write(ap, [[op for i in range(m, m + 100)
+                              for op in (body(i, payload=b"m" * 300), o.MessageQueued("sub", i, 1, False))]])
+        target = ap.writer.durable.seq
+        await standby.start()
+        await until("the catch-up", lambda: active.caught_up_now(), 60)
+        await stop(standby)
+        assert state_of(sp) == state_of(ap)
+        assert sp.spool.log_base().seq == target - KEEP_OPS
+        assert sp.spool.read_entries(target - KEEP_OPS, 1)[0].seq == target - KEEP_OPS + 1
+        await stop(active, ap, sp)
+        assert log_rows(tmp_path / "standby") == (KEEP_OPS, target - KEEP_OPS + 1, target)
+
+    asyncio.run(asyncio.wait_for(run(), 120))
