@@ -145,6 +145,18 @@ def test_the_active_checks_its_images_pages_and_refuses_a_damaged_one(tmp_path):
         check_pages(junk)
 
 
+def test_the_active_walks_its_images_log_and_refuses_a_broken_chain(tmp_path):
+    # Sound pages, one op's body changed: only the chain walk finds it. The standby no longer walks it (the active
+    # did, on these very bytes), so this check is the only one.
+    info, _, _ = image_of(tmp_path)
+    conn = sqlite3.connect(info.path)
+    conn.execute("UPDATE oplog SET body = CAST(body || x'00' AS BLOB) WHERE seq = (SELECT max(seq) FROM oplog)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SpoolCorruption, match="its op log is broken .*op .*; our spool cannot be sent"):
+        check_pages(info.path)
+
+
 def test_a_checked_image_is_not_checked_page_by_page_again_once_and_only_if_unchanged(tmp_path):
     info, data, digest = image_of(tmp_path)
     stale_standby(tmp_path)
