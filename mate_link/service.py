@@ -455,8 +455,13 @@ class StandbyReplication(_Replication):
                     if not oldest.done():
                         await asyncio.wait({oldest})
                     self._committing.popleft()
-                sub = self.port.writer.submit_entries(  # StandbyLink verified the chain within the batch
-                    list(request.entries), asyncio.get_running_loop(), chained=True, bulk=link.resyncing)
+                writer = self.port.writer
+                # A catch-up's ops more than keep_ops before its target would be dropped from our log anyway:
+                # they change the state only (writer.py's rules), so each byte of theirs is written once less.
+                unlogged = max(0, link.caught_up_to - writer.limits.keep_ops) if link.resyncing else 0
+                sub = writer.submit_entries(  # StandbyLink verified the chain within the batch
+                    list(request.entries), asyncio.get_running_loop(), chained=True, bulk=link.resyncing,
+                    unlogged_through=unlogged)
                 self._committing.append(sub.future)
                 while self._committing and self._committing[0].done():
                     self._committing.popleft()

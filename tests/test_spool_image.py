@@ -145,6 +145,18 @@ def test_the_active_checks_its_images_pages_and_refuses_a_damaged_one(tmp_path):
         check_pages(junk)
 
 
+def test_the_active_walks_its_images_log_and_refuses_a_broken_chain(tmp_path):
+    # Sound pages, one op's body changed: only the chain walk finds it. The standby no longer walks it (the active
+    # did, on these very bytes), so this check is the only one.
+    info, _, _ = image_of(tmp_path)
+    conn = sqlite3.connect(info.path)
+    conn.execute("UPDATE oplog SET body = CAST(body || x'00' AS BLOB) WHERE seq = (SELECT max(seq) FROM oplog)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SpoolCorruption, match="its op log is broken .*op .*; our spool cannot be sent"):
+        check_pages(info.path)
+
+
 def test_a_checked_image_is_not_checked_page_by_page_again_once_and_only_if_unchanged(tmp_path):
     info, data, digest = image_of(tmp_path)
     stale_standby(tmp_path)
@@ -303,3 +315,38 @@ async def test_an_image_of_a_damaged_spool_is_refused_logged_and_counted(tmp_pat
     assert any("our spool image is not sound" in r.getMessage() and "damaged database pages" in r.getMessage()
                for r in caplog.records), caplog.text
     await stop(active, ap, sp)
+
+
+def page_size(directory) -> int:
+    conn = sqlite3.connect(directory / FILE_NAME)
+    try:
+        return conn.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_an_image_carries_the_actives_page_size_and_an_existing_spool_keeps_its_own(tmp_path, monkeypatch):
+    from appliance.spool import sql
+    monkeypatch.setattr(sql, "PAGE_SIZE", 4096)  # a standby whose spool predates the larger pages
+    before = stale_standby(tmp_path)
+    assert page_size(tmp_path / "standby") == 4096
+    monkeypatch.setattr(sql, "PAGE_SIZE", 16384)
+    assert load(tmp_path / "standby") == before and page_size(tmp_path / "standby") == 4096, "reopening keeps it"
+    info, data, digest = image_of(tmp_path)  # the active's spool is new: 16 KiB pages
+    assert page_size(tmp_path / "active") == 16384
+    receiver = receive(tmp_path, data)
+    receiver.finish(info.point, len(data), digest)
+    receiver.swap_into(tmp_path / "standby")
+    assert page_size(tmp_path / "standby") == 16384
+    original = load(tmp_path / "active")
+    assert load(tmp_path / "standby") == original
+    live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
+    with Spool.open(tmp_path / "standby") as spool, SpoolWriter(spool) as writer:
+        writer.submit_entries(live).future.result(timeout=10)
+    assert load(tmp_path / "standby").sessions["a"].queue[-1].msg_id == 99
+
+
+def test_a_new_spool_has_the_configured_page_size(tmp_path):
+    from appliance.spool import sql
+    Spool.open(tmp_path / "s").close()
+    assert page_size(tmp_path / "s") == sql.PAGE_SIZE

@@ -9,16 +9,18 @@ Rules:
   spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
   commits) wait behind its writeback: the active's loop stalled for seconds (1,000,000 messages).
   It is streamed from there (`read_chunks`) with its SHA-256 taken on the way, then removed.
-- The active checks the image's pages (`check_pages`: `PRAGMA quick_check` on the copy, opened
-  immutable so nothing writes it) while it streams them, and ends the image (IMAGE_END) only once
-  that passed; a failure is `SpoolCorruption` (our spool is damaged) and no image is ended.
+- The active checks the image's pages and its op log (`check_pages`: `PRAGMA quick_check` on the copy,
+  opened immutable so nothing writes it, then the log's chain from its base to the recorded head) while
+  it streams them, and ends the image (IMAGE_END) only once both passed; a failure is `SpoolCorruption`
+  (our spool is damaged) and no image is ended.
 - The standby writes what arrives to `<incoming dir>/spool.db` (`ImageReceiver`), in order: a
   chunk at any offset but the next one is refused (`ImageRefused`). It syncs the file every
   SYNC_BYTES as it goes, so its dirty pages stay bounded (the same stall, on the standby). Nothing of it counts until
-  `finish`, which checks, in order: the size announced, the digest announced, then the file as
-  the store checks any spool it opens (`Spool.open`: schema, meta, the log's chain, op by op) and
-  that its head is the point announced. Not its pages again: the active checked them on this very
-  image, and the SHA-256, checked first, proves these are those bytes (store.py, `check_pages`). Any failure is `ImageRefused` with what was wrong (the active's
+  `finish`, which checks, in order: the size announced, the digest announced, then the file's
+  schema, journal mode and meta (`Spool.open(check_pages=False)`) and that its head is the point
+  announced. Not its pages nor its log's chain again: the active checked both on this very image,
+  and the SHA-256, checked first, proves these are those bytes (store.py, `check_pages`; session 9
+  moved the chain walk, ~0.65 s of a 1.2 GB image, off the standby's critical path). Any failure is `ImageRefused` with what was wrong (the active's
   fault, or damage on the way: the link closes and the standby resyncs); the file is removed.
 - A refused or abandoned image never touches the live spool: `swap_into` (as `SnapshotBuilder`'s)
   needs the live spool closed, fsyncs the file, renames it over `spool.db`, fsyncs the directory.
@@ -40,7 +42,7 @@ from pathlib import Path
 from .chain import ChainPoint
 from .sql import read_meta
 from .install import install_file
-from .store import FILE_NAME, Spool, connect, page_problems, vouch
+from .store import FILE_NAME, Spool, connect, log_problem, page_problems, vouch
 from ..errors import SpoolCorruption
 
 DIGEST_BYTES = 32
@@ -87,18 +89,22 @@ def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
 
 
 def check_pages(path: Path) -> None:
-    """`SpoolCorruption` if the image at `path` has damaged pages (see the rules); it is only read."""
+    """`SpoolCorruption` if the image at `path` has damaged pages or a broken op log (see the rules); it is only
+    read."""
+    problem = None
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
         try:
-            problems = page_problems(conn)
+            if problems := page_problems(conn):
+                problem = f"damaged database pages ({'; '.join(problems)})"
+            elif why := log_problem(conn):
+                problem = f"its op log is broken ({why})"
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        problems = [str(exc)]
-    if problems:
-        raise SpoolCorruption(f"spool image {path}: damaged database pages ({'; '.join(problems)}); our spool "
-                              "cannot be sent")
+        problem = f"damaged database pages ({exc})"
+    if problem:
+        raise SpoolCorruption(f"spool image {path}: {problem}; our spool cannot be sent")
 
 
 def read_chunks(path: Path, digest) -> Iterator[bytes]:

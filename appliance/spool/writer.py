@@ -33,6 +33,12 @@ Rules:
   stops the writer: later submissions raise that error.
 - The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
   `truncate_chunk_ops` after a commit, in their own transaction.
+- A catch-up's ops that the log would drop anyway are never written to it: a bulk submission's
+  entries with seq <= `unlogged_through` (the standby passes its catch-up target minus `keep_ops`)
+  change the state tables only, and the commit moves the log's base to the last of them, in the
+  same transaction (their chain was verified as they arrived). Only the log's length is at stake:
+  a catch-up cut short leaves a log shorter than `keep_ops` (an incremental resync served from it
+  reaches back less far), never a spool whose log, base, head and state disagree.
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ class Submission:
     nbytes: int = 0
     loop: asyncio.AbstractEventLoop | None = None
     bulk: bool = False  # a catch-up's ops: applied with SqlApplier.apply_many
+    unlogged_through: int = 0  # bulk only: entries up to this seq get no op-log row (see the rules)
 
 
 class SpoolWriter:
@@ -169,15 +176,17 @@ class SpoolWriter:
         return await self.submit_async(ops, epoch).future
 
     def submit_entries(self, entries: list[LogEntry], loop: asyncio.AbstractEventLoop | None = None, *,
-                       chained: bool = False, bulk: bool = False) -> Submission:
+                       chained: bool = False, bulk: bool = False, unlogged_through: int = 0) -> Submission:
         """The standby's path: entries received from the active, applied as they are.
 
         `ChainError` if they do not follow the head, `OpCodecError` if a body is malformed, ValueError if an op is
         outside its domain (state.check_op): all the peer's fault; nothing is queued then. `chained`: the caller
         verified that each entry chains on the one before it (the mate link's standby end does), so only the
         first is checked against our head here (a checksum per op fewer in a catch-up). `bulk`: apply them with
-        `SqlApplier.apply_many` (same outcome; a run of queued messages in one executemany).
+        `SqlApplier.apply_many` (same outcome; a run of queued messages in one executemany). `unlogged_through`
+        (with `bulk`): entries with seq <= it change the state only, and the log's base moves past them (the rules).
         """
+        assert bulk or not unlogged_through, "unlogged_through is for a bulk catch-up only"
         ops = tuple(decode_op(e.body) for e in entries)
         for op in ops:
             check_op(op)
@@ -190,7 +199,8 @@ class SpoolWriter:
                 self.head = entries[-1].point
             else:
                 self.head = verify_chain(entries, self.head)
-            sub = Submission(tuple(entries), future, ops, added, loop=loop, bulk=bulk)
+            sub = Submission(tuple(entries), future, ops, added, loop=loop, bulk=bulk,
+                             unlogged_through=unlogged_through)
             self._enqueue(sub, bodies)
         if not entries:
             _settle([(sub, (), None)])
@@ -308,15 +318,18 @@ class SpoolWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             entries: list[LogEntry] = []
+            new_base: LogEntry | None = None
             for sub in batch:
                 if sub.bulk:
                     applier.apply_many(sub.entries, sub.ops)
+                    if sub.unlogged_through > self._base_seq:
+                        new_base = _last_through(sub.entries, sub.unlogged_through) or new_base
                     entries.extend(sub.entries)
                     continue
                 for entry, op in zip(sub.entries, sub.ops):
                     applier.apply(entry.seq, op, entry.body)
                 entries.extend(sub.entries)
-            applier.finish(entries)
+            applier.finish(entries, new_base)
             conn.execute("COMMIT")
         except Exception as exc:  # noqa: BLE001 - every failure is reported to the batch's submitters
             self._rollback(batch, exc)
@@ -325,6 +338,8 @@ class SpoolWriter:
         n = len(entries)
         with self._lock:
             self.durable = entries[-1].point
+            if new_base is not None:
+                self._base_seq = new_base.seq
             self._pending_ops -= n
             self._pending_added -= sum(sub.added_bytes for sub in batch)
             self._stored_bytes = applier.stored_bytes
@@ -382,6 +397,13 @@ class SpoolWriter:
             log.warning("spool %s: could not drop old ops: %s", self.spool.path, exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+
+
+def _last_through(entries: tuple[LogEntry, ...], seq: int) -> LogEntry | None:
+    """The last of `entries` (consecutive seqs) with a seq <= `seq`, if any."""
+    if not entries or entries[0].seq > seq:
+        return None
+    return entries[min(len(entries), seq - entries[0].seq + 1) - 1]
 
 
 def _settle(outcomes: list[tuple[Submission, object, BaseException | None]]) -> None:
