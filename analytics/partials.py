@@ -105,15 +105,21 @@ def per_message(events: DataFrame) -> DataFrame:
     `topic_names`."""
     is_pub = F.col("event") == PUBLISHED
     ids = F.when(is_pub, F.array("msg_id")).otherwise(F.col("msg_ids"))
+    # What each line adds to its messages is computed once per line, before the explode (a stage line names eight
+    # messages): the aggregation then only sums, takes minima and maxima of numbers (5M events: 12 s against 16 s
+    # comparing event names on every exploded row).
+    flags = [(F.col("event") == event).cast("long").alias(name) for event, name in
+             ((PUBLISHED, "published"), *[(f"message_{s}", s) for s in STAGE_NAMES])]
+    at = lambda stage: F.when(F.col("event") == f"message_{stage}", F.col("ts")).alias(f"first_{stage}")  # noqa: E731
     rows = (events.filter(F.col("event").isin(PUBLISHED, *MESSAGE_STAGES))
-            .select("node", "epoch", F.explode(ids).alias("msg_id"), "event", "ts", "topic", "created_ms"))
-    n = lambda event: F.count(F.when(F.col("event") == event, 1))  # noqa: E731
-    first = lambda event: F.min(F.when(F.col("event") == event, F.col("ts")))  # noqa: E731
+            .select("node", "epoch", ids.alias("ids"), F.when(is_pub, topic_hash("topic")).alias("topic_hash"),
+                    F.when(is_pub, F.col("created_ms")).alias("created_ms"), *flags, at("replicated"), at("delivered"))
+            .select("node", "epoch", F.explode("ids").alias("msg_id"), "topic_hash", "created_ms", "published",
+                    *STAGE_NAMES, "first_replicated", "first_delivered"))
     return rows.groupBy(*MESSAGE_KEY).agg(
-        F.max(F.when(is_pub, topic_hash("topic"))).alias("topic_hash"),
-        F.max(F.when(is_pub, F.col("created_ms"))).alias("created_ms"),
-        n(PUBLISHED).alias("published"), *[n(f"message_{s}").alias(s) for s in STAGE_NAMES],
-        first("message_replicated").alias("first_replicated"), first("message_delivered").alias("first_delivered"))
+        F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"),
+        *[F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)],
+        F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered"))
 
 
 def topic_hash(column: str):
