@@ -76,10 +76,15 @@ def test_an_image_installs_the_same_state_and_the_log_continues_from_its_head(tm
     receiver.swap_into(tmp_path / "standby")
     assert not (tmp_path / "standby.incoming").exists()
     assert load(tmp_path / "standby") == original
+    continues_the_chain(tmp_path / "standby", original)
+
+
+def continues_the_chain(spool_dir, original) -> None:
+    """The installed spool takes the active's next live ops after the image's head."""
     live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
-    with Spool.open(tmp_path / "standby") as spool, SpoolWriter(spool) as writer:
+    with Spool.open(spool_dir) as spool, SpoolWriter(spool) as writer:
         writer.submit_entries(live).future.result(timeout=10)
-    assert load(tmp_path / "standby").sessions["a"].queue[-1].msg_id == 99
+    assert load(spool_dir).sessions["a"].queue[-1].msg_id == 99
 
 
 def test_the_image_is_one_consistent_read_while_the_writer_commits(tmp_path):
@@ -340,10 +345,7 @@ def test_an_image_carries_the_actives_page_size_and_an_existing_spool_keeps_its_
     assert page_size(tmp_path / "standby") == 16384
     original = load(tmp_path / "active")
     assert load(tmp_path / "standby") == original
-    live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
-    with Spool.open(tmp_path / "standby") as spool, SpoolWriter(spool) as writer:
-        writer.submit_entries(live).future.result(timeout=10)
-    assert load(tmp_path / "standby").sessions["a"].queue[-1].msg_id == 99
+    continues_the_chain(tmp_path / "standby", original)
 
 
 def test_a_new_spool_has_the_configured_page_size(tmp_path):
