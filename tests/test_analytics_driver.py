@@ -57,10 +57,21 @@ def both_ways(spark, p: partials.Partials, top_n: int):
     return spark_rows, spark_avail, local, local_avail
 
 
+@pytest.fixture(scope="module")
+def reports_of_events(spark):
+    """both_ways over EVENTS for a top_n, computed once per module (the Spark side is a dozen jobs)."""
+    done = {}
+
+    def get(top_n: int):
+        if top_n not in done:
+            done[top_n] = both_ways(spark, partials.reduce(frame(spark, *EVENTS)), top_n)
+        return done[top_n]
+    return get
+
+
 @pytest.mark.parametrize("top_n", [1, 10])
-def test_every_report_on_the_driver_equals_the_spark_transforms(spark, top_n):
-    p = partials.reduce(frame(spark, *EVENTS))
-    spark_rows, spark_avail, local, local_avail = both_ways(spark, p, top_n)
+def test_every_report_on_the_driver_equals_the_spark_transforms(reports_of_events, top_n):
+    spark_rows, spark_avail, local, local_avail = reports_of_events(top_n)
     assert set(local) == set(spark_rows) == set(driver.SCHEMAS)
     for name in spark_rows:
         assert spark_rows[name], f"the fixture gives {name} no rows: the comparison would prove nothing"
@@ -85,10 +96,9 @@ def collected_messages(p) -> int:
     return len(driver.collect(p)["messages"])
 
 
-def test_the_comparison_catches_a_wrong_report(spark):
+def test_the_comparison_catches_a_wrong_report(reports_of_events):
     """The comparison can fail: a report off by one message, or an int where Spark has a float, differs."""
-    p = partials.reduce(frame(spark, *EVENTS))
-    spark_rows, _, local, _ = both_ways(spark, p, 10)
+    spark_rows, _, local, _ = reports_of_events(10)
     off = [dict(r) for r in local["top_topics"]]
     off[0]["messages"] += 1
     assert typed(off) != typed(spark_rows["top_topics"])
