@@ -128,6 +128,7 @@ class Node:
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
                                         core_factory=new_core, spool_max_bytes=limits.spool_max_bytes)
             self.broker.serving = self.may_serve
+            self.broker.on_spool_lost = self._on_spool_lost
             from .replication import Replication
 
             self.replication = Replication(self, secret)
@@ -391,6 +392,12 @@ class Node:
         log.log(level, "%s: the broker event loop stalled up to %d ms; heartbeat timer at most %d ms late",
                 self.role.value, max_ms, timer_late_ms)
         self.events.write("broker_loop_lag", max_ms=max_ms, max_timer_late_ms=timer_late_ms)
+
+    def _on_spool_lost(self, why: str) -> None:
+        """In a mate-link worker thread: a full resync swapped files but the spool did not open again."""
+        self._failure = f"the {self.role.value} node stops: {why}"
+        self.events.write("spool_lost", error=why)
+        self._post(self._stopping.set)
 
     def _on_heartbeat_crash(self, exc: BaseException) -> None:
         self._failure = f"the {self.role.value} node's heartbeat thread failed: {exc!r} (traceback in the log)"

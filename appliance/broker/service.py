@@ -102,6 +102,7 @@ class BrokerService:
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
+        self.on_spool_lost: Callable[[str], None] | None = None  # the node stops (appliance/node.py)
         self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
@@ -380,8 +381,24 @@ class BrokerService:
         # catches up, and redundancy stays down for the whole epoch (found by the nemesis, issue 8).
         taps = self.writer.on_entries, self.writer.on_rollback
         self.spool.close()  # closes the writer too, after what it holds
-        builder.swap_into(directory)
-        self.spool = Spool.open(directory)
+        try:
+            builder.swap_into(directory)
+        finally:
+            # Whichever file the swap left (the old spool if it failed before its rename, the new one after)
+            # is opened again: a node must never keep a closed spool, whose writer refuses every op and whose
+            # head the next link's JOIN cannot read. The swap's error still reaches the mate link (which
+            # closes the link and redials: the next resync starts from what is open now).
+            self._reopen(directory, limits, taps)
+
+    def _reopen(self, directory: Path, limits, taps) -> None:
+        try:
+            self.spool = Spool.open(directory)
+        except BaseException as exc:
+            # Nothing trustworthy to serve from (SpoolCorruption, or the disk): the node must stop rather than
+            # run on without a spool; a restart opens the file again and refuses it with the same sentence.
+            if self.on_spool_lost is not None:
+                self.on_spool_lost(f"the spool in {directory} could not be opened again after a full resync: {exc}")
+            raise
         self.writer = SpoolWriter(self.spool, limits)
         self.writer.on_entries, self.writer.on_rollback = taps
         self._history = self.writer.history  # the standby rebuilds its core on activation, from this spool
