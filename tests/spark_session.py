@@ -4,9 +4,9 @@ Test modules import the fixture: `from tests.spark_session import spark  # noqa:
 
 The tests' frames have tens of rows, so a test's time is the driver's per-job work, not the data: the session
 runs with the settings for that (tests only; the product's session is analytics.spark's, which
-tests/test_analytics_e2e.py runs through the CLI). Measured on the driver comparisons (tests/test_analytics_driver.py,
-two loaded cores): 72 s with the product's settings, 50 s without code generation and one shuffle partition, 43 s
-also without adaptive execution (which re-plans after every shuffle stage). Neither changes a result: interpreted
+tests/test_analytics_e2e.py runs through the CLI). Measured on tests/test_analytics_driver.py (two cores shared
+with other work, so roughly): ~72 s with the product's settings, 50 s without code generation and with one shuffle
+partition, 43 s also without adaptive execution (which re-plans after every shuffle stage). Neither changes a result: interpreted
 and generated code compute the same rows (summary._interpreted relies on it too), and so do both plans.
 """
 
