@@ -48,6 +48,12 @@ def typed(rows):
     return [{k: (type(v).__name__, v) for k, v in r.items()} for r in rows]
 
 
+def materialized(spark, p: partials.Partials) -> partials.Partials:
+    """The same partials as inline frames: the reports read them without re-running the reduce (or merge) in every
+    report's Spark job."""
+    return partials.Partials(**{k: spark.createDataFrame(df.collect(), df.schema) for k, df in p.frames().items()})
+
+
 def both_ways(spark, p: partials.Partials, top_n: int):
     spark_rows, spark_avail = summary._spark_reports(spark, p, top_n)
     collected = driver.collect(p)
@@ -58,20 +64,19 @@ def both_ways(spark, p: partials.Partials, top_n: int):
 
 
 @pytest.fixture(scope="module")
-def reports_of_events(spark):
-    """both_ways over EVENTS for a top_n, computed once per module (the Spark side is a dozen jobs)."""
-    done = {}
-
-    def get(top_n: int):
-        if top_n not in done:
-            done[top_n] = both_ways(spark, partials.reduce(frame(spark, *EVENTS)), top_n)
-        return done[top_n]
-    return get
+def state(spark):
+    """partials.reduce of EVENTS, computed once per module."""
+    return materialized(spark, partials.reduce(frame(spark, *EVENTS)))
 
 
-@pytest.mark.parametrize("top_n", [1, 10])
-def test_every_report_on_the_driver_equals_the_spark_transforms(reports_of_events, top_n):
-    spark_rows, spark_avail, local, local_avail = reports_of_events(top_n)
+@pytest.fixture(scope="module")
+def reports_of_events(spark, state):
+    """both_ways over EVENTS with top_n 10, once per module (the Spark side is a dozen jobs)."""
+    return both_ways(spark, state, 10)
+
+
+def test_every_report_on_the_driver_equals_the_spark_transforms(reports_of_events):
+    spark_rows, spark_avail, local, local_avail = reports_of_events
     assert set(local) == set(spark_rows) == set(driver.SCHEMAS)
     for name in spark_rows:
         assert spark_rows[name], f"the fixture gives {name} no rows: the comparison would prove nothing"
@@ -83,9 +88,24 @@ def test_every_report_on_the_driver_equals_the_spark_transforms(reports_of_event
     assert len(local["overload_episodes"]) == 2
 
 
+def test_a_top_n_cuts_the_top_reports_on_the_driver_as_in_spark(spark, state, reports_of_events):
+    """top_n reaches only the top topics and clients (both sides): those are compared for top_n 1, which cuts them;
+    the other reports are top_n 10's."""
+    collected = driver.collect(state)
+    local = driver.reports(collected, driver.topic_names(collected), 1)
+    frames = summary._spark_report_frames(spark, state, 1)
+    ten = reports_of_events[2]
+    for name in ("top_topics", "top_clients"):
+        assert len(ten[name]) > 1 and len(local[name]) == 1, name
+        assert typed(local[name]) == typed([r.asDict() for r in frames[name].collect()]), name
+    assert {k: v for k, v in local.items() if not k.startswith("top_")} == \
+        {k: v for k, v in ten.items() if not k.startswith("top_")}
+
+
 def test_the_reports_of_two_merged_batches_with_open_messages_agree_too(spark):
     """A merged state (ingest's shape after two runs), whose open messages the driver folds into the latencies."""
-    p = partials.merge([partials.reduce(frame(spark, *EVENTS[:12])), partials.reduce(frame(spark, *EVENTS[12:]))])
+    p = materialized(spark, partials.merge([partials.reduce(frame(spark, *EVENTS[:12])),
+                                            partials.reduce(frame(spark, *EVENTS[12:]))]))
     spark_rows, spark_avail, local, local_avail = both_ways(spark, p, 10)
     assert {name: typed(rows) for name, rows in local.items()} == {name: typed(r) for name, r in spark_rows.items()}
     assert typed([local_avail]) == typed([spark_avail])
@@ -98,7 +118,7 @@ def collected_messages(p) -> int:
 
 def test_the_comparison_catches_a_wrong_report(reports_of_events):
     """The comparison can fail: a report off by one message, or an int where Spark has a float, differs."""
-    spark_rows, _, local, _ = reports_of_events(10)
+    spark_rows, _, local, _ = reports_of_events
     off = [dict(r) for r in local["top_topics"]]
     off[0]["messages"] += 1
     assert typed(off) != typed(spark_rows["top_topics"])
@@ -116,35 +136,35 @@ def test_two_topics_with_one_hash_are_refused_with_a_sentence():
     assert str(refused.value) == "two topics have the same xxhash64: the latency report cannot tell them apart"
 
 
-def test_a_state_over_the_bound_is_not_collected(spark):
-    p = partials.reduce(frame(spark, *EVENTS))
-    assert driver.collect(p, max_rows=1) is None
-    assert driver.collect(p, max_rows=1000) is not None
+def test_a_state_over_the_bound_is_not_collected(state):
+    assert driver.collect(state, max_rows=1) is None
+    assert driver.collect(state, max_rows=1000) is not None
 
 
 def test_the_job_gives_the_same_view_and_parquet_reports_whichever_way_it_computes_them(spark, tmp_path):
     """The whole summary: from the driver (the default), and with every partial over the bound (the Spark
-    transforms); the view and each report's Parquet rows are the same."""
-    logs = tmp_path / "logs"
+    transforms); the view and each report's Parquet rows are the same. The second run is a re-run into the same
+    --out (it reads the stored state instead of ingesting the segment again: the reports are the same)."""
+    logs, out = tmp_path / "logs", tmp_path / "out"
     lines = [json.dumps({k: v for k, v in e.items() if v is not None}) for e in EVENTS if not e.get("malformed")]
     write_segment(logs / "primary", "primary", 1, [*lines, "{broken"])
     views, tables = [], []
-    for max_rows, out in ((driver.MAX_ROWS, tmp_path / "driver"), (0, tmp_path / "spark")):
+    for max_rows in (driver.MAX_ROWS, 0):
         views.append(summary.summarize(spark, [logs.as_uri()], out.as_uri(), max_rows=max_rows))
         tables.append({name: sorted(map(repr, spark.read.parquet(str(out / "reports" / name)).collect()))
                        for name in driver.SCHEMAS})
+    assert [v.pop("inputs")["segments_from_table"] for v in views] == [0, 1]
     del views[0]["elapsed_s"], views[1]["elapsed_s"]
     assert views[0] == views[1]
     assert views[0]["malformed_lines"] == 1 and len(views[0]["incidents"]) == 2
     assert tables[0] == tables[1] and all(tables[0].values())
 
 
-def test_the_report_schemas_are_the_spark_transforms(spark):
+def test_the_report_schemas_are_the_spark_transforms(spark, state):
     """driver.SCHEMAS (the Parquet files' columns) name and type the columns as transforms.py makes them."""
     from pyspark.sql.types import _parse_datatype_string
 
-    p = partials.reduce(frame(spark, *EVENTS))
-    frames = summary._spark_report_frames(spark, p, 10)
+    frames = summary._spark_report_frames(spark, state, 10)
     for name, df in frames.items():
         want = [(f.name, f.dataType) for f in _parse_datatype_string(driver.SCHEMAS[name]).fields]
         assert [(f.name, f.dataType) for f in df.schema.fields] == want, name
