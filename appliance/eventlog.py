@@ -31,8 +31,8 @@ import os
 import re
 import threading
 import time
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from .errors import ConfigError
 

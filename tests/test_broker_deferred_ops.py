@@ -9,6 +9,7 @@ written) by a broker that no longer serves. Its message events are written when 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 
@@ -31,6 +32,9 @@ class Recorder:
 
     def write(self, event: str, **fields) -> None:
         self.events.append((event, fields))
+
+    def write_rendered(self, event: str, render, value) -> None:
+        self.events.append((event, json.loads("{" + render(value)[1:])))
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in list(self.events)]

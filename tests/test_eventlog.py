@@ -196,7 +196,9 @@ def test_events_settings_round_trip(tmp_path):
 def test_a_published_event_rendered_on_the_writer_thread_reads_as_the_dict_would(tmp_path):
     """message_published is made on the writer thread (EventLog.write_rendered): the same JSON as `write`'s,
     escapes included, and a render that raises leaves a `render_error` line, the writer still running."""
-    from appliance.broker.message_events import _published_fields
+    def fields(op, epoch):  # message_published's own fields, as docs/events.md names them
+        return {"msg_id": op.msg_id, "topic": op.topic, "qos": op.qos, "bytes": len(op.payload),
+                "client": op.publisher, "epoch": epoch, "retain": op.retain, "created_ms": op.created_at_ms}
 
     odd = ops.MessageStored(7, 'plant/"hall"\\5/ünï\n', b"x" * 3, 2, True, b"", 0, 'pub "1"\u2028', 1234)
     log = EventLog(tmp_path, "primary")
@@ -206,6 +208,6 @@ def test_a_published_event_rendered_on_the_writer_thread_reads_as_the_dict_would
     log.close()
     got = read_events(tmp_path)
     own = [{k: v for k, v in e.items() if k not in ("v", "ts", "mono_ms", "node", "event")} for e in got]
-    assert own[:2] == [_published_fields(odd, 5), _published_fields(stored(8), 5)]
+    assert own[:2] == [fields(odd, 5), fields(stored(8), 5)]
     assert own[2] == {"render_error": "ZeroDivisionError('integer division or modulo by zero')"}
     assert [e["event"] for e in got] == ["message_published"] * 3 + ["after"]
