@@ -9,6 +9,7 @@ import logging
 import resource
 import socket
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -33,8 +34,6 @@ class UvLoopThread(LoopThread):
     """The nodes run under uvloop when it is installed: the listener must behave the same on it."""
 
     def __init__(self) -> None:
-        import threading
-
         import uvloop
 
         self.loop = uvloop.new_event_loop()
@@ -137,12 +136,22 @@ def test_a_storm_of_thousands_gets_no_refusal(node_factory):
 def test_a_tiny_queue_refuses_the_overflow_with_server_busy(node_factory):
     node = node_factory(connect_queue_size=3, connect_batch=1)
     n = 200
-    # Every socket is open before any CONNECT is sent, so the CONNECTs arrive together and the queue overflows.
     socks = [socket.create_connection((HOST, node.port), timeout=TIMEOUT_S) for _ in range(n)]
     try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while node.stats()["connections"] < n:
+            assert time.monotonic() < deadline, node.stats()
+            time.sleep(0.01)
+        # Every connection is accepted; the loop is held while the CONNECTs are sent, so it reads them all in one
+        # turn and the queue overflows (sent one by one to a free loop, each would be admitted before the next).
+        release = threading.Event()
+        node.loop.loop.call_soon_threadsafe(release.wait, TIMEOUT_S)
         versions = [MQTT_5 if i % 2 else MQTT_3_1_1 for i in range(n)]
-        for i, (s, v) in enumerate(zip(socks, versions)):
-            s.sendall(Connect(v, f"tiny-{i}").encode())
+        try:
+            for i, (s, v) in enumerate(zip(socks, versions)):
+                s.sendall(Connect(v, f"tiny-{i}").encode())
+        finally:
+            release.set()
         replies = []
         for s, v in zip(socks, versions):
             data = b""

@@ -284,7 +284,7 @@ def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F
                             capture_output=True, text=True, cwd=REPO, timeout=30)
             assert out.returncode == 0, out.stderr + group.logs_tail(20)
         removed = moved_to_backup(group, hosts, sampler, client, released_at)
-        assert "the backup holds every op" in removed["why"]
+        assert "the backup holds every op" in removed["why"], group.logs_tail(30)
         time.sleep(SETTLE_S)
         assert sampler.holders() == {"backup"}
 
