@@ -269,8 +269,8 @@ class Node:
 
     async def _handover_then_stop(self) -> None:
         try:
-            outcome = await self.handovers.run("SIGTERM")
-            log.warning("%s: %s", self.role.value, outcome.sentence)
+            outcome = await self.handovers.run_on_sigterm()
+            log.warning("%s", outcome.sentence)  # the sentence names this node
         except LocalProtocolError as exc:
             log.warning("%s: SIGTERM: no handover (%s); stopping", self.role.value, exc)
         except Exception:
@@ -361,7 +361,7 @@ class Node:
         async def revert() -> None:
             try:
                 outcome = await self.handovers.run("auto-revert")
-                log.warning("%s: %s", self.role.value, outcome.sentence)
+                log.warning("%s", outcome.sentence)  # the sentence names this node
             except LocalProtocolError as exc:  # the core asks again later (handover.REVERT_RETRY_MS)
                 log.info("%s: auto-revert not now: %s", self.role.value, exc)
 

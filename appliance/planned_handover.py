@@ -11,6 +11,10 @@ Sequence, on the broker loop (every core call holds the heartbeat lock):
    0x9C with the mate's MQTT address as Server Reference, MQTT 3.1.1 a plain close.
 4. Wait, at most TAKEOVER_WAIT_S, until the mate claims activity (the API's answer names it; SIGTERM
    exits only then, so its vote is not missed).
+SIGTERM only: while the mate is reachable but not in sync (catching up after a stall or a broken link),
+the node serves on and asks again every SYNC_RETRY_S, for at most SIGTERM_SYNC_WAIT_S, so that a
+`systemctl stop` during a short catch-up still hands over rather than leaving the mate a takeover by
+lease expiry. An unreachable mate is not waited for.
 Abort (the core's 2 s drain bound, the mate out of sync, a lease that ran out): the clients are read
 again and the node serves on if its lease still runs. A forced release without an in-sync mate is a
 plain step-down (the core decides; the step-down path drops the clients).
@@ -29,6 +33,8 @@ from .roles import Role
 log = logging.getLogger("pairmq.handover")
 DRAIN_POLL_S = 0.002
 TAKEOVER_WAIT_S = 1.0
+SIGTERM_SYNC_WAIT_S = 5.0  # with the 2 s drain bound and the takeover wait, well inside TimeoutStopSec=15s
+SYNC_RETRY_S = 0.05
 MQTT_REASON_USE_ANOTHER_SERVER = 0x9C
 
 
@@ -97,6 +103,32 @@ class HandoverRunner:
         return Outcome("handed over", f"{node.role.value}: {why}: the {mate.value} holds every op through "
                                       f"{final_seq}; activity handed over", final_seq, drain_ms,
                        active.value if active else None)
+
+    async def run_on_sigterm(self) -> Outcome:
+        """A handover for SIGTERM, waiting for a reachable mate to come back in sync. Raises
+        LocalProtocolError when refused at the end of the wait."""
+        node, mate = self.node, self.node.role.mate()
+        deadline = time.monotonic() + SIGTERM_SYNC_WAIT_S
+        waited_since = None
+        while True:
+            try:
+                outcome = await self.run("SIGTERM")
+            except LocalProtocolError as refusal:
+                with node.heartbeats.lock:
+                    now = now_ms()
+                    catching_up = node.core.may_serve(now) and node.core.sees(mate, now)
+                if not catching_up or time.monotonic() >= deadline:
+                    raise
+                if waited_since is None:
+                    waited_since = time.monotonic()
+                    log.warning("%s: SIGTERM: %s; serving on until it is in sync (at most %.0f s)",
+                                node.role.value, refusal, SIGTERM_SYNC_WAIT_S)
+                await asyncio.sleep(SYNC_RETRY_S)
+                continue
+            if waited_since is not None:
+                log.warning("%s: SIGTERM: the %s was in sync after %.0f ms", node.role.value, mate.value,
+                            (time.monotonic() - waited_since) * 1000)
+            return outcome
 
     async def _drain(self) -> int | None:
         """The final op once the mate holds everything and the last acknowledgements are out; None if aborted."""

@@ -153,6 +153,33 @@ def test_mate_link_cut_then_resync_then_kill_9_of_the_active(group, hosts):  # n
     assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
 
 
+def test_sigterm_while_the_backup_catches_up_waits_for_it_then_hands_over(group, hosts):  # noqa: F811
+    """`systemctl stop` of the active while its mate link is being repaired: the backup is reachable
+    (heartbeats flow) but out of sync, so a handover is refused at first. The primary serves on until the
+    backup is in sync again, then hands over: the backup takes activity on the yield, not on the lease
+    expiry a plain stop would leave it, and nothing acknowledged is lost."""
+    live, parked = subscribers(group)
+    pubs = start_streams(group, 400)
+    wait_until("some messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 150,
+               timeout_s=20, on_timeout=group.logs_tail)
+    hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.wait_for("the primary to drop the backup from sync",
+                   lambda: "out of sync" in group.decisions(P, "sync")[-1]["reason"], timeout_s=10)
+    hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
+    group.signal(P, signal.SIGTERM)  # at once: the backup redials and catches up only now
+    assert group.procs.pop(P).wait(20) == 0, "the terminated primary did not exit 0\n" + group.logs_tail(30)
+    log_text = (group.dir / "primary.log").read_text(errors="replace")
+    assert "SIGTERM: the backup is not in sync" in log_text and "serving on until it is in sync" in log_text, \
+        group.logs_tail(30)
+    assert any("SIGTERM: the backup holds every op through" in d["reason"] for d in group.decisions(P, "step_down")), \
+        group.logs_tail(30)
+    activations = [d["reason"] for d in group.decisions(B, "activate")]
+    assert activations and activations[-1].startswith("backup: primary handed activity over"), activations
+    parked.come_back()
+    report = finish("SIGTERM during a catch-up", pubs, [live, parked], describe=group.logs_tail)
+    assert report.acknowledged == report.published, f"publishers not all finished on the backup: {report}"
+
+
 def test_a_diverged_old_primary_restarts_resyncs_by_full_snapshot_and_loses_nothing(group, hosts):  # noqa: F811
     """The primary is paused past its lease, the backup takes over; on SIGCONT the primary steps down and
     records its clients' disconnections in epoch 1 (ops the new active never had: a diverged history),
