@@ -123,16 +123,23 @@ def resync_plans(group, active: Role) -> list[str]:
 MATE_LINK_PORT = 8301
 
 
-def test_mate_link_cut_then_resync_then_kill_9_of_the_active(group, hosts):  # noqa: F811
-    """Only TCP 8301 between primary and backup is cut (heartbeats flow): the primary drops the backup
-    from sync and, once the backup's in-sync lease is surely over, acknowledges on local durability;
-    the backup, out of sync, never takes over. The link heals, the backup resyncs and is in sync
-    again; kill -9 of the primary then loses nothing acknowledged before, during or after the cut."""
+def traffic_then_mate_link_cut(group, hosts):  # noqa: F811
+    """Subscribers and 400-message streams, 150 of them acknowledged, then only TCP 8301 between primary
+    and backup cut (heartbeats flow)."""
     live, parked = subscribers(group)
     pubs = start_streams(group, 400)
     wait_until("some messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 150,
                timeout_s=20, on_timeout=group.logs_tail)
     hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    return live, parked, pubs
+
+
+def test_mate_link_cut_then_resync_then_kill_9_of_the_active(group, hosts):  # noqa: F811
+    """Only TCP 8301 between primary and backup is cut (heartbeats flow): the primary drops the backup
+    from sync and, once the backup's in-sync lease is surely over, acknowledges on local durability;
+    the backup, out of sync, never takes over. The link heals, the backup resyncs and is in sync
+    again; kill -9 of the primary then loses nothing acknowledged before, during or after the cut."""
+    live, parked, pubs = traffic_then_mate_link_cut(group, hosts)
     group.wait_for("the backup to know it is out of sync",
                    lambda: "out of sync" in group.decisions(B, "sync")[-1]["reason"], timeout_s=10)
     acked_at_cut = sum(len(p.acked_now()) for p in pubs)
@@ -158,11 +165,7 @@ def test_sigterm_while_the_backup_catches_up_waits_for_it_then_hands_over(group,
     (heartbeats flow) but out of sync, so a handover is refused at first. The primary serves on until the
     backup is in sync again, then hands over: the backup takes activity on the yield, not on the lease
     expiry a plain stop would leave it, and nothing acknowledged is lost."""
-    live, parked = subscribers(group)
-    pubs = start_streams(group, 400)
-    wait_until("some messages acknowledged", lambda: sum(len(p.acked_now()) for p in pubs) > 150,
-               timeout_s=20, on_timeout=group.logs_tail)
-    hosts.cut_tcp_port("primary", "backup", MATE_LINK_PORT)
+    live, parked, pubs = traffic_then_mate_link_cut(group, hosts)
     group.wait_for("the primary to drop the backup from sync",
                    lambda: "out of sync" in group.decisions(P, "sync")[-1]["reason"], timeout_s=10)
     hosts.heal_tcp_port("primary", "backup", MATE_LINK_PORT)
