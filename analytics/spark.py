@@ -2,7 +2,10 @@
 
 Local mode by default (`local[2]`: this machine has two cores), any master
 URL for a cluster. The UI is off, shuffles use few partitions (the inputs are
-a few million rows, not billions) and the JVM logs errors only.
+a few million rows, not billions) and the JVM logs errors only. The driver
+(the whole job in local mode) gets 8 GiB and the parallel collector: the
+first summary's per-message and per-delivery aggregations (millions of keys)
+ran with 2 GiB under memory pressure; measured in docs/benchmarks.md (session 11).
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ _LOG4J = Path(__file__).with_name("log4j2.properties")
 def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4):
     from pyspark.sql import SparkSession
 
-    quiet = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
+    quiet = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J} -XX:+UseParallelGC"
     builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "2g")
+               .config("spark.driver.memory", "8g")
                .config("spark.driver.extraJavaOptions", quiet)
                .config("spark.sql.adaptive.enabled", "true")
                # Ingest writes one file per (day, node) per task: a writer each instead of sorting the rows first.

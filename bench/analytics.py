@@ -253,17 +253,37 @@ def logging_cost(messages: int = 200_000) -> dict:
             "cpu_us_per_message": round(cpu / messages * 1e6, 2), "wall_s": round(wall, 2)}
 
 
+def _generated(directory: Path, events: int) -> dict:
+    """What generate() wrote into an earlier run's --dir, refused if that run asked for another --events."""
+    try:
+        got = json.loads((directory / "generated.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--reuse-logs {directory}: no generated.json from an earlier run ({e})")
+    if got.pop("requested") != events:
+        raise SystemExit(f"--reuse-logs {directory}: generated for another --events, not {events}")
+    return got
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/pairmq-analytics-bench"))
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--reuse-logs", type=Path, metavar="DIR",
+                    help="read the synthetic logs of an earlier run's --dir (same --events) instead of generating "
+                         "them again: they are the same files every time (fixed seed); --dir gets only the output")
     args = ap.parse_args(argv)
+    if args.reuse_logs is not None and args.reuse_logs.resolve() == args.dir.resolve():
+        ap.error("--reuse-logs must be another directory than --dir (--dir is emptied first)")
     logs, out = args.dir / "logs", args.dir / "out"
     subprocess.run(["rm", "-rf", str(args.dir)], check=True)
     load_before = os.getloadavg()[0]
     t = time.monotonic()
-    expected = generate(logs, args.events)
+    if args.reuse_logs is not None:
+        logs, expected = args.reuse_logs / "logs", _generated(args.reuse_logs, args.events)
+    else:
+        expected = generate(logs, args.events)
+        (args.dir / "generated.json").write_text(json.dumps({"requested": args.events, **expected}))
     size = sum(p.stat().st_size for p in logs.rglob("*.jsonl"))
     print(f"generated {expected['events']:,} events ({size / 1e6:,.0f} MB) in {time.monotonic() - t:.1f} s",
           file=sys.stderr)
