@@ -1,26 +1,28 @@
 """Segments in, one Parquet table out: closed segments are parsed once, active ones on every run.
 
 Rules:
-- Paths go through Hadoop's FileSystem API, so the same code lists and reads
-  local directories, hdfs:// and s3a:// (given the connector on a cluster).
+- Paths go through Hadoop's FileSystem API (and, in the tasks that parse
+  segments, pyarrow's), so the same code lists and reads local directories,
+  hdfs:// and s3a:// (given the connector on a cluster; only local paths are
+  tested here).
 - A closed segment (`events-<node>-<seq>.jsonl`) never changes: once its rows
   are in `<out>/tables/events` (Parquet, partitioned by day and node) and the
   state (partials.py: every ingested row so far, reduced, merged and settled)
   in `<out>/tables/state/<batch>/`, its path and batch go into
   `<out>/tables/_batches`, and later runs skip it. JSON parsing is the
-  expensive part; the new rows' partials are reduced from the Parquet files
-  this run added and merged with the previous batch's state, which is then
-  deleted. The reports read only the latest state (small tables: a re-run
+  expensive part: each new segment is parsed once, by a task that writes its
+  rows into the table and returns its partials (segment_task.py), which are
+  merged with the previous batch's state, which is then deleted. The reports read only the latest state (small tables: a re-run
   that finds nothing new reads no per-delivery keys and no settled message).
 - Active segments (`events.jsonl`) are still growing: parsed and reduced on
   every run, never stored.
 - Table, then state, then the manifest: a crash before the manifest
   ingests those segments again on the next run into the same batch number
-  (the orphan state is overwritten: the reports stay exact; the raw table
-  holds those rows twice).
+  (the orphan state is overwritten and each segment's table files too, being
+  named after it: the reports stay exact and the table holds each row once).
 - JSON is read with the explicit schema; a line that does not parse, or lacks
   ts, node or event, becomes a row with `malformed` set, counted by the
-  summary and ignored by every report.
+  summary and ignored by every report (segment_task.py says exactly when).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ import re
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from appliance.errors import PairMQError
 
-from . import partials, schema
+from . import partials, schema, segment_task
 from .partials import Partials
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
@@ -74,6 +77,8 @@ def list_segments(spark: SparkSession, roots: list[str]) -> list[Segment]:
 
 
 def read_json(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Spark's own reader of the same lines (the benchmark's floor and the tests' reference; the job parses with
+    segment_task)."""
     raw = (spark.read.schema(schema.RAW).option("mode", "PERMISSIVE")
            .option("columnNameOfCorruptRecord", schema.CORRUPT).json(paths))
     return raw.withColumn("segment", F.input_file_name()).transform(to_table)
@@ -91,6 +96,52 @@ def to_table(raw: DataFrame) -> DataFrame:
             .select(*[f.name for f in schema.TABLE.fields]))
 
 
+def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = None) -> Partials:
+    """The partials of every line of `paths`, one task per segment (segment_task.py), not yet merged across
+    segments (partials.merge with `regroup`). With `table`, each task also writes its segment's rows there."""
+    kinds = {kind: spark.createDataFrame([], ddl).schema for kind, ddl in segment_task_schemas().items()}
+    arrow = {k: _arrow(s) for k, s in kinds.items()}
+    reducer = segment_task.Reducer(_arrow(schema.EVENT), arrow, table and _qualified(spark, table))
+    sql_type = {"s": T.StringType(), "l": T.LongType(), "d": T.DoubleType()}
+    out = T.StructType([T.StructField(f.name, sql_type.get(f.name[0], T.StringType())) for f in reducer.out])
+    tasks = spark.sparkContext.parallelize([(p,) for p in paths], max(1, len(paths))).toDF("path string")
+    rows = tasks.mapInArrow(reducer, out).cache()
+    rows.count()  # one pass: every kind below reads the cached rows, and each segment is parsed (and written) once
+
+    def of(kind: str) -> DataFrame:
+        mine = rows.filter(F.col("partial") == kind)
+        if kind in segment_task.AS_JSON:
+            return mine.select(F.from_json("s0", kinds[kind]).alias("e")).select("e.*")
+        columns = []
+        for (name, slot), f in zip(reducer.slots[kind], kinds[kind].fields, strict=True):
+            value = F.timestamp_micros(slot) if isinstance(f.dataType, T.TimestampType) else F.col(slot)
+            columns.append(value.cast(f.dataType).alias(name))
+        return mine.select(*columns)
+
+    hashed = lambda df, names: df.withColumn("topic_hash", partials.topic_hash("topic")).select(*names)  # noqa: E731
+    d = of("deliveries")
+    return Partials(counts=of("counts"), traffic=of("traffic"),
+                    messages=hashed(of("messages"), spark.createDataFrame([], partials.MESSAGES).columns),
+                    stage_totals=of("stage_totals"),
+                    latency=hashed(of("latency"), ["topic_hash", "stage", "latency_ms", "messages"]),
+                    deliveries=d, redelivered=partials.redelivered(d), pulses=of("pulses"), small=of("small"))
+
+
+def _arrow(struct: T.StructType):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(struct, timezone="UTC")  # timestamps as the tasks make them
+    except TypeError:  # a Spark whose converter has no time zone argument: it always gives UTC
+        return to_arrow_schema(struct)
+
+
+def segment_task_schemas() -> dict[str, str]:
+    """Each kind's columns as the tasks return them: partials.SCHEMAS, with the topic where Spark keeps its hash."""
+    return {kind: ddl.replace("topic_hash long", "topic string") if isinstance(ddl, str) else ddl
+            for kind, ddl in partials.SCHEMAS.items() if kind != "redelivered"}
+
+
 @dataclasses.dataclass(slots=True)
 class Loaded:
     partials: Partials  # of every valid row (and the counts of every row), merged
@@ -106,7 +157,8 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
     closed = [s.path for s in found if s.closed]
     active = [s.path for s in found if not s.closed]
     if out is None:
-        return Loaded(partials.reduce(read_json(spark, closed + active)), len(closed), 0, len(active))
+        return Loaded(partials.merge([reduce_segments(spark, closed + active)], regroup=True), len(closed), 0,
+                      len(active))
     tables = f"{out}/tables"
     table, manifest = f"{tables}/events", f"{tables}/_batches"
     if _exists(spark, f"{tables}/_ingested") or _exists(spark, f"{tables}/partials"):
@@ -120,12 +172,8 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
     new = [p for p in closed if p not in done]
     if new:
         batch = f"{int(last or 0) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
-        before = set(_files(spark, table))
-        read_json(spark, new).write.mode("append").partitionBy("day", "node").parquet(table)
-        added = [f for f in _files(spark, table) if f not in before]
-        rows = spark.read.schema(schema.TABLE).option("basePath", table).parquet(*added)
         where = f"{tables}/state/{batch}"
-        state = partials.merge([*parts, partials.reduce(rows, cache=True)], cache=True)
+        state = partials.merge([*parts, reduce_segments(spark, new, table)], cache=True, regroup=True)
         with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="state") as pool:
             writes = [pool.submit(df.write.mode("overwrite").parquet, f"{where}/{kind}")
                       for kind, df in state.frames().items()]
@@ -137,9 +185,10 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
         if last:
             _delete(spark, f"{tables}/state/{last}")  # superseded: every row of it is in the new batch's state
     if active:
-        parts.append(partials.reduce(read_json(spark, active)))
+        parts.append(reduce_segments(spark, active))
     assert parts, "list_segments found a segment, so there is a batch or an active segment"
-    return Loaded(partials.merge(parts), len(new), len(closed) - len(new), len(active))
+    return Loaded(partials.merge(parts, regroup=bool(active)), len(new), len(closed) - len(new),
+                  len(active))
 
 
 _MANIFEST = "path string, batch string"
@@ -155,17 +204,10 @@ def _delete(spark: SparkSession, path: str) -> None:
     jpath.getFileSystem(spark._jsc.hadoopConfiguration()).delete(jpath, True)
 
 
-def _files(spark: SparkSession, root: str) -> list[str]:
-    jpath = spark._jvm.org.apache.hadoop.fs.Path(root)
-    fs = jpath.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(jpath):
-        return []
-    found, files = [], fs.listFiles(jpath, True)
-    while files.hasNext():
-        name = files.next().getPath().toString()
-        if name.endswith(".parquet"):
-            found.append(name)
-    return found
+def _qualified(spark: SparkSession, path: str) -> str:
+    """The path as Hadoop resolves it (a relative one against the working directory), for the tasks' pyarrow."""
+    jpath = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(spark._jsc.hadoopConfiguration()).makeQualified(jpath).toString()
 
 
 def _exists(spark: SparkSession, path: str) -> bool:

@@ -203,7 +203,8 @@ def settle(p: Partials, messages: DataFrame, stage_totals: list[DataFrame], late
 
 
 def reduce(rows: DataFrame, cache: bool = False) -> Partials:
-    """The partials of table rows (schema.TABLE, malformed ones included), settled. With `cache` the per-message
+    """The partials of table rows (schema.TABLE, malformed ones included), settled: in Spark, the reference that the
+    job's own reduction of each segment (segment_task.py, pyarrow) is tested against. With `cache` the per-message
     aggregation (read three times by settling) and the deliveries (twice) are cached: for a caller that computes
     every partial."""
     valid = rows.filter(~F.col("malformed"))
@@ -213,10 +214,11 @@ def reduce(rows: DataFrame, cache: bool = False) -> Partials:
     return settle(p, p.messages.cache() if cache else p.messages, [], [])
 
 
-def merge(batches: list[Partials], cache: bool = False) -> Partials:
-    """One settled Partials from several (exact: see the rules); `cache` as for `reduce`."""
+def merge(batches: list[Partials], cache: bool = False, regroup: bool = False) -> Partials:
+    """One settled Partials from several (exact: see the rules); `cache` as for `reduce`. `regroup`: group even a
+    single batch, one that holds several segments' partials side by side (ingest.reduce_segments)."""
     assert batches, "merge needs at least one batch"
-    if len(batches) == 1:
+    if len(batches) == 1 and not regroup:
         return batches[0]
     union = {k: functools.reduce(DataFrame.unionByName, [getattr(b, k) for b in batches]) for k in KINDS}
     stage_sums_ = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]

@@ -5,11 +5,14 @@ URL for a cluster. The UI is off, shuffles use few partitions (the inputs are
 a few million rows, not billions) and the JVM logs errors only. The driver
 (the whole job in local mode) has 2 GiB: 8 GiB and the parallel collector
 were no faster in the bench (docs/benchmarks.md, session 11), and the job
-shares its host with a broker node.
+shares its host with a broker node. The segments are parsed by Python tasks
+(segment_task.py), in this interpreter unless PYSPARK_PYTHON names another.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 DEFAULT_MASTER = "local[2]"
@@ -19,6 +22,9 @@ _LOG4J = Path(__file__).with_name("log4j2.properties")
 def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4):
     from pyspark.sql import SparkSession
 
+    # The tasks that parse segments (segment_task.py) run Python: this interpreter, with its packages, unless the
+    # operator names another (a cluster's executors may have theirs elsewhere).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
     builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
                .config("spark.ui.enabled", "false")
