@@ -20,7 +20,9 @@ Rules:
   parsed in blocks of CHUNK_BYTES, and a refused block again line by line in
   Python (the only slow path, paid for bad blocks only); so are the
   lines that carry a `counts` map, which pyarrow's JSON reader cannot convert
-  (a few `unlogged` events).
+  (a few `unlogged` events). A segment gone since Spark listed it (the
+  active one rotated, a closed one removed by retention) gives no rows: what
+  was in an active one is in its successor, which the next run lists.
 - Each kind is the Spark partial of the same name (partials.SCHEMAS), except
   that per-message rows and latency buckets carry the topic, not its hash:
   the hash is Spark's xxhash64, taken when the rows reach Spark. The
@@ -82,8 +84,12 @@ class Reducer:
 
     def segment(self, path: str):
         source, where = filesystem(path)
-        with source.open_input_stream(where) as f:
-            rows = self.rows(f.read(), path)
+        try:
+            with source.open_input_stream(where) as f:
+                data = f.read()
+        except FileNotFoundError:  # rotated (an active segment) or removed by retention since Spark listed it
+            return
+        rows = self.rows(data, path)
         if self.table_dir is not None:
             self.write_table(rows, path)
         for kind, table in reduce_rows(rows).items():
@@ -153,7 +159,7 @@ class Reducer:
                     raise ValueError("not an object")
                 pa.Table.from_pylist([value], self.event)  # the types, checked as pyarrow converts them
                 good.append(value)
-            except (ValueError, TypeError, OverflowError, pa.ArrowException):
+            except (ValueError, TypeError, OverflowError, RecursionError, pa.ArrowException):
                 bad += 1
         table = pa.Table.from_pylist(good + [{}] * bad, self.event)
         return table.append_column("_bad", pa.array([False] * len(good) + [True] * bad))

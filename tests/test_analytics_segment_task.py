@@ -32,7 +32,7 @@ def stage(node, ts, kind, ids, client="s", epoch=1) -> str:
 # Not among them: a field of another type than the schema's in a column the query does not read (serving "yes"):
 # Spark's reader prunes that column and calls the line valid in one query and malformed in another; the job's
 # parser always calls it malformed (the last test).
-BAD = ["{not json", "[1, 2]", "42", "{}",
+BAD = ["{not json", "[1, 2]", "42", "{}", "[" * 100_000 + "]" * 100_000,  # too deep for Python's json too
        json.dumps({"v": 2, "ts": "soon", "node": "primary", "event": "node_alive"}),
        json.dumps({"v": 2, "node": "primary", "event": "node_alive"}),  # parses, but has no ts
        json.dumps({"v": 2, "ts": 9.0, "node": "primary"})]  # no event
@@ -92,7 +92,7 @@ def test_the_partials_equal_those_of_spark_s_reader_and_reduce(spark, logs, tmp_
         assertDataFrameEqual(ours_[kind], theirs_[kind])
     # Not vacuous: the lines above give every kind rows, bad lines included.
     counts = {(r.node, r.event): r.events for r in ours.counts.collect()}
-    assert counts[("primary", "malformed")] == 7 and counts[("monitor", "malformed")] == 1
+    assert counts[("primary", "malformed")] == 8 and counts[("monitor", "malformed")] == 1
     assert ours_["in_flight"].count() == 2 and ours.redelivered.first().extra == 3  # in flight: backup 1, primary 4
     assert ours.small.filter(F.col("event") == "unlogged").first().counts == {"message_delivered": 7,
                                                                             "message_spooled": 2}
@@ -130,3 +130,13 @@ def test_a_refused_block_costs_only_its_own_lines(logs):
     assert sorted(zip(rows["ts"].to_pylist(), rows["malformed"].to_pylist(), rows["node"].to_pylist(),
                       strict=True), key=str) == [(1.0, False, "primary"), (3.0, False, "primary"),
                                                  (None, True, "primary"), (None, True, "primary")]
+
+
+def test_a_segment_gone_since_it_was_listed_gives_no_rows_and_no_error(spark, logs, tmp_path):
+    """The active segment rotated (or a closed one removed by retention) between Spark's listing and the task."""
+    found = paths(spark, logs)
+    gone = found[0].replace("events-", "events-gone-")
+    p = partials.merge([ingest.reduce_segments(spark, [gone, found[0]])], regroup=True)
+    one = partials.merge([ingest.reduce_segments(spark, [found[0]])], regroup=True)
+    assertDataFrameEqual(p.counts, one.counts)
+    assert p.counts.count() > 0
