@@ -94,9 +94,10 @@ class Reducer:
             self.write_table(rows, path)
         for kind, table in reduce_rows(rows).items():
             if table.num_rows:
-                yield from self.padded(kind, table).to_batches()
+                yield from self.sent(kind, table).to_batches()
 
-    def padded(self, kind: str, table: pa.Table) -> pa.Table:
+    def sent(self, kind: str, table: pa.Table) -> pa.Table:
+        """A kind's rows in the task's output columns (`slots`)."""
         n = table.num_rows
         if kind in AS_JSON:
             maps = [f.name for f in table.schema if pa.types.is_map(f.type)]  # pyarrow gives pairs: JSON wants objects
@@ -131,13 +132,12 @@ class Reducer:
         fast = self.fast(chunk)
         if fast is None:
             slow += chunk.split(b"\n")  # refused as a block: every line on its own
-        got = [self.by_line(slow)] if slow else []
-        return pa.concat_tables([*got, fast]) if fast is not None else (got[0] if got else self.by_line([]))
+        return pa.concat_tables([self.by_line(slow)] + ([fast] if fast is not None else []))
 
     def fast(self, data: bytes) -> pa.Table | None:
         """pyarrow's parse of whole lines, None if it refuses any of them."""
         if not data.strip():
-            return None if data.strip(b" \t\r\n") else self.by_line([])
+            return self.by_line([])
         try:
             got = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
                 explicit_schema=self.json_schema, unexpected_field_behavior="ignore"),
@@ -162,7 +162,7 @@ class Reducer:
             except (ValueError, TypeError, OverflowError, RecursionError, pa.ArrowException):
                 bad += 1
         table = pa.Table.from_pylist(good + [{}] * bad, self.event)
-        return table.append_column("_bad", pa.array([False] * len(good) + [True] * bad))
+        return table.append_column("_bad", pa.array([False] * len(good) + [True] * bad, pa.bool_()))
 
     def table_columns(self, events: pa.Table, path: str) -> pa.Table:
         """ingest.py's table columns: malformed (did not parse, or lacks ts, node or event), the node named by the
@@ -185,10 +185,21 @@ class Reducer:
         target, table_dir = filesystem(self.table_dir)
         keys = rows.select(["day", "node"]).group_by(["day", "node"]).aggregate([])
         for day, node in zip(keys["day"].to_pylist(), keys["node"].to_pylist(), strict=True):
-            where = f"{table_dir}/day={day}/node={node}"
+            where = f"{table_dir}/day={day}/node={partition_name(node)}"
             target.create_dir(where, recursive=True)
             part = rows.filter(pc.and_(pc.equal(rows["day"], day), pc.equal(rows["node"], node)))
             pq.write_table(part.drop_columns(["day", "node"]), f"{where}/{name}.parquet", filesystem=target)
+
+
+# What Spark's partitioned writer escapes in a partition's directory name (ExternalCatalogUtils.escapePathName), so
+# that a node named "../x" in a log line stays inside the table and Spark reads the name back as it was.
+_ESCAPED = set('"#%\'*/:=?\\{[]^') | {chr(c) for c in range(0x20)} | {"\x7f"}
+
+
+def partition_name(value: str) -> str:
+    if value == "":
+        return "__HIVE_DEFAULT_PARTITION__"
+    return "".join(f"%{ord(ch):02X}" if ch in _ESCAPED else ch for ch in value)
 
 
 AS_JSON = {"small"}  # the other events, all of schema.EVENT's columns: few rows, sent as their JSON

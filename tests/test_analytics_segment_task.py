@@ -48,7 +48,8 @@ SEGMENTS = {
         line("primary", 2.0, "unlogged", counts={"message_delivered": 7, "message_spooled": 2}),
         line("primary", 3.0, "client_accepted", client_id="c1", extra_field="ignored"),
         line("primary", 4.0, "node_alive", serving=None, epoch=1),
-        line("primary", 5.5, "node_alive", serving=False, epoch=1)],
+        line("primary", 5.5, "node_alive", serving=False, epoch=1),
+        line("../../x=1", 6.0, "node_alive", serving=True, epoch=1)],  # a partition name to escape
     "primary/events/events-primary-00000002.jsonl": [  # 2 and 3 settle here; 1 is redelivered
         stage("primary", 62.0, "acknowledged", [2]), stage("primary", 62.5, "replicated", [3]),
         stage("primary", 62.6, "delivered", [3, 1]), stage("primary", 63.0, "acknowledged", [3]), *BAD[4:],
@@ -115,6 +116,8 @@ def test_the_written_table_holds_the_rows_spark_s_reader_gives(spark, logs, tmp_
     malformed = lambda df: df.filter(F.col("malformed")).groupBy("node").count()  # noqa: E731
     assertDataFrameEqual(malformed(written), malformed(theirs))
     assert {r.segment for r in written.select("segment").distinct().collect()} == set(found)
+    assert "../../x=1" in {r.node for r in written.select("node").distinct().collect()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events"]  # nothing written outside the table
 
 
 def test_a_refused_block_costs_only_its_own_lines(logs):
