@@ -12,8 +12,9 @@ Rules:
   `<out>/tables/_batches`, and later runs skip it. JSON parsing is the
   expensive part: each new segment is parsed once, by a task that writes its
   rows into the table and returns its partials (segment_task.py), which are
-  merged with the previous batch's state, which is then deleted. The reports read only the latest state (small tables: a re-run
-  that finds nothing new reads no per-delivery keys and no settled message).
+  merged with the previous batch's state, which is then deleted. The reports
+  read only the latest state (small tables: a re-run that finds nothing new
+  reads no per-delivery keys and no settled message).
 - Active segments (`events.jsonl`) are still growing: parsed and reduced on
   every run, never stored.
 - Table, then state, then the manifest: a crash before the manifest
