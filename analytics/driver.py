@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import decimal
 import functools
 import math
@@ -32,6 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from . import partials
+from .spark import settings
 from .ingest import AnalyticsError
 from .partials import LATENCY_STAGES, STAGE_NAMES, Partials
 from .transforms import OVERLOAD_GAP_S, SERVER_BUSY
@@ -82,22 +82,6 @@ def collect(p: Partials, max_rows: int = MAX_ROWS) -> dict[str, list[dict]] | No
                 got[k].append(row[k].asDict())
                 break
     return got
-
-
-@contextlib.contextmanager
-def settings(spark, keys: dict[str, str]):
-    """The session's SQL settings `keys` for the block, the previous values restored after."""
-    before = {k: spark.conf.get(k, None) for k in keys}
-    for k, v in keys.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
 
 
 def topic_names(rows: dict[str, list[dict]]) -> dict[int, str]:

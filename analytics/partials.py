@@ -215,15 +215,16 @@ def reduce(rows: DataFrame, cache: bool = False) -> Partials:
 
 
 def merge(batches: list[Partials], cache: bool = False, regroup: bool = False) -> Partials:
-    """One settled Partials from several (exact: see the rules); `cache` as for `reduce`. `regroup`: group even a
-    single batch, one that holds several segments' partials side by side (ingest.reduce_segments)."""
+    """One settled Partials from several (exact: see the rules). `cache`: the per-message aggregation is cached (read
+    three times by settling), not the per-delivery keys (a caller that stores them reads their total back from what
+    it wrote: ingest.py). `regroup`: group even a single batch, one that holds several segments' partials side by
+    side (ingest.reduce_segments)."""
     assert batches, "merge needs at least one batch"
     if len(batches) == 1 and not regroup:
         return batches[0]
     union = {k: functools.reduce(DataFrame.unionByName, [getattr(b, k) for b in batches]) for k in KINDS}
     stage_sums_ = [F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)]
     d = union["deliveries"].groupBy("client", "msg_id").agg(F.sum("deliveries").alias("deliveries"))
-    d = d.cache() if cache else d
     p = Partials(
         counts=union["counts"].groupBy("node", "event").agg(F.sum("events").alias("events"),
                                                             F.min("first_ts").alias("first_ts"),

@@ -30,12 +30,18 @@ Rules:
   zero as Spark's `round`, Kleene logic as Spark's boolean columns). A test
   compares both on the same lines, bad ones included.
 - The kinds travel to Spark in one set of shared typed columns (`slots`), the
-  few `small` events as their JSON.
+  few `small` events as their JSON. The per-delivery keys, when the job
+  stores a state, are written as one Parquet file per segment into a scratch
+  directory that Spark then reads (`keys_dir`): they are most of the rows
+  (one per message and subscriber), which Spark would otherwise convert,
+  cache and scan for every other kind (the merge and its writes took 14-15 s
+  with them in the cache; docs/benchmarks.md, session 13).
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import re
 
@@ -69,12 +75,14 @@ def filesystem(uri: str):
 class Reducer:
     """Picklable: the Arrow schemas are made on the driver (from the Spark ones) and shipped to the tasks."""
 
-    def __init__(self, event: pa.Schema, kinds: dict[str, pa.Schema], table_dir: str | None) -> None:
+    def __init__(self, event: pa.Schema, kinds: dict[str, pa.Schema], table_dir: str | None,
+                 keys_dir: str | None = None) -> None:
         self.event = event  # schema.EVENT
         self.json_schema = pa.schema([f for f in event if not pa.types.is_map(f.type)])
         self.slots = {kind: slots(as_sent(kind, s)) for kind, s in kinds.items()}  # kind -> its columns' slots
         self.out = output_schema(kinds)
         self.table_dir = table_dir
+        self.keys_dir = keys_dir  # None: the per-delivery keys are returned with the other kinds
 
     # --- the task -----------------------------------------------------------------------------------------------
     def __call__(self, batches):
@@ -93,7 +101,9 @@ class Reducer:
         if self.table_dir is not None:
             self.write_table(rows, path)
         for kind, table in reduce_rows(rows).items():
-            if table.num_rows:
+            if kind == "deliveries" and self.keys_dir is not None:
+                self.write_keys(table, path)
+            elif table.num_rows:
                 yield from self.sent(kind, table).to_batches()
 
     def sent(self, kind: str, table: pa.Table) -> pa.Table:
@@ -189,6 +199,19 @@ class Reducer:
             target.create_dir(where, recursive=True)
             part = rows.filter(pc.and_(pc.equal(rows["day"], day), pc.equal(rows["node"], node)))
             pq.write_table(part.drop_columns(["day", "node"]), f"{where}/{name}.parquet", filesystem=target)
+
+
+    def write_keys(self, deliveries: pa.Table, path: str) -> None:
+        """The segment's per-delivery keys as one Parquet file, named after the segment's whole path (two roots may
+        hold segments of the same name); a retried task overwrites its own."""
+        import pyarrow.parquet as pq
+
+        if not deliveries.num_rows:
+            return
+        target, keys_dir = filesystem(self.keys_dir)
+        target.create_dir(keys_dir, recursive=True)
+        name = path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
+        pq.write_table(deliveries, f"{keys_dir}/{name}.parquet", filesystem=target)
 
 
 # What Spark's partitioned writer escapes in a partition's directory name (ExternalCatalogUtils.escapePathName), so

@@ -11,6 +11,7 @@ shares its host with a broker node. The segments are parsed by Python tasks
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -39,3 +40,19 @@ def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_pa
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+@contextlib.contextmanager
+def settings(spark, keys: dict[str, str]):
+    """The session's SQL settings `keys` for the block, the previous values restored after."""
+    before = {k: spark.conf.get(k, None) for k in keys}
+    for k, v in keys.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)

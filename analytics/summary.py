@@ -22,6 +22,7 @@ import time
 from pyspark.sql import DataFrame
 
 from . import driver, ingest, partials
+from .spark import settings
 from . import transforms as t
 
 REPORT_VERSION = 1
@@ -43,7 +44,7 @@ def _interpreted(spark):
     runs small jobs whose time goes into compiling the code Spark generates for each (measured on two loaded cores,
     the same re-run with a few dozen report jobs: 50 s with code generation, 25 s without). Ingest, the big scan,
     runs before with the session's setting (and so do the reports of a run without --out, which read every row)."""
-    return driver.settings(spark, {"spark.sql.codegen.wholeStage": "false",
+    return settings(spark, {"spark.sql.codegen.wholeStage": "false",
                                    "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
 
 

@@ -7,6 +7,8 @@ import io
 import json
 import shutil
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
@@ -70,7 +72,12 @@ def test_reports_from_the_settled_state_equal_those_of_one_pass_over_every_segme
     ]
     for seq, lines in enumerate(batches, 1):
         write_segment(logs / "primary", "primary", seq, lines)
+        if seq == 2:  # a run that crashed left its scratch of per-delivery keys: not counted again
+            (out / "tables" / "_keys").mkdir()
+            pq.write_table(pa.table({"client": ["s"], "msg_id": [3], "deliveries": [1]}),
+                           out / "tables" / "_keys" / "events-primary-00000002-crashed.parquet")
         views.append(summary.summarize(spark, [logs.as_uri()], out.as_uri()))
+        assert not (out / "tables" / "_keys").exists()
     once = summary.summarize(spark, [logs.as_uri()])
     ignore = ("inputs", "elapsed_s")
     assert {k: v for k, v in views[-1].items() if k not in ignore} == {k: v for k, v in once.items() if k not in ignore}
