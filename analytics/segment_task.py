@@ -31,11 +31,10 @@ Rules:
   compares both on the same lines, bad ones included.
 - The kinds travel to Spark in one set of shared typed columns (`slots`), the
   few `small` events as their JSON. The per-delivery keys, when the job
-  stores a state, are written as one Parquet file per segment into a scratch
-  directory that Spark then reads (`keys_dir`): they are most of the rows
-  (one per message and subscriber), which Spark would otherwise convert,
-  cache and scan for every other kind (the merge and its writes took 14-15 s
-  with them in the cache; docs/benchmarks.md, session 13).
+  stores a state, are written into a scratch directory instead (`keys_dir`,
+  bucketed as keys_task.py says), where the tasks that merge them read them:
+  they are most of the rows (one per message and subscriber), which Spark
+  would otherwise convert, cache, scan for every other kind and shuffle.
 """
 
 from __future__ import annotations
@@ -202,16 +201,12 @@ class Reducer:
 
 
     def write_keys(self, deliveries: pa.Table, path: str) -> None:
-        """The segment's per-delivery keys as one Parquet file, named after the segment's whole path (two roots may
-        hold segments of the same name); a retried task overwrites its own."""
-        import pyarrow.parquet as pq
+        """The segment's per-delivery keys, bucketed (keys_task.py), in files named after the segment's whole path
+        (two roots may hold segments of the same name); a retried task overwrites its own."""
+        from . import keys_task  # it uses this module's filesystem()
 
-        if not deliveries.num_rows:
-            return
-        target, keys_dir = filesystem(self.keys_dir)
-        target.create_dir(keys_dir, recursive=True)
         name = path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
-        pq.write_table(deliveries, f"{keys_dir}/{name}.parquet", filesystem=target)
+        keys_task.write_segment_keys(deliveries, self.keys_dir, name)
 
 
 # What Spark's partitioned writer escapes in a partition's directory name (ExternalCatalogUtils.escapePathName), so

@@ -100,6 +100,25 @@ def test_an_out_dir_from_before_the_settled_state_is_refused_with_a_sentence(spa
     assert not (out / "tables" / "events").exists()
 
 
+def test_an_out_dir_whose_delivery_keys_are_not_in_buckets_is_refused_with_a_sentence(spark, tmp_path):
+    """What the job wrote before keys_task.py: the state's per-delivery keys as Spark's part files. Merged bucket by
+    bucket they would be lost, and the redeliveries with them."""
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    write_segment(logs / "primary", "primary", 1, [published("primary", 100.0, 1),
+                                                   stage("primary", 100.1, "delivered", [1])])
+    summary.summarize(spark, [logs.as_uri()], out.as_uri())
+    keys = out / "tables" / "state" / "000001" / "deliveries"
+    assert sorted(p.name for p in keys.iterdir()) == [f"b{b:03d}.parquet" for b in range(8)]
+    for p in keys.iterdir():
+        p.rename(keys / f"part-{p.name}")
+    write_segment(logs / "primary", "primary", 2, [stage("primary", 160.0, "delivered", [1])])
+    with pytest.raises(AnalyticsError) as refused:
+        summary.summarize(spark, [logs.as_uri()], out.as_uri())
+    assert str(refused.value) == (f"{out.as_uri()} was written by an earlier version of the job (per-delivery keys "
+                                  "not in buckets): summarize into a new --out DIR")
+    assert [p.name for p in (out / "tables" / "state").iterdir()] == ["000001"]
+
+
 def test_an_active_segment_is_read_every_run_and_never_stored(spark, tmp_path):
     log = EventLog(tmp_path / "logs" / "primary" / "events", "primary", EventSettings())
     log.write("node_alive", serving=True, epoch=1)
