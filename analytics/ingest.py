@@ -106,7 +106,9 @@ def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = N
     """The partials of every line of `paths`, one task per segment (segment_task.py), not yet merged across
     segments (partials.merge with `regroup`). With `table`, each task also writes its segment's rows there; with
     `keys` (an empty scratch directory), its per-delivery keys there, which the returned `deliveries` reads."""
-    kinds = {kind: spark.createDataFrame([], ddl).schema for kind, ddl in segment_task_schemas().items()}
+    # Parsed, not made into empty DataFrames: eight of those took 2-3 s of a cold session.
+    kinds = {kind: T.DataType.fromDDL(ddl) if isinstance(ddl, str) else ddl
+             for kind, ddl in segment_task_schemas().items()}
     arrow = {k: _arrow(s) for k, s in kinds.items()}
     if keys is not None:
         _mkdirs(spark, keys)  # read as no keys if no segment has any
@@ -132,7 +134,7 @@ def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = N
     # Listed now, after the tasks wrote them.
     d = of("deliveries") if keys is None else spark.read.schema(partials.SCHEMAS["deliveries"]).parquet(keys)
     return Partials(counts=of("counts"), traffic=of("traffic"),
-                    messages=hashed(of("messages"), spark.createDataFrame([], partials.MESSAGES).columns),
+                    messages=hashed(of("messages"), T.DataType.fromDDL(partials.MESSAGES).names),
                     stage_totals=of("stage_totals"),
                     latency=hashed(of("latency"), ["topic_hash", "stage", "latency_ms", "messages"]),
                     deliveries=d, redelivered=partials.redelivered(d), pulses=of("pulses"), small=of("small"))
