@@ -43,7 +43,6 @@ from appliance.errors import PairMQError
 
 from . import keys_task, partials, schema, segment_task
 from .partials import Partials
-from .spark import settings
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
 ACTIVE = re.compile(r"events\.jsonl$")
@@ -191,10 +190,7 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
         where, keys = f"{tables}/state/{batch}", f"{tables}/_keys"
         _delete(spark, keys)  # a crashed run's scratch
         state = partials.merge([*parts, reduce_segments(spark, new, table, keys)], cache=True, regroup=True)
-        # Each input of the merge is grouped already (per segment, or a stored state): grouping it again before the
-        # shuffle only costs (a Spark 4.3 setting).
-        with settings(spark, {"spark.sql.execution.bypassPartialAggregation": "true"}):
-            _write_state(spark, state, where, keys, last and f"{tables}/state/{last}/deliveries")
+        _write_state(spark, state, where, keys, last and f"{tables}/state/{last}/deliveries")
         spark.catalog.clearCache()
         parts = [_read_state(spark, where)]
         spark.createDataFrame([(p, batch) for p in new], _MANIFEST).write.mode("append").parquet(manifest)
