@@ -18,6 +18,7 @@ import enum
 import struct
 
 from ..errors import RemoteProtocolError
+from ..frozen import fast_init
 from ..roles import Role
 
 MAGIC = b"PQHB"
@@ -50,6 +51,7 @@ _ACTIVITIES = {a.value: a for a in Activity}  # by wire value: a dict look-up, n
 _PEER_SETS = {r: frozenset(r.peers()) for r in Role}
 
 
+@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeerView:
     """What the sender last heard from one of its peers."""
@@ -64,6 +66,7 @@ class PeerView:
     spool_seq: int = 0
 
 
+@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Heartbeat:
     group: str
@@ -115,6 +118,7 @@ def encode(hb: Heartbeat, key_id: int | None = None) -> bytes:
     return b"".join(parts)
 
 
+@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
 @dataclasses.dataclass(frozen=True, slots=True)
 class Header:
     sender: Role
