@@ -17,9 +17,7 @@ from __future__ import annotations
 import getpass
 import secrets
 import sys
-
-from rich import box
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from appliance.broker.access import SALT_BYTES, Action, hash_password
 from appliance.config import GroupConfig, load_group
@@ -29,6 +27,9 @@ from configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
 
 from . import api
 from .terminal import Terminal
+
+if TYPE_CHECKING:
+    from rich.table import Table  # imported where a table is made: every command builds this module's parsers
 
 ROUTING = (Role.PRIMARY, Role.BACKUP)
 CHANGE_TIMEOUT_S = 10.0
@@ -222,6 +223,9 @@ def show_config_sync(term: Terminal, config: GroupConfig, *, as_json: bool) -> i
 
 
 def _table(*columns: str) -> Table:
+    from rich import box
+    from rich.table import Table
+
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in columns:
         table.add_column(column)

@@ -19,7 +19,6 @@ import queue
 import signal
 import threading
 
-from rich.text import Text
 
 from appliance.config import GroupConfig
 from appliance.roles import Role
@@ -157,6 +156,8 @@ def _emit(term: Terminal, decision: dict, as_json: bool) -> None:
         out.file.write(json.dumps(decision) + "\n")
         out.file.flush()
     elif out.is_terminal:
+        from rich.text import Text  # only on a terminal: the module is imported by every command's parsers
+
         head, kind, rest = _parts(decision)
         out.print(Text.assemble(head, (kind, KIND_STYLES.get(decision["kind"], "")), rest), soft_wrap=True,
                   highlight=False)

@@ -20,8 +20,10 @@ import time
 
 from appliance.errors import PairMQError
 
-from .hostlist import ClientError, HostListClient
 from .terminal import Terminal
+
+# cli/hostlist.py (paho-mqtt) is imported where a client is made: every command builds this module's parsers,
+# and `pairmq node` (each node start) has no use for an MQTT client.
 
 
 def _hosts(args) -> list[str]:
@@ -37,6 +39,8 @@ def _hosts(args) -> list[str]:
 
 
 def _client(args, prefix: str, **kwargs) -> HostListClient:
+    from .hostlist import ClientError, HostListClient
+
     client_id = args.id or f"{prefix}-{secrets.token_hex(4)}"
     try:
         client = HostListClient(_hosts(args), client_id, username=args.username, password=args.password, **kwargs)

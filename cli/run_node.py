@@ -43,9 +43,6 @@ def run(group_path: Path, role: Role) -> int:
     config = load_group(group_path)
     load_secret(config)  # a bad group file, secret, access file or config store is one sentence, before any log line
     if role.routes_messages:
-        # sqlite-utils (the config store) imports numpy whenever it can find it, only to map numpy's types; a
-        # node never hands it any, and that import took 0.1-0.3 s of every start. Absent, it is skipped.
-        sys.modules.setdefault("numpy", None)
         from appliance.access_file import access_path, load_access
         from configsync.store import ConfigStore, store_path
 

@@ -231,10 +231,13 @@ class Group:
             codes = json.loads(out.stdout)
         return {Role.PRIMARY: codes[hosts[0]], Role.BACKUP: codes[hosts[1]]}
 
-    def start_sampler(self, out: Path, duration_s: float, interval_ms: float = 15) -> subprocess.Popen:
+    def start_sampler(self, out: Path, duration_s: float, interval_ms: float = 15,
+                      stop_file: Path | None = None) -> subprocess.Popen:
         hosts = [self.address(Role.PRIMARY), self.address(Role.BACKUP)]
         argv = [sys.executable, "-m", "tests.probe", "--hosts", ",".join(hosts), "--interval-ms", str(interval_ms),
                 "--duration-s", str(duration_s), "--out", str(out)]
+        if stop_file is not None:
+            argv += ["--stop-file", str(stop_file)]
         return self.hosts.popen("client", argv, cwd=REPO) if self.hosts else subprocess.Popen(argv, cwd=REPO)
 
     def accept_order_violations(self) -> list[str]:

@@ -141,7 +141,8 @@ class Prober:
         while not self._stop.is_set():
             out = self.dir / f"probe-{len(self.files):04d}.jsonl"
             self.files.append(out)
-            self._procs.append(self.group.start_sampler(out, PROBE_CHUNK_S, interval_ms=PROBE_MS))
+            self._procs.append(self.group.start_sampler(out, PROBE_CHUNK_S, interval_ms=PROBE_MS,
+                                                        stop_file=self.dir / "stop"))
             self._stop.wait(PROBE_CHUNK_S - 1.0)
 
     def stop(self) -> tuple[int, list[str], list[list[dict]]]:
@@ -149,6 +150,7 @@ class Prober:
         routing nodes answered CONNACK 0 (its two probe records)."""
         self._stop.set()
         self._thread.join()
+        (self.dir / "stop").touch()  # the last chunk ends now, not up to PROBE_CHUNK_S later (nothing is injected)
         for proc in self._procs:
             proc.wait(PROBE_CHUNK_S + 30)
         rounds, problems, suspects = 0, [], []

@@ -1,7 +1,7 @@
 """MQTT CONNECT probe: asks every node, at the same instants, "would you serve me?".
 
 Run as a program (so it can live in a test host's network namespace):
-    python -m tests.probe --hosts 10.77.0.1,10.77.0.2 --interval-ms 15 --duration-s 5 --out FILE
+    python -m tests.probe --hosts 10.77.0.1,10.77.0.2 --interval-ms 15 --duration-s 5 --out FILE [--stop-file F]
     python -m tests.probe --hosts ... --once            (one round, JSON on stdout)
 Each round sends an MQTT 3.1.1 CONNECT to every host at once and records the
 CONNACK return code (0 = accepted, 3 = server unavailable, null = no answer).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -43,7 +44,9 @@ async def one_round(hosts: list[str], timeout_s: float = 3.0) -> dict[str, int |
     return dict(zip(hosts, codes))
 
 
-async def sample(hosts: list[str], interval_ms: float, duration_s: float) -> list[dict]:
+async def sample(hosts: list[str], interval_ms: float, duration_s: float, stop_file: str | None = None) -> list[dict]:
+    """Rounds every `interval_ms` for `duration_s`, or until `stop_file` exists: then the rounds under way finish
+    and are kept (the nemesis ends its last chunk with the schedule rather than sample an idle group)."""
     rounds: list[dict] = []
 
     async def probe(tick: int, host: str) -> None:
@@ -54,7 +57,7 @@ async def sample(hosts: list[str], interval_ms: float, duration_s: float) -> lis
     tasks = []
     start = time.monotonic()
     tick = 0
-    while time.monotonic() - start < duration_s:
+    while time.monotonic() - start < duration_s and not (stop_file and os.path.exists(stop_file)):
         tasks += [asyncio.create_task(probe(tick, h)) for h in hosts]
         tick += 1
         await asyncio.sleep(interval_ms / 1000)
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-ms", type=float, default=15)
     parser.add_argument("--duration-s", type=float, default=5)
     parser.add_argument("--out")
+    parser.add_argument("--stop-file", help="end the sampling early once this file exists")
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--hold-s", type=float, help="connect (MQTT 5) to the first host and report how it was dropped")
     args = parser.parse_args(argv)
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.once:
         print(json.dumps(asyncio.run(one_round(hosts, timeout_s=1.0))))
         return 0
-    rounds = asyncio.run(sample(hosts, args.interval_ms, args.duration_s))
+    rounds = asyncio.run(sample(hosts, args.interval_ms, args.duration_s, args.stop_file))
     text = "\n".join(json.dumps(r) for r in rounds) + "\n"
     if args.out:
         with open(args.out, "w") as f:

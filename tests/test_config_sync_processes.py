@@ -47,47 +47,6 @@ def connect(host: str, user: str | None = None, password: str | None = None, cli
     return 0, c, dropped
 
 
-def test_a_change_on_the_active_reaches_the_standby_within_a_second(group):
-    base = config(group, P)["version"]
-    reply = change(group, P, {"kind": "user.set", "username": "door", "record": RECORD})
-    assert reply["version"] == base + 1 and reply["confirmed_by_standby"] is True, reply
-    assert reply["applied"][0]["what"] == "set user 'door' (password record replaced)"
-    took = wait_for_version(group, B, base + 1, timeout_s=1.0)
-    assert config(group, B)["digest"] == config(group, P)["digest"]
-    status = call(group, P, "/api/v1/config-sync")[1]
-    assert status["status"] == "In-Sync" and status["mate"]["version"] == base + 1, status
-    assert call(group, B, "/api/v1/config-sync")[1]["status"] == "In-Sync"
-    print(f"change on the primary seen on the backup after {took * 1000:.0f} ms")
-
-
-def test_a_change_sent_to_the_standby_is_refused_with_the_active_address(group):
-    before = config(group, B)["version"]
-    status, reply = call(group, B, "/api/v1/config/changes", {"changes": [{"kind": "anonymous.set",
-                                                                           "allowed": False}]})
-    assert status == 409, reply
-    active = f"{group.address(P)}:{group.config.ports.management}"
-    assert reply["active"] == active and f"the active node is {active}" in reply["error"]
-    assert config(group, B)["version"] == before == config(group, P)["version"]
-
-
-def test_a_malformed_change_is_refused_whole_with_its_field(group):
-    before = config(group, P)
-    bad = [{"kind": "anonymous.set", "allowed": False},  # fine alone, but the batch fails as a whole
-           {"kind": "acl.add", "rule": {"effect": "allow", "action": "publish", "filter": "a/#/b", "who": "all"}}]
-    status, reply = call(group, P, "/api/v1/config/changes", {"changes": bad})
-    assert status == 400 and "changes[1].rule.filter" in reply["error"], reply
-    status, reply = call(group, P, "/api/v1/config/changes", {"changes": [{"kind": "limits.set",
-                                                                           "name": "spool_max_bytes", "value": -1}]})
-    assert status == 400 and "spool_max_bytes must be a whole number" in reply["error"], reply
-    status, reply = call(group, P, "/api/v1/config/changes", {"changes": [{"kind": "anonymous.set",
-                                                                           "allowed": False}]}, token=False)
-    assert status == 401
-    after = config(group, P)
-    assert (after["version"], after["digest"]) == (before["version"], before["digest"])
-    assert config(group, B)["version"] == before["version"]
-    assert connect(group.address(P))[0] == 0  # anonymous still allowed: nothing half-applied
-
-
 def test_after_a_failover_the_new_active_enforces_the_changes(group):
     change(group, P, {"kind": "user.set", "username": "door", "record": RECORD},
            {"kind": "user.set", "username": "gone", "record": RECORD},
@@ -111,18 +70,6 @@ def test_after_a_failover_the_new_active_enforces_the_changes(group):
     door.loop_stop()
 
 
-def test_a_deleted_user_is_disconnected(group):
-    change(group, P, {"kind": "user.set", "username": "door", "record": RECORD})
-    code, door, dropped = connect(group.address(P), "door", "door-pw")
-    assert code == 0
-    change(group, P, {"kind": "user.delete", "username": "door"})
-    deadline = time.monotonic() + 5
-    while not dropped and time.monotonic() < deadline:
-        time.sleep(0.05)
-    door.loop_stop()
-    assert dropped and dropped[0] == 0x87, f"the deleted user's client was not told 'not authorized': {dropped}"
-
-
 def test_a_node_down_during_changes_catches_up_on_rejoin(group):
     group.kill(B)
     group.wait_for("the primary to see the backup gone",
@@ -137,20 +84,6 @@ def test_a_node_down_during_changes_catches_up_on_rejoin(group):
     assert config(group, B)["overload"]["set"] == {"max_window": 54}
     group.wait_for("In-Sync", lambda: call(group, P, "/api/v1/config-sync")[1]["status"] == "In-Sync", timeout_s=5)
     print(f"the restarted backup caught up 5 changes {took:.1f} s after its start")
-
-
-def test_concurrent_changes_keep_a_single_order(group):
-    base = config(group, P)["version"]
-    changes = [{"kind": "limits.set", "name": "session_queue_max_messages", "value": 1000 + i} for i in range(20)]
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(lambda c: change(group, P, c), changes))
-    versions = sorted(r["applied"][0]["version"] for r in replies)
-    assert versions == list(range(base + 1, base + 21))
-    wait_for_version(group, B, base + 20)
-    primary, backup = config(group, P), config(group, B)
-    assert primary["digest"] == backup["digest"] and primary["history"] == backup["history"]
-    last = max(replies, key=lambda r: r["applied"][0]["version"])["applied"][0]["what"]
-    assert last == f"limits.session_queue_max_messages set to {primary['limits']['set']['session_queue_max_messages']:,}"
 
 
 def test_limits_and_overload_settings_take_effect_at_once(group):
@@ -193,50 +126,126 @@ def test_limits_and_overload_settings_take_effect_at_once(group):
     assert 1 <= call(group, B, "/api/v1/redundancy")[1]["mqtt"]["window"] <= 7
 
 
-def test_only_the_mate_with_the_secret_speaks_on_8302(group):
-    """Config-sync's link is authenticated like the mate link, with keys of its own. The active proves itself
-    first: a stranger without the secret, and a mate-link handshake (right secret, wrong purpose), cannot
-    verify that proof, so they learn nothing and cannot go on; a forged proof and garbage are refused and
-    counted by the active; nothing changes and the real standby stays in sync."""
-    import os
-    import socket
-    import struct
+class TestOnOneGroup:
+    """Tests that neither kill nor restart a node, and count versions from what they find: they share one group
+    (a group's start is most of each one's time). The class's group ends before the next test starts its own."""
 
-    from appliance.config import load_secret
-    from mate_link.secure import HandshakeFailed, StandbyHandshake
+    @pytest.fixture(scope="class")
+    @classmethod
+    def group(cls, tmp_path_factory):
+        with active_group(tmp_path_factory.mktemp("shared") / "group") as g:
+            yield g
 
-    address = (group.address(P), group.config.ports.config_sync)
-    before = config(group, P)
+    def test_a_change_on_the_active_reaches_the_standby_within_a_second(self, group):
+        base = config(group, P)["version"]
+        reply = change(group, P, {"kind": "user.set", "username": "door", "record": RECORD})
+        assert reply["version"] == base + 1 and reply["confirmed_by_standby"] is True, reply
+        assert reply["applied"][0]["what"] == "set user 'door' (password record replaced)"
+        took = wait_for_version(group, B, base + 1, timeout_s=1.0)
+        assert config(group, B)["digest"] == config(group, P)["digest"]
+        status = call(group, P, "/api/v1/config-sync")[1]
+        assert status["status"] == "In-Sync" and status["mate"]["version"] == base + 1, status
+        assert call(group, B, "/api/v1/config-sync")[1]["status"] == "In-Sync"
+        print(f"change on the primary seen on the backup after {took * 1000:.0f} ms")
 
-    def challenge_for(handshake) -> str:
-        """Run `handshake` against the active until it fails; the reason our side refused the active."""
+    def test_a_change_sent_to_the_standby_is_refused_with_the_active_address(self, group):
+        before = config(group, B)["version"]
+        status, reply = call(group, B, "/api/v1/config/changes", {"changes": [{"kind": "anonymous.set",
+                                                                               "allowed": False}]})
+        assert status == 409, reply
+        active = f"{group.address(P)}:{group.config.ports.management}"
+        assert reply["active"] == active and f"the active node is {active}" in reply["error"]
+        assert config(group, B)["version"] == before == config(group, P)["version"]
+
+    def test_a_malformed_change_is_refused_whole_with_its_field(self, group):
+        before = config(group, P)
+        bad = [{"kind": "anonymous.set", "allowed": False},  # fine alone, but the batch fails as a whole
+               {"kind": "acl.add", "rule": {"effect": "allow", "action": "publish", "filter": "a/#/b", "who": "all"}}]
+        status, reply = call(group, P, "/api/v1/config/changes", {"changes": bad})
+        assert status == 400 and "changes[1].rule.filter" in reply["error"], reply
+        status, reply = call(group, P, "/api/v1/config/changes",
+                             {"changes": [{"kind": "limits.set", "name": "spool_max_bytes", "value": -1}]})
+        assert status == 400 and "spool_max_bytes must be a whole number" in reply["error"], reply
+        status, reply = call(group, P, "/api/v1/config/changes", {"changes": [{"kind": "anonymous.set",
+                                                                               "allowed": False}]}, token=False)
+        assert status == 401
+        after = config(group, P)
+        assert (after["version"], after["digest"]) == (before["version"], before["digest"])
+        assert config(group, B)["version"] == before["version"]
+        code, client, _ = connect(group.address(P))
+        assert code == 0  # anonymous still allowed: nothing half-applied
+        client.disconnect()  # the group goes on: a client left looping would reconnect and take over "cfg-test"
+        client.loop_stop()
+
+    def test_a_deleted_user_is_disconnected(self, group):
+        change(group, P, {"kind": "user.set", "username": "door", "record": RECORD})
+        code, door, dropped = connect(group.address(P), "door", "door-pw")
+        assert code == 0
+        change(group, P, {"kind": "user.delete", "username": "door"})
+        deadline = time.monotonic() + 5
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.05)
+        door.loop_stop()
+        assert dropped and dropped[0] == 0x87, f"the deleted user's client was not told 'not authorized': {dropped}"
+
+    def test_concurrent_changes_keep_a_single_order(self, group):
+        base = config(group, P)["version"]
+        changes = [{"kind": "limits.set", "name": "session_queue_max_messages", "value": 1000 + i} for i in range(20)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda c: change(group, P, c), changes))
+        versions = sorted(r["applied"][0]["version"] for r in replies)
+        assert versions == list(range(base + 1, base + 21))
+        wait_for_version(group, B, base + 20)
+        primary, backup = config(group, P), config(group, B)
+        assert primary["digest"] == backup["digest"] and primary["history"] == backup["history"]
+        last = max(replies, key=lambda r: r["applied"][0]["version"])["applied"][0]["what"]
+        limit = primary["limits"]["set"]["session_queue_max_messages"]
+        assert last == f"limits.session_queue_max_messages set to {limit:,}"
+
+    def test_only_the_mate_with_the_secret_speaks_on_8302(self, group):
+        """Config-sync's link is authenticated like the mate link, with keys of its own. The active proves itself
+        first: a stranger without the secret, and a mate-link handshake (right secret, wrong purpose), cannot
+        verify that proof, so they learn nothing and cannot go on; a forged proof and garbage are refused and
+        counted by the active; nothing changes and the real standby stays in sync."""
+        import os
+        import socket
+        import struct
+
+        from appliance.config import load_secret
+        from mate_link.secure import HandshakeFailed, StandbyHandshake
+
+        address = (group.address(P), group.config.ports.config_sync)
+        before = config(group, P)
+
+        def challenge_for(handshake) -> str:
+            """Run `handshake` against the active until it fails; the reason our side refused the active."""
+            with socket.create_connection(address, timeout=5) as s:
+                s.sendall(handshake.data_to_send())
+                try:
+                    while chunk := s.recv(4096):
+                        handshake.receive_data(chunk)
+                except HandshakeFailed as exc:
+                    return exc.reason
+            return "closed"
+
+        stranger = StandbyHandshake(b"not the group secret" * 2, group.config.name, B, os.urandom(32), "config-sync")
+        assert challenge_for(stranger) == "bad_proof"
+        mate_link_peer = StandbyHandshake(load_secret(group.config), group.config.name, B, os.urandom(32))
+        assert challenge_for(mate_link_peer) == "bad_proof"
+
+        with socket.create_connection(address, timeout=5) as s:  # a forged PROOF after the challenge
+            forger = StandbyHandshake(b"x" * 32, group.config.name, B, os.urandom(32), "config-sync")
+            s.sendall(forger.data_to_send())
+            s.recv(4096)
+            s.sendall(struct.pack(">I", 32) + os.urandom(32))
+            s.settimeout(5)
+            assert s.recv(4096) == b""  # closed on us
         with socket.create_connection(address, timeout=5) as s:
-            s.sendall(handshake.data_to_send())
-            try:
-                while chunk := s.recv(4096):
-                    handshake.receive_data(chunk)
-            except HandshakeFailed as exc:
-                return exc.reason
-        return "closed"
-
-    stranger = StandbyHandshake(b"not the group secret" * 2, group.config.name, B, os.urandom(32), "config-sync")
-    assert challenge_for(stranger) == "bad_proof"
-    mate_link_peer = StandbyHandshake(load_secret(group.config), group.config.name, B, os.urandom(32))
-    assert challenge_for(mate_link_peer) == "bad_proof"
-
-    with socket.create_connection(address, timeout=5) as s:  # a forged PROOF after the challenge
-        forger = StandbyHandshake(b"x" * 32, group.config.name, B, os.urandom(32), "config-sync")
-        s.sendall(forger.data_to_send())
-        s.recv(4096)
-        s.sendall(struct.pack(">I", 32) + os.urandom(32))
-        s.settimeout(5)
-        assert s.recv(4096) == b""  # closed on us
-    with socket.create_connection(address, timeout=5) as s:
-        s.sendall(b"\x00\x00\x00\x05hello, config")
-        s.settimeout(5)
-        assert s.recv(4096) == b""
-    refusals = call(group, P, "/api/v1/config-sync")[1]["refusals"]
-    assert refusals.get("malformed", 0) >= 1 and refusals.get("bad_proof", 0) >= 1, refusals
-    after = config(group, P)
-    assert (after["version"], after["digest"]) == (before["version"], before["digest"])
-    group.wait_for("the real standby still in sync", group.config_in_sync, timeout_s=5)
+            s.sendall(b"\x00\x00\x00\x05hello, config")
+            s.settimeout(5)
+            assert s.recv(4096) == b""
+        refusals = call(group, P, "/api/v1/config-sync")[1]["refusals"]
+        assert refusals.get("malformed", 0) >= 1 and refusals.get("bad_proof", 0) >= 1, refusals
+        after = config(group, P)
+        assert (after["version"], after["digest"]) == (before["version"], before["digest"])
+        group.wait_for("the real standby still in sync", group.config_in_sync, timeout_s=5)

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from appliance.broker.core import Close, Durable, Persist, Send
 from appliance.frozen import fast_init
 from appliance.mqtt.codec import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from appliance.quorum import wire
 from appliance.spool.ops import OP_TYPES
 
-FAST = [*OP_TYPES.values(), Send, Close, Persist, Durable, Publish, Puback, Pubrec, Pubrel, Pubcomp]
+FAST = [*OP_TYPES.values(), Send, Close, Persist, Durable, Publish, Puback, Pubrec, Pubrel, Pubcomp,
+        wire.PeerView, wire.Heartbeat, wire.Header]
 
 
 def twin(cls: type) -> type:

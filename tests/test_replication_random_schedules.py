@@ -5,14 +5,15 @@ reaches its subscribers, QoS 2 exactly once, in per-publisher order; retransmits
 after a failover are suppressed by the id history B holds (never stored twice).
 
 PAIRMQ_REPL_SIM_SCHEDULES sets how many (default 1000); a failure names its seed and
-`run_replicated_schedule(seed)` replays it.
+`run_replicated_schedule(seed)` replays it. Seeds 0-499 are test_replication_handover.py's too: run in the
+same session, each runs once (tests/replication_sim.py `schedule_counts`).
 """
 
 import os
 
 import pytest
 
-from tests.replication_sim import run_replicated_schedule
+from tests.replication_sim import schedule_counts
 
 SCHEDULES = int(os.environ.get("PAIRMQ_REPL_SIM_SCHEDULES", "1000"))
 BATCHES = 4
@@ -22,12 +23,11 @@ BATCHES = 4
 def test_every_acknowledged_message_survives_failover(batch):
     totals = {"acknowledged": 0, "failovers": 0, "resyncs": 0, "suppressed after a failover": 0}
     for seed in range(batch, SCHEDULES, BATCHES):
-        sim = run_replicated_schedule(seed)
-        totals["acknowledged"] += sum(len(c.acknowledged) for c in sim.clients)
-        totals["failovers"] += sim.failovers
-        totals["resyncs"] += sim.resyncs
-        if sim.failovers:  # the core is B's, rebuilt at the failover: what it suppressed came from B's history
-            totals["suppressed after a failover"] += sim.core.counters.get("publish_duplicates_suppressed", 0)
+        counts = schedule_counts(seed)  # raises on any violation, naming the seed
+        totals["acknowledged"] += counts.acknowledged
+        totals["failovers"] += counts.failovers
+        totals["resyncs"] += counts.resyncs
+        totals["suppressed after a failover"] += counts.suppressed_after_failover
     # The schedules must really exercise what they check: failovers with acknowledged traffic behind them.
     n = SCHEDULES // BATCHES
     assert totals["failovers"] > n // 3 and totals["acknowledged"] > 5 * n and totals["resyncs"] > n, totals

@@ -592,9 +592,10 @@ class QuorumCore(HandoverRules):
         if self.redundancy_status(now_ms) is RedundancyStatus.UP:
             flags |= FLAG_REDUNDANCY_UP
         vote_open = self._vote_open()
+        first, second = self.role.peers()
         hb = Heartbeat(
             group=self.auth.group, sender=self.role, incarnation=self.state.incarnation, seq=self._seq,
-            epoch=self.state.epoch, activity=self.activity, views=tuple(self._view(r, now_ms) for r in self.role.peers()),
+            epoch=self.state.epoch, activity=self.activity, views=(self._view(first, now_ms), self._view(second, now_ms)),
             flags=flags, bid_epoch=self.bid_epoch,
             vote_epoch=self.state.voted_epoch if vote_open else 0,
             vote_for=self.state.voted_for if vote_open else None,
