@@ -249,7 +249,7 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
     """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
     Without any index pip cannot get the build requirements (setuptools, wheel): one sentence naming pip's
     reason, no units installed. The next run, given the local mirror, builds it (dependencies left out:
-    the mirror lacks sqlite-utils) rather than taking the half-built venv for done."""
+    the mirror need not hold them all) rather than taking the half-built venv for done."""
     if not (LOCAL_INDEX / "setuptools").is_dir() or not (LOCAL_INDEX / "wheel").is_dir():
         pytest.fail(f"{LOCAL_INDEX} has no setuptools or wheel: this test needs the machine's local package mirror")
     (root / "opt/pairmq/venv").unlink()
