@@ -3,8 +3,11 @@
 schema.py     the event log's schema as Spark types (explicit: never inferred)
 spark.py      the SparkSession: local[2] by default, UI off, quiet
 ingest.py     closed segments -> a Parquet table partitioned by day and node, once each
+segment_task.py  one segment -> its table rows and partials (pyarrow in a Spark task)
+keys_task.py  the per-delivery keys merged a bucket per Spark task (pyarrow)
 partials.py   rows -> partial aggregates, complete messages settled (the state stored at ingest): the reports' input
 transforms.py pure DataFrame -> DataFrame functions (the reports' logic)
 summary.py    runs the transforms, writes Parquet tables and JSON; the view model
+driver.py     the reports from a small state, on the driver (the same rows as transforms.py)
 render.py     the Rich table of a summary;  charts.py  its PNG charts
 """

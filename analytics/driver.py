@@ -31,9 +31,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from . import partials
-from .spark import settings
 from .ingest import AnalyticsError
 from .partials import LATENCY_STAGES, STAGE_NAMES, Partials
+from .spark import settings
 from .transforms import OVERLOAD_GAP_S, SERVER_BUSY
 
 MAX_ROWS = 100_000  # of all the partials the reports read: above it, the reports stay in Spark

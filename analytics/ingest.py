@@ -22,8 +22,9 @@ Rules:
   (the orphan state is overwritten and each segment's table files too, being
   named after it: the reports stay exact and the table holds each row once).
   The tasks hand over the per-delivery keys, most of the rows, as Parquet
-  files in a scratch directory (`<out>/tables/_keys`), emptied before an
-  ingest and removed after it: a crashed run's keys are never counted.
+  files in a scratch directory (`<out>/tables/_keys`), merged into the state
+  by tasks per bucket (keys_task.py), emptied before an ingest and removed
+  after it: a crashed run's keys are never counted.
 - JSON is read with the explicit schema; a line that does not parse, or lacks
   ts, node or event, becomes a row with `malformed` set, counted by the
   summary and ignored by every report (segment_task.py says exactly when).

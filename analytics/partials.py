@@ -216,8 +216,8 @@ def reduce(rows: DataFrame, cache: bool = False) -> Partials:
 
 def merge(batches: list[Partials], cache: bool = False, regroup: bool = False) -> Partials:
     """One settled Partials from several (exact: see the rules). `cache`: the per-message aggregation is cached (read
-    three times by settling), not the per-delivery keys (a caller that stores them reads their total back from what
-    it wrote: ingest.py). `regroup`: group even a single batch, one that holds several segments' partials side by
+    three times by settling), not the per-delivery keys (ingest.py merges those itself when it stores a state:
+    keys_task.py). `regroup`: group even a single batch, one that holds several segments' partials side by
     side (ingest.reduce_segments)."""
     assert batches, "merge needs at least one batch"
     if len(batches) == 1 and not regroup:
