@@ -5,9 +5,9 @@ Rules:
   reads the file through pyarrow's filesystems (local, hdfs://, s3a:// as
   s3://), parses it with pyarrow's JSON reader, writes the segment's rows
   into the Parquet table itself when asked (one file per (day, node) named
-  after the segment, so a retried task overwrites its own files) and returns
-  the segment's partials: the columns partials.reduce computes in Spark,
-  settled within the segment. Spark merges them (partials.merge) as it merges
+  after the segment's path, `file_name`, so a retried task overwrites its
+  own files) and returns the segment's partials: the columns
+  partials.reduce computes in Spark, settled within the segment. Spark merges them (partials.merge) as it merges
   stored states. Why: compiled parsing and grouping with no JVM warm-up; the
   bench's first summary took 60-62 s against 75-78 s with Spark's reader and
   Spark's reduce, alternated (docs/benchmarks.md, session 12).
@@ -56,6 +56,13 @@ CHUNK_BYTES = 1 << 20  # a refused block costs this much Python parsing at most
 _NAME = re.compile(r"events-([a-z]+)-\d{8}\.jsonl$|/([^/]+)/events/events\.jsonl$")
 _EPOCH = datetime.date(1970, 1, 1)
 _MAX_TS = 253_402_300_800.0  # 10000-01-01: a later (or negative) ts has no day, like a null one
+
+
+def file_name(path: str) -> str:
+    """What a task names the files it writes for a segment: its name and a digest of its whole path, since two
+    roots may hold segments of the same name (two groups' primaries). The same for every run, so a retried task,
+    or a run after a crash, overwrites its own files."""
+    return path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 def node_of_segment(path: str) -> str | None:
@@ -190,7 +197,7 @@ class Reducer:
     def write_table(self, rows: pa.Table, path: str) -> None:
         import pyarrow.parquet as pq
 
-        name = path.rsplit("/", 1)[-1].removesuffix(".jsonl")
+        name = file_name(path)
         target, table_dir = filesystem(self.table_dir)
         keys = rows.select(["day", "node"]).group_by(["day", "node"]).aggregate([])
         for day, node in zip(keys["day"].to_pylist(), keys["node"].to_pylist(), strict=True):
@@ -201,12 +208,10 @@ class Reducer:
 
 
     def write_keys(self, deliveries: pa.Table, path: str) -> None:
-        """The segment's per-delivery keys, bucketed (keys_task.py), in files named after the segment's whole path
-        (two roots may hold segments of the same name); a retried task overwrites its own."""
+        """The segment's per-delivery keys, bucketed (keys_task.py)."""
         from . import keys_task  # it uses this module's filesystem()
 
-        name = path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
-        keys_task.write_segment_keys(deliveries, self.keys_dir, name)
+        keys_task.write_segment_keys(deliveries, self.keys_dir, file_name(path))
 
 
 # What Spark's partitioned writer escapes in a partition's directory name (ExternalCatalogUtils.escapePathName), so

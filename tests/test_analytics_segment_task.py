@@ -143,3 +143,20 @@ def test_a_segment_gone_since_it_was_listed_gives_no_rows_and_no_error(spark, lo
     one = partials.merge([ingest.reduce_segments(spark, [found[0]])], regroup=True)
     assertDataFrameEqual(p.counts, one.counts)
     assert p.counts.count() > 0
+
+
+def test_two_roots_with_segments_of_one_name_keep_both_in_the_table(spark, tmp_path):
+    """Two groups' primaries both write events-primary-00000001.jsonl: the table holds the rows of both."""
+    found = []
+    for group, n in (("a", 2), ("b", 3)):
+        segment = tmp_path / group / "primary" / "events" / "events-primary-00000001.jsonl"
+        segment.parent.mkdir(parents=True)
+        segment.write_text("".join(line("primary", 1.0 + i, "node_alive", serving=True, epoch=1) + "\n"
+                                   for i in range(n)))
+        found += paths(spark, tmp_path / group)
+    table = f"{tmp_path.as_uri()}/events"
+    ingest.reduce_segments(spark, found, table)
+    spark.catalog.clearCache()
+    written = spark.read.schema(schema.TABLE).parquet(table)
+    assert {(r.segment, r["count"]) for r in written.groupBy("segment").count().collect()} == {
+        (found[0], 2), (found[1], 3)}
