@@ -19,7 +19,6 @@ import queue
 import signal
 import threading
 
-
 from appliance.config import GroupConfig
 from appliance.roles import Role
 

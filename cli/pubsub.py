@@ -17,6 +17,7 @@ import queue
 import secrets
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from appliance.errors import PairMQError
 
@@ -24,6 +25,8 @@ from .terminal import Terminal
 
 # cli/hostlist.py (paho-mqtt) is imported where a client is made: every command builds this module's parsers,
 # and `pairmq node` (each node start) has no use for an MQTT client.
+if TYPE_CHECKING:
+    from .hostlist import HostListClient
 
 
 def _hosts(args) -> list[str]:
