@@ -9,5 +9,7 @@ partials.py   rows -> partial aggregates, complete messages settled (the state s
 transforms.py pure DataFrame -> DataFrame functions (the reports' logic)
 summary.py    runs the transforms, writes Parquet tables and JSON; the view model
 driver.py     the reports from a small state, on the driver (the same rows as transforms.py)
+driver_merge.py  a small state merged, stored and read on the driver (pyarrow; the same rows as partials.py)
+xxhash64.py   Spark's xxhash64 of a topic, for the driver's merge
 render.py     the Rich table of a summary;  charts.py  its PNG charts
 """

@@ -12,7 +12,9 @@ Rules:
   `<out>/tables/_batches`, and later runs skip it. JSON parsing is the
   expensive part: each new segment is parsed once, by a task that writes its
   rows into the table and returns its partials (segment_task.py), which are
-  merged with the previous batch's state, which is then deleted. The reports
+  merged with the previous batch's state, which is then deleted. A merge of at
+  most `max_rows` rows (driver.MAX_ROWS) runs on the driver in pyarrow
+  (driver_merge.py), a larger one in Spark (partials.merge). The reports
   read only the latest state (small tables: a re-run that finds nothing new
   reads no per-delivery keys and no settled message).
 - Active segments (`events.jsonl`) are still growing: parsed and reduced on
@@ -36,13 +38,14 @@ import concurrent.futures
 import dataclasses
 import re
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from appliance.errors import PairMQError
 
-from . import keys_task, partials, schema, segment_task
+from . import driver_merge, keys_task, partials, schema, segment_task
 from .partials import Partials
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
@@ -101,24 +104,44 @@ def to_table(raw: DataFrame) -> DataFrame:
             .select(*[f.name for f in schema.TABLE.fields]))
 
 
-def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = None,
-                    keys: str | None = None) -> Partials:
-    """The partials of every line of `paths`, one task per segment (segment_task.py), not yet merged across
-    segments (partials.merge with `regroup`). With `table`, each task also writes its segment's rows there; with
-    `keys` (an empty scratch directory), its per-delivery keys there, which the returned `deliveries` reads."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskRows:
+    """What the segment tasks returned: every kind's rows in the shared slots (segment_task.py), cached."""
+    rows: DataFrame
+    count: int
+    reducer: segment_task.Reducer
+    kinds: dict[str, T.StructType]
+
+
+def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, keys: str | None = None) -> TaskRows:
+    """One task per segment of `paths` (segment_task.py), run now. With `table`, each task also writes its segment's
+    rows there; with `keys` (an empty scratch directory), its per-delivery keys there."""
     # Parsed, not made into empty DataFrames: eight of those took 2-3 s of a cold session.
     kinds = {kind: T.DataType.fromDDL(ddl) if isinstance(ddl, str) else ddl
              for kind, ddl in segment_task_schemas().items()}
-    arrow = {k: _arrow(s) for k, s in kinds.items()}
+    arrow = {k: arrow_schema(s) for k, s in kinds.items()}
     if keys is not None:
         _mkdirs(spark, keys)  # read as no keys if no segment has any
-    reducer = segment_task.Reducer(_arrow(schema.EVENT), arrow, table and _qualified(spark, table),
-                                   keys and _qualified(spark, keys))
+    reducer = segment_task.Reducer(arrow_schema(schema.EVENT), arrow, table and qualified(spark, table),
+                                   keys and qualified(spark, keys))
     sql_type = {"s": T.StringType(), "l": T.LongType(), "d": T.DoubleType()}
     out = T.StructType([T.StructField(f.name, sql_type.get(f.name[0], T.StringType())) for f in reducer.out])
     tasks = spark.sparkContext.parallelize([(p,) for p in paths], max(1, len(paths))).toDF("path string")
     rows = tasks.mapInArrow(reducer, out).cache()
-    rows.count()  # one pass: every kind below reads the cached rows, and each segment is parsed (and written) once
+    # One pass: every kind reads the cached rows, and each segment is parsed (and written) once.
+    return TaskRows(rows, rows.count(), reducer, kinds)
+
+
+def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = None,
+                    keys: str | None = None) -> Partials:
+    """The partials of every line of `paths`, one task per segment, not yet merged across segments
+    (partials.merge with `regroup`); `table` and `keys` as run_tasks."""
+    return partials_of(spark, run_tasks(spark, paths, table, keys), keys)
+
+
+def partials_of(spark: SparkSession, tasks: TaskRows, keys: str | None) -> Partials:
+    """The tasks' rows as Spark's partials; with `keys`, the per-delivery keys are read from that scratch directory."""
+    rows, reducer, kinds = tasks.rows, tasks.reducer, tasks.kinds
 
     def of(kind: str) -> DataFrame:
         mine = rows.filter(F.col("partial") == kind)
@@ -140,7 +163,7 @@ def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = N
                     deliveries=d, redelivered=partials.redelivered(d), pulses=of("pulses"), small=of("small"))
 
 
-def _arrow(struct: T.StructType):
+def arrow_schema(struct: T.StructType):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     try:
@@ -161,11 +184,14 @@ class Loaded:
     ingested_now: int  # closed segments parsed by this run
     ingested_before: int  # closed segments read from the table
     active: int  # active segments parsed by this run
+    state: dict[str, pa.Table] | None = None  # the same partials on the driver, when small (driver_merge.py)
 
 
-def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
+def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int = 0) -> Loaded:
     """Every event under `roots`, reduced to partials. With `out`, closed segments go through the Parquet table and
-    the state is stored beside it (ingested once); a re-run reads only that and parses what is new."""
+    the state is stored beside it (ingested once); a re-run reads only that and parses what is new. A state of at
+    most `max_rows` rows (the tasks' and the previous state's; 0: never) is merged on the driver, and returned as
+    tables too when there is no active segment to add."""
     found = list_segments(spark, roots)
     closed = [s.path for s in found if s.closed]
     active = [s.path for s in found if not s.closed]
@@ -181,31 +207,76 @@ def load(spark: SparkSession, roots: list[str], out: str | None) -> Loaded:
     if _exists(spark, manifest):
         done = {r.path: r.batch for r in spark.read.schema(_MANIFEST).parquet(manifest).collect()}
     last = max(done.values(), default=None)
-    if last and not _exists(spark, f"{tables}/state/{last}/deliveries/{keys_task.state_file(0)}"):
+    previous = last and f"{tables}/state/{last}"
+    if previous and not _exists(spark, f"{previous}/deliveries/{keys_task.state_file(0)}"):
         raise AnalyticsError(f"{out} was written by an earlier version of the job (per-delivery keys not in "
                              "buckets): summarize into a new --out DIR")
-    parts = [_read_state(spark, f"{tables}/state/{last}")] if last else []
+    state = None
     new = [p for p in closed if p not in done]
     if new:
         batch = f"{int(last or 0) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
         where, keys = f"{tables}/state/{batch}", f"{tables}/_keys"
         _delete(spark, keys)  # a crashed run's scratch
-        state = partials.merge([*parts, reduce_segments(spark, new, table, keys)], cache=True, regroup=True)
-        _write_state(spark, state, where, keys, last and f"{tables}/state/{last}/deliveries")
+        tasks = run_tasks(spark, new, table, keys)
+        if 0 < max_rows and tasks.count + (_stored_rows(spark, previous) if previous else 0) <= max_rows:
+            state = _store_on_driver(spark, tasks, where, keys, previous)
+        else:
+            merged = partials.merge([*([_read_state(spark, previous)] if previous else []),
+                                     partials_of(spark, tasks, keys)], cache=True, regroup=True)
+            _write_state(spark, merged, where, keys, previous and f"{previous}/deliveries")
         spark.catalog.clearCache()
-        parts = [_read_state(spark, where)]
         spark.createDataFrame([(p, batch) for p in new], _MANIFEST).write.mode("append").parquet(manifest)
         _delete(spark, keys)
-        if last:
-            _delete(spark, f"{tables}/state/{last}")  # superseded: every row of it is in the new batch's state
+        if previous:
+            _delete(spark, previous)  # superseded: every row of it is in the new batch's state
+        previous = where
+    elif previous and 0 < max_rows and _stored_rows(spark, previous) <= max_rows:
+        state = driver_merge.read(qualified(spark, previous), _state_schemas(), (*driver_merge.MERGED, "redelivered"))
+    parts = [_read_state(spark, previous)] if previous else []
     if active:
         parts.append(reduce_segments(spark, active))
+        state = None  # the reports read the merge with the active segments' partials, in Spark
     assert parts, "list_segments found a segment, so there is a batch or an active segment"
-    return Loaded(partials.merge(parts, regroup=bool(active)), len(new), len(closed) - len(new),
-                  len(active))
+    return Loaded(partials.merge(parts, regroup=bool(active)), len(new), len(closed) - len(new), len(active),
+                  state)
 
 
 _MANIFEST = "path string, batch string"
+
+
+def _state_schemas() -> dict[str, pa.Schema]:
+    return {kind: arrow_schema(T.DataType.fromDDL(ddl) if isinstance(ddl, str) else ddl)
+            for kind, ddl in partials.SCHEMAS.items() if kind != "deliveries"}
+
+
+def _stored_rows(spark: SparkSession, where: str) -> int:
+    return driver_merge.stored_rows(qualified(spark, where))
+
+
+def _store_on_driver(spark: SparkSession, tasks: TaskRows, where: str, keys: str,
+                     previous: str | None) -> dict[str, pa.Table]:
+    """The tasks' partials merged with the `previous` state's on the driver (driver_merge.py) and written under
+    `where`, the per-delivery keys by keys_task.py's Spark tasks meanwhile: the state's tables."""
+    schemas = _state_schemas()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="keys") as pool:
+        extra = pool.submit(lambda: _merge_keys(spark, where, keys, previous and f"{previous}/deliveries")
+                            .agg(F.coalesce(F.sum("extra"), F.lit(0)).cast("long")).collect()[0][0])
+        fresh = driver_merge.hashed(tasks.reducer.received(tasks.rows.toArrow()), schemas)
+        batches = [driver_merge.read(qualified(spark, previous), schemas)] if previous else []
+        state = driver_merge.merge([*batches, fresh], schemas)
+        state["redelivered"] = pa.table({"extra": [extra.result()]}, schemas["redelivered"])
+    driver_merge.write(state, qualified(spark, where))
+    return state
+
+
+def _merge_keys(spark: SparkSession, where: str, keys: str, previous: str | None) -> DataFrame:
+    """The Spark tasks that merge the per-delivery keys into `where`/deliveries (keys_task.py), a row per bucket with
+    its redeliveries (`extra`): lazy, they run when it is read."""
+    _delete(spark, f"{where}/deliveries")  # an orphan batch's (a crash before the manifest)
+    merger = keys_task.Merger(qualified(spark, keys), previous and qualified(spark, previous),
+                              qualified(spark, f"{where}/deliveries"))
+    buckets = spark.sparkContext.parallelize([(b,) for b in range(keys_task.BUCKETS)], keys_task.BUCKETS)
+    return buckets.toDF("bucket long").mapInArrow(merger, "bucket long, keys long, extra long")
 
 
 def _write_state(spark: SparkSession, state: Partials, where: str, keys: str, previous: str | None) -> None:
@@ -214,11 +285,7 @@ def _write_state(spark: SparkSession, state: Partials, where: str, keys: str, pr
     them and gives its redeliveries, summed into `redelivered`."""
     frames = state.frames()
     del frames["deliveries"], frames["redelivered"]
-    _delete(spark, f"{where}/deliveries")  # an orphan batch's (a crash before the manifest)
-    merger = keys_task.Merger(_qualified(spark, keys), previous and _qualified(spark, previous),
-                              _qualified(spark, f"{where}/deliveries"))
-    buckets = spark.sparkContext.parallelize([(b,) for b in range(keys_task.BUCKETS)], keys_task.BUCKETS)
-    merged = buckets.toDF("bucket long").mapInArrow(merger, "bucket long, keys long, extra long")
+    merged = _merge_keys(spark, where, keys, previous)
     frames["redelivered"] = merged.agg(F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("extra"))
     with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="state") as pool:
         # The keys first: the longest.
@@ -238,7 +305,7 @@ def _delete(spark: SparkSession, path: str) -> None:
     jpath.getFileSystem(spark._jsc.hadoopConfiguration()).delete(jpath, True)
 
 
-def _qualified(spark: SparkSession, path: str) -> str:
+def qualified(spark: SparkSession, path: str) -> str:
     """The path as Hadoop resolves it (a relative one against the working directory), for the tasks' pyarrow."""
     jpath = spark._jvm.org.apache.hadoop.fs.Path(path)
     return jpath.getFileSystem(spark._jsc.hadoopConfiguration()).makeQualified(jpath).toString()

@@ -85,6 +85,7 @@ class Reducer:
                  keys_dir: str | None = None) -> None:
         self.event = event  # schema.EVENT
         self.json_schema = pa.schema([f for f in event if not pa.types.is_map(f.type)])
+        self.kinds = kinds
         self.slots = {kind: slots(as_sent(kind, s)) for kind, s in kinds.items()}  # kind -> its columns' slots
         self.out = output_schema(kinds)
         self.table_dir = table_dir
@@ -127,6 +128,24 @@ class Reducer:
                 col = pc.cast(col, pa.timestamp("us", tz="UTC")).cast(pa.int64())
             cols.append(pa.nulls(n, f.type) if col is None else col.cast(f.type))
         return pa.Table.from_arrays(cols, schema=self.out)
+
+    def received(self, rows: pa.Table) -> dict[str, pa.Table]:
+        """The tasks' rows (`out`) back into a table per kind, on the driver: `sent` undone."""
+        out = {}
+        for kind, schema in self.kinds.items():
+            mine = rows.filter(pc.equal(rows["partial"], kind))
+            if kind in AS_JSON:
+                (_, slot), = self.slots[kind]
+                out[kind] = pa.Table.from_pylist([json.loads(j) for j in mine[slot].to_pylist()], schema)
+                continue
+            cols = []
+            for (_, slot), f in zip(self.slots[kind], schema, strict=True):
+                col = mine[slot]
+                if pa.types.is_timestamp(f.type):
+                    col = col.cast(pa.timestamp("us", tz="UTC"))
+                cols.append(col.cast(f.type))
+            out[kind] = pa.Table.from_arrays(cols, schema=schema)
+        return out
 
     # --- parsing ------------------------------------------------------------------------------------------------
     def rows(self, data: bytes, path: str) -> pa.Table:
@@ -350,8 +369,9 @@ def stage_sums(messages: pa.Table) -> pa.Table:
     return g.rename_columns({f"{s}_sum": s for s in STAGES})
 
 
-def latency_histogram(messages: pa.Table) -> pa.Table:
-    """partials.latency_histogram of settled rows (whose keys are whole and `published` > 0)."""
+def latency_histogram(messages: pa.Table, topic: str = "topic") -> pa.Table:
+    """partials.latency_histogram of settled rows (whose keys are whole and `published` > 0), keyed by the `topic`
+    column (the topic, or its hash in a merged state: driver_merge.py)."""
     parts = []
     for stage in ("replicated", "delivered"):
         at = messages[f"first_{stage}"]
@@ -359,9 +379,9 @@ def latency_histogram(messages: pa.Table) -> pa.Table:
         at = rows[f"first_{stage}"]
         ms = pc.subtract(pc.round(pc.multiply(at, 1000.0), round_mode="half_towards_infinity"),
                          pc.cast(rows["created_ms"], pa.float64()))
-        parts.append(pa.table({"topic": rows["topic"], "stage": _const(stage, pa.string(), rows.num_rows),
+        parts.append(pa.table({topic: rows[topic], "stage": _const(stage, pa.string(), rows.num_rows),
                                "latency_ms": pc.cast(ms, pa.int64(), safe=False), "published": rows["published"]}))
-    g = pa.concat_tables(parts).group_by(["topic", "stage", "latency_ms"], use_threads=False).aggregate(
+    g = pa.concat_tables(parts).group_by([topic, "stage", "latency_ms"], use_threads=False).aggregate(
         [("published", "sum")])
     return g.rename_columns({"published_sum": "messages"})
 

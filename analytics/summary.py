@@ -21,7 +21,7 @@ import time
 
 from pyspark.sql import DataFrame
 
-from . import driver, ingest, partials
+from . import driver, driver_merge, ingest, partials
 from .spark import settings
 from . import transforms as t
 
@@ -30,10 +30,10 @@ REPORT_VERSION = 1
 
 def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10,
               max_rows: int = driver.MAX_ROWS) -> dict:
-    """The view model. The reports are computed on the driver when every partial they read has at most `max_rows`
-    rows (0: never), by the Spark transforms otherwise: the same rows either way."""
+    """The view model. The state is merged and the reports are computed on the driver when the partials they read
+    have at most `max_rows` rows in all (0: never), by Spark's jobs otherwise: the same rows either way."""
     started = time.monotonic()
-    loaded = ingest.load(spark, roots, out)
+    loaded = ingest.load(spark, roots, out, max_rows)
     # Without --out nothing is stored: the reports read every row parsed, for which generated code pays.
     with _interpreted(spark) if out is not None else contextlib.nullcontext():
         return _report(spark, loaded, roots, out, top_n, max_rows, started)
@@ -51,7 +51,10 @@ def _interpreted(spark):
 def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top_n: int, max_rows: int,
             started: float) -> dict:
     p = loaded.partials
-    collected = driver.collect(p, max_rows) if max_rows > 0 else None
+    if loaded.state is not None:  # merged on the driver: its tables are what driver.collect would read
+        collected = driver_merge.collected(loaded.state, driver.SMALL_EVENTS)
+    else:
+        collected = driver.collect(p, max_rows) if max_rows > 0 else None
     if collected is not None:  # small: the final merge on the driver (driver.py says why)
         raw = driver.reports(collected, driver.topic_names(collected), top_n)
         avail = _plain(driver.availability(collected["counts"], raw["incidents"]))
@@ -77,12 +80,8 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
-        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="report") as pool:
-            # From the collected rows: the reports are small, their inputs are not.
-            writes = [pool.submit(driver.rows_frame(spark, name, got).coalesce(1).write.mode("overwrite").parquet,
-                                  f"{out}/reports/{name}") for name, got in raw.items()]
-            for w in writes:
-                w.result()
+        for name, got in raw.items():
+            driver.write_report(name, got, ingest.qualified(spark, f"{out}/reports/{name}"))
     return view
 
 
