@@ -9,7 +9,7 @@ Rules:
   are in `<out>/tables/events` (Parquet, partitioned by day and node) and the
   state (partials.py: every ingested row so far, reduced, merged and settled)
   in `<out>/tables/state/<batch>/`, its path and batch go into
-  `<out>/tables/_batches`, and later runs skip it. JSON parsing is the
+  `<out>/tables/_batches` (manifest.py), and later runs skip it. JSON parsing is the
   expensive part: each new segment is parsed once, by a task that writes its
   rows into the table and returns its partials (segment_task.py), which are
   merged with the previous batch's state, which is then deleted. A merge of at
@@ -45,7 +45,7 @@ from pyspark.sql import types as T
 
 from appliance.errors import PairMQError
 
-from . import driver_merge, keys_task, partials, schema, segment_task
+from . import driver_merge, keys_task, manifest, partials, schema, segment_task
 from .partials import Partials
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
@@ -123,11 +123,10 @@ def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, k
     if keys is not None:
         _mkdirs(spark, keys)  # read as no keys if no segment has any
     reducer = segment_task.Reducer(arrow_schema(schema.EVENT), arrow, table and qualified(spark, table),
-                                   keys and qualified(spark, keys))
+                                   keys and qualified(spark, keys), tuple(paths))
     sql_type = {"s": T.StringType(), "l": T.LongType(), "d": T.DoubleType()}
     out = T.StructType([T.StructField(f.name, sql_type.get(f.name[0], T.StringType())) for f in reducer.out])
-    tasks = spark.sparkContext.parallelize([(p,) for p in paths], max(1, len(paths))).toDF("path string")
-    rows = tasks.mapInArrow(reducer, out).cache()
+    rows = _numbered(spark, len(paths)).mapInArrow(reducer, out).cache()
     # One pass: every kind reads the cached rows, and each segment is parsed (and written) once.
     return TaskRows(rows, rows.count(), reducer, kinds)
 
@@ -199,13 +198,12 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
         return Loaded(partials.merge([reduce_segments(spark, closed + active)], regroup=True), len(closed), 0,
                       len(active))
     tables = f"{out}/tables"
-    table, manifest = f"{tables}/events", f"{tables}/_batches"
+    table, batches = f"{tables}/events", f"{tables}/_batches"
     if _exists(spark, f"{tables}/_ingested") or _exists(spark, f"{tables}/partials"):
         raise AnalyticsError(f"{out} was written by an earlier version of the job (no settled state): "
                              "summarize into a new --out DIR")
     done: dict[str, str] = {}
-    if _exists(spark, manifest):
-        done = {r.path: r.batch for r in spark.read.schema(_MANIFEST).parquet(manifest).collect()}
+    done = manifest.read(qualified(spark, batches))
     last = max(done.values(), default=None)
     previous = last and f"{tables}/state/{last}"
     if previous and not _exists(spark, f"{previous}/deliveries/{keys_task.state_file(0)}"):
@@ -225,7 +223,7 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
                                      partials_of(spark, tasks, keys)], cache=True, regroup=True)
             _write_state(spark, merged, where, keys, previous and f"{previous}/deliveries")
         spark.catalog.clearCache()
-        spark.createDataFrame([(p, batch) for p in new], _MANIFEST).write.mode("append").parquet(manifest)
+        manifest.append(qualified(spark, batches), batch, new)
         _delete(spark, keys)
         if previous:
             _delete(spark, previous)  # superseded: every row of it is in the new batch's state
@@ -239,9 +237,6 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
     assert parts, "list_segments found a segment, so there is a batch or an active segment"
     return Loaded(partials.merge(parts, regroup=bool(active)), len(new), len(closed) - len(new), len(active),
                   state)
-
-
-_MANIFEST = "path string, batch string"
 
 
 def _state_schemas() -> dict[str, pa.Schema]:
@@ -275,8 +270,14 @@ def _merge_keys(spark: SparkSession, where: str, keys: str, previous: str | None
     _delete(spark, f"{where}/deliveries")  # an orphan batch's (a crash before the manifest)
     merger = keys_task.Merger(qualified(spark, keys), previous and qualified(spark, previous),
                               qualified(spark, f"{where}/deliveries"))
-    buckets = spark.sparkContext.parallelize([(b,) for b in range(keys_task.BUCKETS)], keys_task.BUCKETS)
-    return buckets.toDF("bucket long").mapInArrow(merger, "bucket long, keys long, extra long")
+    return _numbered(spark, keys_task.BUCKETS).mapInArrow(merger, "bucket long, keys long, extra long")
+
+
+def _numbered(spark: SparkSession, n: int) -> DataFrame:
+    """0 .. n-1 (`id`), one per partition: what a task's function is handed to pick its piece of work. Spark's
+    `range`, made in the JVM: a DataFrame of Python rows starts a Python worker daemon of its own to convert them
+    (~1 s of a cold session, twice)."""
+    return spark.range(0, n, 1, max(1, n))
 
 
 def _write_state(spark: SparkSession, state: Partials, where: str, keys: str, previous: str | None) -> None:

@@ -56,7 +56,7 @@ def write_segment_keys(keys: pa.Table, keys_dir: str, name: str) -> None:
 
 
 class Merger:
-    """Picklable: a Spark task's function (`mapInArrow` over the bucket numbers)."""
+    """Picklable: a Spark task's function (`mapInArrow` over the bucket numbers, Spark's `range`)."""
 
     def __init__(self, keys_dir: str, previous: str | None, target: str) -> None:
         self.keys_dir = keys_dir  # the segment tasks' scratch files
@@ -65,7 +65,7 @@ class Merger:
 
     def __call__(self, batches):
         for batch in batches:
-            for b in batch.column("bucket").to_pylist():
+            for b in batch.column("id").to_pylist():
                 yield self.bucket(b).to_batches()[0]
 
     def bucket(self, b: int) -> pa.Table:

@@ -82,7 +82,7 @@ class Reducer:
     """Picklable: the Arrow schemas are made on the driver (from the Spark ones) and shipped to the tasks."""
 
     def __init__(self, event: pa.Schema, kinds: dict[str, pa.Schema], table_dir: str | None,
-                 keys_dir: str | None = None) -> None:
+                 keys_dir: str | None = None, paths: tuple[str, ...] = ()) -> None:
         self.event = event  # schema.EVENT
         self.json_schema = pa.schema([f for f in event if not pa.types.is_map(f.type)])
         self.kinds = kinds
@@ -90,12 +90,13 @@ class Reducer:
         self.out = output_schema(kinds)
         self.table_dir = table_dir
         self.keys_dir = keys_dir  # None: the per-delivery keys are returned with the other kinds
+        self.paths = paths  # the segments, by the index Spark's `range` gives each task
 
     # --- the task -----------------------------------------------------------------------------------------------
     def __call__(self, batches):
         for batch in batches:
-            for path in batch.column("path").to_pylist():
-                yield from self.segment(path)
+            for i in batch.column("id").to_pylist():
+                yield from self.segment(self.paths[i])
 
     def segment(self, path: str):
         source, where = filesystem(path)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from analytics import render, summary
+from analytics import manifest, render, summary
 from analytics.ingest import AnalyticsError
 from appliance.eventlog import EventLog, EventSettings
 from cli.main import main
@@ -117,6 +117,19 @@ def test_an_out_dir_whose_delivery_keys_are_not_in_buckets_is_refused_with_a_sen
     assert str(refused.value) == (f"{out.as_uri()} was written by an earlier version of the job (per-delivery keys "
                                   "not in buckets): summarize into a new --out DIR")
     assert [p.name for p in (out / "tables" / "state").iterdir()] == ["000001"]
+
+
+def test_the_manifest_lists_what_was_moved_into_place_and_what_spark_appended_before(spark, tmp_path):
+    where = tmp_path / "_batches"
+    # As the job wrote it before manifest.py: Spark's part files.
+    spark.createDataFrame([("file:/a", "000001")], "path string, batch string").write.parquet(str(where))
+    manifest.append(where.as_uri(), "000002", ["file:/b", "file:/c"])
+    # A crash between the write and the move: the hidden file is never read, by the job or by Spark.
+    pq.write_table(pa.table({"path": ["file:/d"], "batch": ["000003"]}), where / ".batch-000003.parquet.tmp")
+    listed = {"file:/a": "000001", "file:/b": "000002", "file:/c": "000002"}
+    assert manifest.read(where.as_uri()) == listed
+    assert {r.path: r.batch for r in spark.read.parquet(str(where)).collect()} == listed
+    assert manifest.read((tmp_path / "none").as_uri()) == {}
 
 
 def test_an_active_segment_is_read_every_run_and_never_stored(spark, tmp_path):
