@@ -26,7 +26,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .segment_task import filesystem
+from .segment_task import filesystem, system_allocator
 
 BUCKETS = 8  # a power of two; changing it needs a new --out DIR (the stored buckets would not match)
 KEYS = pa.schema([("client", pa.string()), ("msg_id", pa.int64()), ("deliveries", pa.int64())])
@@ -64,6 +64,7 @@ class Merger:
         self.target = target  # the new state's deliveries directory
 
     def __call__(self, batches):
+        system_allocator()
         for batch in batches:
             for b in batch.column("id").to_pylist():
                 yield self.bucket(b).to_batches()[0]

@@ -65,6 +65,14 @@ def file_name(path: str) -> str:
     return path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
+def system_allocator() -> None:
+    """pyarrow's buffers from malloc in this worker, not from its default mimalloc: mimalloc's first segment of a
+    process cost ~1 s more CPU than the next (a worker's first task), malloc's ~0.3 s, and the next ones as fast
+    (measured on the bench's 64 MiB segments, docs/benchmarks.md, session 14)."""
+    if pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
 def node_of_segment(path: str) -> str | None:
     m = _NAME.search(path)
     return (m.group(1) or m.group(2)) if m else None
@@ -94,6 +102,7 @@ class Reducer:
 
     # --- the task -----------------------------------------------------------------------------------------------
     def __call__(self, batches):
+        system_allocator()
         for batch in batches:
             for i in batch.column("id").to_pylist():
                 yield from self.segment(self.paths[i])
