@@ -21,7 +21,8 @@ DEFAULT_MASTER = "local[2]"
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
-def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4):
+def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4,
+            client_jit: bool = True):
     from pyspark.sql import SparkSession
 
     # The tasks that parse segments (segment_task.py) run Python: this interpreter, with its packages, unless the
@@ -31,8 +32,9 @@ def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_pa
     # work is the Python tasks'. On two cores C2's compiler threads took CPU from them: the bench's first summary
     # 28.1 s -> 25.5 s (docs/benchmarks.md, session 14). A Spark merge of a large state (ingest.py) runs slower JIT'd
     # code in exchange; a cluster's executors keep their own JVM options.
-    java_options = (f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J} "
-                    "-XX:TieredStopAtLevel=1")
+    # `client_jit=False` is for work done in the JVM (the bench's floor: Spark's own JSON reader, 2-3x slower on C1).
+    java_options = (f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
+                    + (" -XX:TieredStopAtLevel=1" if client_jit else ""))
     builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
