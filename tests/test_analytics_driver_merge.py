@@ -52,20 +52,23 @@ def stored(out, kind: str) -> list[str]:
 
 
 def test_the_state_merged_on_the_driver_is_the_one_spark_merges_run_after_run(spark, tmp_path):
-    logs, on_driver, in_spark = tmp_path / "logs", tmp_path / "driver", tmp_path / "spark"
+    """Driver after driver, Spark after Spark, and the driver's merge over a state Spark wrote (a larger state
+    earlier, or an --out DIR from before driver_merge.py) all store the same state."""
+    logs, on_driver, in_spark, mixed = tmp_path / "logs", tmp_path / "driver", tmp_path / "spark", tmp_path / "mixed"
     for seq, lines in enumerate(RUNS, 1):
         write_segment(logs / "primary", "primary", seq, lines)
         views = [summary.summarize(spark, [logs.as_uri()], out.as_uri(), max_rows=max_rows)
-                 for out, max_rows in ((on_driver, driver.MAX_ROWS), (in_spark, 0))]
+                 for out, max_rows in ((on_driver, driver.MAX_ROWS), (in_spark, 0),
+                                       (mixed, 0 if seq == 1 else driver.MAX_ROWS))]
         # Which way each stored its state: one file per kind, or Spark's part files.
         assert [p.name for p in (on_driver / "tables" / "state").glob("*/counts/*.parquet")] == ["part-00000.parquet"]
         spark_files = [p.name for p in (in_spark / "tables" / "state").glob("*/counts/*.parquet")]
         assert spark_files and all(name.endswith(".snappy.parquet") for name in spark_files)
         for kind in (*driver_merge.MERGED, "redelivered"):
-            assert stored(on_driver, kind) == stored(in_spark, kind), (seq, kind)
+            assert stored(on_driver, kind) == stored(in_spark, kind) == stored(mixed, kind), (seq, kind)
         for view in views:
             del view["elapsed_s"]
-        assert views[0] == views[1]
+        assert views[0] == views[1] == views[2]
     assert all(stored(on_driver, kind) for kind in driver_merge.MERGED if kind != "messages"), "a kind without rows"
     # Open after both runs (11 and 12 were settled by the second): the comparison reached the merge of open ones.
     open_ids = sorted(eval(r)["msg_id"] for r in stored(on_driver, "messages"))  # noqa: S307 (our own repr)
@@ -81,10 +84,12 @@ def canonical(rows: list[dict]) -> list[str]:
 
 
 def test_a_re_run_reads_a_small_state_on_the_driver_as_spark_collects_it(spark, tmp_path):
+    """A state Spark wrote (its timestamps INT96, its maps Spark's), read with pyarrow: the rows Spark collects."""
     logs, out = tmp_path / "logs", tmp_path / "out"
     for seq, lines in enumerate(RUNS, 1):
         write_segment(logs / "primary", "primary", seq, lines)
-    summary.summarize(spark, [logs.as_uri()], out.as_uri())
+    summary.summarize(spark, [logs.as_uri()], out.as_uri(), max_rows=0)
+    assert not list((out / "tables" / "state").glob("*/counts/part-00000.parquet"))  # Spark's files
     loaded = ingest.load(spark, [logs.as_uri()], out.as_uri(), max_rows=driver.MAX_ROWS)
     assert (loaded.ingested_now, loaded.ingested_before) == (0, 2) and loaded.state is not None
     local = driver_merge.collected(loaded.state, driver.SMALL_EVENTS)
