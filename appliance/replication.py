@@ -92,11 +92,14 @@ class Replication:
 
     async def _sync(self) -> None:
         node, broker, now = self.node, self.node.broker, now_ms()
-        caught_up = self.active.caught_up(now) and self.active.acked_seq >= broker.released_seq \
-            and node.config_mate_joined()  # a standby stands by with our configuration too (issue 5)
+        behind = self.active.behind(now)
+        if not behind and self.active.acked_seq < broker.released_seq:
+            behind = "has not acknowledged every op whose effects were released"
+        if not behind and not node.config_mate_joined():  # a standby stands by with our configuration too (issue 5)
+            behind = "has not joined our configuration"
         resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
         with node.heartbeats.lock:
-            node.core.mate_link(now, caught_up)
+            node.core.mate_link(now, not behind, behind)
             node.core.released_position(now, broker.released_seq)
             self._need_mate = node.core.acks_need_mate(now)
             if resyncing:

@@ -244,9 +244,19 @@ class ActiveLink(Endpoint):
         """LIVE, heard lately, within the lag bound, and the standby acknowledged everything up to where the
         live stream began: from there on every OPS is a whole submission, so what it holds is never half of
         one (catch-up batches from log reads may end anywhere)."""
-        return (self.phase is Phase.LIVE and now_ms - self.heard_at <= self.limits.link_timeout_ms
-                and self.acked_seq >= self.live_from_seq
-                and self.head.seq - self.acked_seq <= INSYNC_LAG_FACTOR * self.limits.max_lag_ops)
+        return not self.behind(now_ms)
+
+    def behind(self, now_ms: int) -> str:
+        """Why the standby is not caught up, as the quorum core's decision sentence says it ("" if it is)."""
+        if self.phase is not Phase.LIVE:
+            return f"is not caught up on the mate link ({self.phase.value})"
+        if now_ms - self.heard_at > self.limits.link_timeout_ms:
+            return f"was not heard on the mate link for {now_ms - self.heard_at} ms"
+        if self.acked_seq < self.live_from_seq:
+            return "is not caught up on the mate link (its catch-up not yet acknowledged)"
+        if self.head.seq - self.acked_seq > INSYNC_LAG_FACTOR * self.limits.max_lag_ops:
+            return f"fell behind on the mate link ({self.head.seq - self.acked_seq} ops unacknowledged)"
+        return ""
 
     @property
     def over_max_lag(self) -> bool:

@@ -174,7 +174,13 @@ class ActiveReplication(_Replication):
     # --- views ---------------------------------------------------------------------------
 
     def caught_up(self, now: int) -> bool:
-        return self.link is not None and not self.conn.closed and self.link.caught_up(now)
+        return not self.behind(now)
+
+    def behind(self, now: int) -> str:
+        """Why the standby is not caught up ("" if it is): ActiveLink.behind, or no live session."""
+        if self.link is None or self.conn is None or self.conn.closed:
+            return "is not connected on the mate link"
+        return self.link.behind(now)
 
     def caught_up_now(self) -> bool:
         return self.caught_up(now_ms())

@@ -119,6 +119,7 @@ def test_a_snapshot_counts_only_once_the_standby_installed_it():
     assert p.wire[1].catchup is Catchup.SNAPSHOT and held
     assert p.active.phase is Phase.LIVE and p.active.acked_seq == 0
     assert not p.active.caught_up(p.now) and not p.active.over_max_lag
+    assert p.active.behind(p.now) == "is not caught up on the mate link (its catch-up not yet acknowledged)"
     serve(held.pop())
     p.pump()
     assert p.active.acked_seq == 12 and p.active.caught_up(p.now)
@@ -175,6 +176,7 @@ def test_unacknowledged_backlog_raises_backpressure_until_acked():
     p.write_locally(15)  # what was in flight: past INSYNC_LAG_FACTOR x max_lag_ops the standby leaves sync
     p.pump()
     assert p.active.over_max_lag and not p.active.caught_up(p.now)
+    assert p.active.behind(p.now) == "fell behind on the mate link (21 ops unacknowledged)"
     p.apply_all()
     p.pump()
     assert not p.active.over_max_lag and p.active.caught_up(p.now)

@@ -182,6 +182,20 @@ def test_standby_out_of_sync_does_not_take_over():
     assert len(sim.reasons(P, "bid")) == bids_before, "the restarted primary missed epoch 2 and must not bid"
 
 
+def test_the_mate_link_s_reason_is_the_decision_s_when_the_standby_leaves_and_rejoins_sync():
+    """The sentence names why (not connected, behind by how much...), not a blanket "fell behind": right after a
+    failover the new active's standby is simply not connected on the mate link yet."""
+    sim = started()
+    core, now = sim.core(P), sim.nodes[P].local(sim.t)
+    core.mate_link(now, False, "is not connected on the mate link")
+    sim._after(sim.nodes[P])
+    assert sim.reasons(P, "sync")[-1] == ("primary: backup is not connected on the mate link → redundancy down, "
+                                         "backup out of sync for epoch 1")
+    core.mate_link(now, True)
+    sim._after(sim.nodes[P])
+    assert sim.reasons(P, "sync")[-1] == "primary: backup caught up on the mate link → in sync, epoch 1"
+
+
 def test_operator_force_needs_data_loss_acknowledgement_then_wins():
     sim = started()
     sim.crash(P)

@@ -174,10 +174,12 @@ class QuorumCore(HandoverRules):
         age = now_ms - self._broker_alive_at
         return age if age >= self.timing.broker_stall_ms else 0
 
-    def mate_link(self, now_ms: int, caught_up: bool) -> None:
+    def mate_link(self, now_ms: int, caught_up: bool, behind: str = "fell behind") -> None:
         """The mate link's word (active side): live, and the mate acknowledged every op whose effects were
-        released. Losing it drops the mate from sync; regaining it re-admits the mate (docs/mate_link.md)."""
+        released; if not, `behind` says why (the decision's words). Losing it drops the mate from sync; regaining
+        it re-admits the mate (docs/mate_link.md)."""
         self.mate_sync.caught_up = caught_up
+        self.mate_sync.behind = behind
         if self.activity is not Activity.ACTIVE:
             return
         mate = self.role.mate()

@@ -35,6 +35,7 @@ class MateSync:
 
     insync_ms: int
     caught_up: bool = True  # the mate link's word (issue 4); True until it exists
+    behind: str = "fell behind"  # and why not, when it is not: "is not connected on the mate link"...
     synced: bool = False
     incarnation: int = 0
     grant_bound: int = 0
@@ -58,7 +59,7 @@ class MateSync:
         if mate_hb is not None and mate_hb.incarnation != self.incarnation:
             why = "restarted"
         elif not self.caught_up:
-            why = "fell behind"
+            why = self.behind
         elif now_ms >= self.grant_bound and not self.granting(sees_mate):
             why = "unseen past its in-sync lease"
         if why:
