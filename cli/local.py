@@ -135,10 +135,14 @@ def log_tail(path: Path, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
 def up(term: Terminal, directory: Path) -> int:
     layout = Layout(directory)
     already = running(layout)
-    if already:
+    if len(already) == len(Role):
         pids = ", ".join(f"{role.value} pid {pid}" for role, pid in already.items())
         raise PairMQError(f"the local group in {directory} is already running ({pids}); "
                           f"stop it first with `pairmq local down --dir {directory}`")
+    missing = [role for role in Role if role not in already]
+    if already:  # a node died (or was killed): start what is missing, as an operator restarts one host
+        term.note(f"{', '.join(f'{r.value} (pid {pid})' for r, pid in already.items())} already running: "
+                  f"starting {', '.join(r.value for r in missing)}")
     if not layout.group_file.exists():
         written = write_group(directory, name=LOCAL_GROUP_NAME, addresses=dict(LOOPBACK_ADDRESSES), data_dir="data")
         term.note(f"created {written.group_file} and a fresh secret {written.secret_file} (mode 0600)")
@@ -157,14 +161,14 @@ def up(term: Terminal, directory: Path) -> int:
                   f"with `pairmq admin passwd --group {layout.group_file}`): {password}")
     config = load_group(layout.group_file)
     load_secret(config)  # a missing or unsafe secret is this command's error, not three dead nodes
-    _refuse_taken_ports(config, directory)
+    _refuse_taken_ports(config, directory, missing)
 
     procs: dict[Role, tuple[subprocess.Popen, int]] = {}
     ok = False
     try:
-        for role in Role:
+        for role in missing:
             procs[role] = spawn(layout, role)
-        nodes = _wait_serving(term, layout, config, procs)
+        nodes = _wait_serving(term, layout, config, procs, rejoining=bool(already))
         ok = True
     finally:
         if not ok:
@@ -174,16 +178,17 @@ def up(term: Terminal, directory: Path) -> int:
             if stopped:
                 term.note(f"stopped the nodes that had started ({', '.join(s.role.value for s in stopped)})")
     pids = ", ".join(f"{role.value} {proc.pid}" for role, (proc, _) in procs.items())
-    term.note(f"local group {config.name!r} is up in {directory} (pids {pids}; logs in {directory / 'logs'})")
+    term.note(f"local group {config.name!r} is up in {directory} ({'started' if already else 'pids'} {pids}; logs "
+              f"in {directory / 'logs'})")
     term.print_text(f"Host list: {config.host_list()}")
     term.print_table(redundancy_table(nodes, title=title(config)))
     return 0
 
 
-def _refuse_taken_ports(config: GroupConfig, directory: Path) -> None:
+def _refuse_taken_ports(config: GroupConfig, directory: Path, roles: list[Role]) -> None:
     """Another group (say, from another directory) on the same addresses would answer
-    our readiness checks and make our nodes die on bind: refuse before starting any."""
-    for role in Role:
+    our readiness checks and make our nodes die on bind: refuse before starting any of `roles`."""
+    for role in roles:
         address = config.node(role).address
         ports = [config.ports.management] + ([config.ports.mqtt] if role.routes_messages else [])
         for port in ports:
@@ -200,7 +205,9 @@ def _refuse_taken_ports(config: GroupConfig, directory: Path) -> None:
 
 
 def _wait_serving(term: Terminal, layout: Layout, config: GroupConfig,
-                  procs: dict[Role, tuple[subprocess.Popen, int]]) -> list[dict]:
+                  procs: dict[Role, tuple[subprocess.Popen, int]], rejoining: bool = False) -> list[dict]:
+    """Until a node of ours serves (a fresh group), or, `rejoining` a running group, until the nodes we started
+    answer on their management API and some node serves."""
     started = time.monotonic()
     deadline = started + START_TIMEOUT_S
     nodes: list[dict] = []
@@ -218,9 +225,13 @@ def _wait_serving(term: Terminal, layout: Layout, config: GroupConfig,
             nodes = api.fetch_redundancy(config, timeout_s=0.5)
             # A serving node counts only if it is one of ours: younger than our processes.
             ours_ms = (time.monotonic() - started) * 1000 + UPTIME_SLACK_MS
-            if any(node.get("serving") and node.get("uptime_ms", ours_ms + 1) <= ours_ms for node in nodes):
-                if all(proc.poll() is None for proc, _ in procs.values()):
-                    return nodes
+            if rejoining:
+                answered = {n["role"] for n in nodes if n.get("reachable")}
+                ready = any(n.get("serving") for n in nodes) and {r.value for r in procs} <= answered
+            else:
+                ready = any(n.get("serving") and n.get("uptime_ms", ours_ms + 1) <= ours_ms for n in nodes)
+            if ready and all(proc.poll() is None for proc, _ in procs.values()):
+                return nodes
             if time.monotonic() >= deadline:
                 term.print_table(redundancy_table(nodes, title=title(config)))
                 raise PairMQError(f"no node took activity within {START_TIMEOUT_S:g} s; the table above shows "

@@ -149,7 +149,8 @@ def _local_parser(commands) -> None:
     actions = local.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     local.set_defaults(handler=lambda args, term: _help(local, term))
     for name, help_text, example in (
-            ("up", "start the three nodes and wait until one is active", "pairmq local up --dir /tmp/pmq"),
+            ("up", "start the three nodes (or those not running) and wait until one is active",
+             "pairmq local up --dir /tmp/pmq"),
             ("down", "stop the three nodes (harmless when nothing runs)", "pairmq local down --dir /tmp/pmq"),
             ("status", "the processes and the redundancy view", "pairmq local status --json")):
         p = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",

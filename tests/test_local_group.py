@@ -54,6 +54,13 @@ def pid_alive(pid: int) -> bool:
     return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid):
+        assert time.monotonic() < deadline, f"pid {pid} still alive"
+        time.sleep(0.05)
+
+
 def node_processes(directory: Path) -> list[int]:
     """Live processes running a node of the group in `directory` (other tenants' groups do not count)."""
     group = str(directory / "group.toml").encode()
@@ -126,6 +133,19 @@ def test_up_status_down(local_dir):
     assert "is already running" in one_sentence(again)
     assert {role: json.loads(pairmq("local", "status", "--dir", str(local_dir), "--json").stdout)
             ["processes"][i]["pid"] for i, role in enumerate(pids)} == pids
+
+    # A node dies: `up` starts what is missing (as an operator restarts one host); the others keep running.
+    os.kill(pids["backup"], signal.SIGKILL)
+    wait_gone(pids["backup"])
+    back = pairmq("local", "up", "--dir", str(local_dir))
+    assert back.returncode == 0, back.stderr
+    assert "already running: starting backup" in back.stderr and "Local Active" in back.stdout
+    now = {p["role"]: p for p in json.loads(pairmq("local", "status", "--dir", str(local_dir), "--json").stdout)
+           ["processes"]}
+    assert all(p["running"] for p in now.values())
+    assert now["primary"]["pid"] == pids["primary"] and now["monitor"]["pid"] == pids["monitor"]
+    assert now["backup"]["pid"] != pids["backup"]
+    pids["backup"] = now["backup"]["pid"]
 
     # The real token reaches the real API, which refuses: a healthy active cannot be forced out.
     force = pairmq("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
