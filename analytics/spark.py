@@ -2,8 +2,7 @@
 
 Local mode by default (`local[2]`: this machine has two cores), any master
 URL for a cluster. The UI is off, shuffles use few partitions (the inputs are
-a few million rows, not billions), the driver's JVM compiles with its client
-JIT only and logs errors only. The driver
+a few million rows, not billions) and the JVM logs errors only. The driver
 (the whole job in local mode) has 2 GiB: 8 GiB and the parallel collector
 were no faster in the bench (docs/benchmarks.md, session 11), and the job
 shares its host with a broker node. The segments are parsed by Python tasks
@@ -21,20 +20,16 @@ DEFAULT_MASTER = "local[2]"
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
-def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4,
-            client_jit: bool = True):
+def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_partitions: int = 4):
     from pyspark.sql import SparkSession
 
     # The tasks that parse segments (segment_task.py) run Python: this interpreter, with its packages, unless the
     # operator names another (a cluster's executors may have theirs elsewhere).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # The client JIT only (C1): the driver's JVM plans, generates code and moves the tasks' few rows; the heavy
-    # work is the Python tasks'. On two cores C2's compiler threads took CPU from them: the bench's first summary
-    # 28.1 s -> 25.5 s (docs/benchmarks.md, session 14). A Spark merge of a large state (ingest.py) runs slower JIT'd
-    # code in exchange; a cluster's executors keep their own JVM options.
-    # `client_jit=False` is for work done in the JVM (the bench's floor: Spark's own JSON reader, 2-3x slower on C1).
-    java_options = (f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
-                    + (" -XX:TieredStopAtLevel=1" if client_jit else ""))
+    # The JVM's default JIT. Its client JIT alone (-XX:TieredStopAtLevel=1) made a small state's first summary
+    # ~10% faster and a large state's (every message open: Spark merges and reports) 43% slower (docs/benchmarks.md,
+    # session 14).
+    java_options = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
     builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

@@ -193,7 +193,7 @@ print(json.dumps({{"query_s": time.monotonic() - t0, "published": per_node}}))
 FLOOR = """
 import sys
 from analytics import schema, spark
-s = spark.session(client_jit=False)  # Spark's reader is JVM work: the JVM's default JIT, not the job's C1
+s = spark.session()
 s.read.schema(schema.RAW).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", schema.CORRUPT) \\
     .json(sys.argv[1]).write.format("noop").mode("overwrite").save()
 s.stop()
@@ -202,7 +202,7 @@ s.stop()
 
 def spark_floor(logs: Path) -> float:
     """The whole process of the least a Spark job from JSON Lines does: start, parse every line into every column
-    of the explicit schema (the job's session and options, but the JVM's default JIT) and drop the rows (the `noop` sink: a count() would skip
+    of the explicit schema (the job's session and options) and drop the rows (the `noop` sink: a count() would skip
     parsing). What the first summary cannot go below with Spark's reader."""
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-c", FLOOR, str(logs / "*" / "events" / "*.jsonl")], cwd=REPO,

@@ -11,6 +11,7 @@ progress notes go to stderr.
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 from .terminal import Terminal
@@ -59,20 +60,22 @@ def _cmd_summarize(args, term: Terminal) -> int:
         out = str(Path(out).resolve())
     from analytics import render, spark, summary
 
-    with term.status("starting Spark") as status:
-        session = spark.session(args.master)
-        try:
-            status.update(f"summarizing {len(args.logs)} event log location(s) with Spark "
-                          f"({session.sparkContext.master})")
-            view = summary.summarize(session, [_uri(log) for log in args.logs], out, top_n=args.top)
-        finally:
-            session.stop()
-    if out is not None and "://" not in out:
-        summary.write_json(view, Path(out) / "summary.json")
-        from analytics.charts import write_charts
+    # Spark stops (its JVM, mostly waiting) while the charts are drawn (Python): ~0.6 s each.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-stop") as stopping:
+        with term.status("starting Spark") as status:
+            session = spark.session(args.master)
+            try:
+                status.update(f"summarizing {len(args.logs)} event log location(s) with Spark "
+                              f"({session.sparkContext.master})")
+                view = summary.summarize(session, [_uri(log) for log in args.logs], out, top_n=args.top)
+            finally:
+                stopping.submit(session.stop)
+        if out is not None and "://" not in out:
+            summary.write_json(view, Path(out) / "summary.json")
+            from analytics.charts import write_charts
 
-        charts = write_charts(view, Path(out) / "charts")
-        term.note(f"wrote {out}/summary.json, {out}/reports/ and {len(charts)} charts in {out}/charts/")
+            charts = write_charts(view, Path(out) / "charts")
+            term.note(f"wrote {out}/summary.json, {out}/reports/ and {len(charts)} charts in {out}/charts/")
     if args.json:
         term.print_json(view)
     else:
