@@ -202,7 +202,6 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
     if _exists(spark, f"{tables}/_ingested") or _exists(spark, f"{tables}/partials"):
         raise AnalyticsError(f"{out} was written by an earlier version of the job (no settled state): "
                              "summarize into a new --out DIR")
-    done: dict[str, str] = {}
     done = manifest.read(qualified(spark, batches))
     last = max(done.values(), default=None)
     previous = last and f"{tables}/state/{last}"
@@ -255,7 +254,7 @@ def _store_on_driver(spark: SparkSession, tasks: TaskRows, where: str, keys: str
     schemas = _state_schemas()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="keys") as pool:
         extra = pool.submit(lambda: _merge_keys(spark, where, keys, previous and f"{previous}/deliveries")
-                            .agg(F.coalesce(F.sum("extra"), F.lit(0)).cast("long")).collect()[0][0])
+                            .collect()[0].extra)
         fresh = driver_merge.hashed(tasks.reducer.received(tasks.rows.toArrow()), schemas)
         batches = [driver_merge.read(qualified(spark, previous), schemas)] if previous else []
         state = driver_merge.merge([*batches, fresh], schemas)
@@ -265,12 +264,13 @@ def _store_on_driver(spark: SparkSession, tasks: TaskRows, where: str, keys: str
 
 
 def _merge_keys(spark: SparkSession, where: str, keys: str, previous: str | None) -> DataFrame:
-    """The Spark tasks that merge the per-delivery keys into `where`/deliveries (keys_task.py), a row per bucket with
-    its redeliveries (`extra`): lazy, they run when it is read."""
+    """The Spark tasks that merge the per-delivery keys into `where`/deliveries (keys_task.py), and the total of
+    their redeliveries: `redelivered`'s one row (`extra`). Lazy: they run when it is read."""
     _delete(spark, f"{where}/deliveries")  # an orphan batch's (a crash before the manifest)
     merger = keys_task.Merger(qualified(spark, keys), previous and qualified(spark, previous),
                               qualified(spark, f"{where}/deliveries"))
-    return _numbered(spark, keys_task.BUCKETS).mapInArrow(merger, "bucket long, keys long, extra long")
+    merged = _numbered(spark, keys_task.BUCKETS).mapInArrow(merger, "bucket long, keys long, extra long")
+    return merged.agg(F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("extra"))
 
 
 def _numbered(spark: SparkSession, n: int) -> DataFrame:
@@ -286,8 +286,7 @@ def _write_state(spark: SparkSession, state: Partials, where: str, keys: str, pr
     them and gives its redeliveries, summed into `redelivered`."""
     frames = state.frames()
     del frames["deliveries"], frames["redelivered"]
-    merged = _merge_keys(spark, where, keys, previous)
-    frames["redelivered"] = merged.agg(F.coalesce(F.sum("extra"), F.lit(0)).cast("long").alias("extra"))
+    frames["redelivered"] = _merge_keys(spark, where, keys, previous)
     with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="state") as pool:
         # The keys first: the longest.
         writes = [pool.submit(df.write.mode("overwrite").parquet, f"{where}/{kind}")
