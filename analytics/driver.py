@@ -29,14 +29,12 @@ import functools
 import math
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from . import partials
+from . import driver_merge, partials
 from .ingest import AnalyticsError, arrow_schema
 from .partials import LATENCY_STAGES, STAGE_NAMES, Partials
-from .segment_task import filesystem
 from .spark import settings
 from .transforms import OVERLOAD_GAP_S, SERVER_BUSY
 
@@ -334,7 +332,4 @@ def write_report(name: str, rows: list[dict], where: str) -> None:
     # As PySpark's Rows carry them: a naive timestamp is local time.
     local = [{k: v.astimezone(datetime.timezone.utc) if isinstance(v, datetime.datetime) else v
               for k, v in r.items()} for r in rows]
-    target, path = filesystem(where)
-    target.delete_dir_contents(path, missing_dir_ok=True)
-    target.create_dir(path, recursive=True)
-    pq.write_table(pa.Table.from_pylist(local, schema), f"{path}/part-00000.parquet", filesystem=target)
+    driver_merge.write_dir(pa.Table.from_pylist(local, schema), where)

@@ -108,13 +108,18 @@ def read(where: str, schemas: dict[str, pa.Schema], kinds=MERGED) -> dict[str, p
 
 def write(tables: dict[str, pa.Table], where: str) -> None:
     """Each kind as one Parquet file in `where`/<kind>/, replacing what an orphan batch left there."""
+    for kind, table in tables.items():
+        write_dir(table, f"{where}/{kind}")
+
+
+def write_dir(table: pa.Table, where: str) -> None:
+    """`table` as the one Parquet file of the directory `where` (qualified), replacing whatever it held."""
     import pyarrow.parquet as pq
 
     target, path = filesystem(where)
-    for kind, table in tables.items():
-        target.delete_dir_contents(f"{path}/{kind}", missing_dir_ok=True)
-        target.create_dir(f"{path}/{kind}", recursive=True)
-        pq.write_table(table, f"{path}/{kind}/{PART}", filesystem=target)
+    target.delete_dir_contents(path, missing_dir_ok=True)
+    target.create_dir(path, recursive=True)
+    pq.write_table(table, f"{path}/{PART}", filesystem=target)
 
 
 def collected(state: dict[str, pa.Table], small_events: tuple[str, ...]) -> dict[str, list[dict]]:

@@ -62,6 +62,12 @@ def test_the_state_merged_on_the_driver_is_the_one_spark_merges_run_after_run(sp
                                        (mixed, 0 if seq == 1 else driver.MAX_ROWS))]
         # Which way each stored its state: one file per kind, or Spark's part files.
         assert [p.name for p in (on_driver / "tables" / "state").glob("*/counts/*.parquet")] == ["part-00000.parquet"]
+        # The mixed one: Spark stored the first batch, the driver merged the second over it.
+        mixed_files = [p.name for p in (mixed / "tables" / "state").glob("*/counts/*.parquet")]
+        if seq == 1:
+            assert mixed_files and all(name.endswith(".snappy.parquet") for name in mixed_files)
+        else:
+            assert mixed_files == ["part-00000.parquet"]
         spark_files = [p.name for p in (in_spark / "tables" / "state").glob("*/counts/*.parquet")]
         assert spark_files and all(name.endswith(".snappy.parquet") for name in spark_files)
         for kind in (*driver_merge.MERGED, "redelivered"):
