@@ -388,3 +388,76 @@ def test_nothing_reaches_a_connection_before_its_connack():
     got = h.take(3)
     assert isinstance(got[0], codec.Connack)
     assert [(p.payload, p.dup) for p in got[1:] if isinstance(p, codec.Publish)] == [(b"first", True), (b"second", False)]
+
+
+class _CountingQueue(list):
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_message_expiry_walks_the_queues_only_when_a_message_is_due(h):
+    """A tick used to walk every queued entry (a second's work of the event loop with a million queued): now only
+    on a tick where some stored message fell due."""
+    h.connect(1, "s", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
+    h.subscribe(1, "t")
+    h.lose(1)
+    session = h.core.sessions["s"]
+    session.queue = _CountingQueue(session.queue)
+    h.connect(2, "pub")
+    for i in range(50):
+        h.send(2, codec.Publish("t", b"%d" % i, qos=1, packet_id=i + 1))  # no expiry
+    for pid in (60, 61):
+        h.send(2, codec.Publish("t", b"late", qos=1, packet_id=pid, properties={P.MESSAGE_EXPIRY_INTERVAL: 30}))
+    _CountingQueue.walks = 0
+    for _ in range(20):
+        h.now += 1_000
+        h.run(h.core.tick(h.now))
+    assert _CountingQueue.walks == 0 and not any(isinstance(op, ops.MessageDropped) for op in h.ops)
+    h.now += 11_000
+    h.run(h.core.tick(h.now))
+    assert _CountingQueue.walks == 1
+    assert [op.reason for op in h.ops if isinstance(op, ops.MessageDropped)] == ["expired", "expired"]
+    h.now += 1_000
+    h.run(h.core.tick(h.now))
+    assert _CountingQueue.walks == 1  # the due messages left the heap with their walk
+    assert len(session.queue) == 50
+
+
+def test_message_expiry_matches_a_full_walk_on_every_tick():
+    """Random expiries, deliveries and acks: after every tick no queued (unsent) entry is past its message's
+    expiry, and every drop was of an expired message: what walking every queue on every tick gave."""
+    import random
+
+    from appliance.broker.session import EntryState
+
+    rng = random.Random(7)
+    for _ in range(20):
+        h = Harness()
+        h.connect(1, "online", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
+        h.subscribe(1, "t")
+        h.connect(2, "offline", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
+        h.subscribe(2, "t")
+        h.lose(2)
+        h.connect(3, "pub")
+        for pid in range(1, 120):
+            props = {P.MESSAGE_EXPIRY_INTERVAL: rng.randint(1, 20)} if rng.random() < 0.6 else {}
+            h.send(3, codec.Publish("t", b"m", qos=rng.choice((1, 2)), packet_id=pid, properties=props))
+            if rng.random() < 0.3:
+                for p in h.publishes(1):
+                    if rng.random() < 0.5:
+                        h.send(1, codec.Puback(p.packet_id) if p.qos == 1 else codec.Pubrec(p.packet_id))
+            if rng.random() < 0.2:
+                h.now += rng.randint(100, 3_000)
+                before = len(h.ops)
+                h.run(h.core.tick(h.now))
+                for op in h.ops[before:]:
+                    if isinstance(op, ops.MessageDropped):
+                        assert op.reason == "expired"
+                for session in h.core.sessions.values():
+                    for entry in session.queue:
+                        msg = h.core.router.messages[entry.msg_id]
+                        assert entry.state is not EntryState.QUEUED or not msg.expiry_at_ms or \
+                            msg.expiry_at_ms > h.now

@@ -531,7 +531,7 @@ def restore(core: BrokerCore, state, now_ms: int) -> None:
                       decode_stored_properties(stored.properties), stored.expiry_at_ms, stored.publisher,
                       stored.created_at_ms)
         msg.stored_size = stored_estimate(msg, stored.properties)
-        router.messages[msg_id] = msg
+        router.hold(msg)
         router.stored_bytes += msg.stored_size
     for topic, msg_id in state.retained.items():
         router.retained.set(topic, msg_id)

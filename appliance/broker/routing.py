@@ -18,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 from ..mqtt import codec
@@ -40,6 +41,19 @@ class Router:
         self.subscriptions = topics.SubscriptionIndex()
         self._msg_ids = itertools.count(1)
         self.stored_bytes = 0  # see the rules: every body in `messages` with a stored_size
+        # (expiry_at_ms, msg_id) of stored messages that expire, a heap: a tick looks at the queues only when one
+        # is due. Entries of freed messages stay until due or until the heap is rebuilt (`hold`).
+        self._expiries: list[tuple[int, int]] = []
+
+    def hold(self, msg: Message) -> None:
+        """Keep `msg`'s body in `messages` (every stored message comes in here, so its expiry is tracked)."""
+        self.messages[msg.msg_id] = msg
+        if msg.expiry_at_ms:
+            expiries = self._expiries
+            heapq.heappush(expiries, (msg.expiry_at_ms, msg.msg_id))
+            if len(expiries) > 2 * len(self.messages) + 1024:  # mostly freed ones: rebuild (amortized O(1))
+                self._expiries = [(m.expiry_at_ms, m.msg_id) for m in self.messages.values() if m.expiry_at_ms]
+                heapq.heapify(self._expiries)
 
     def restart_ids(self, first: int) -> None:
         """Continue message ids above every id the restored state still refers to."""
@@ -78,7 +92,7 @@ class Router:
         def store() -> None:
             nonlocal stored
             if not stored:
-                self.messages[msg.msg_id] = msg
+                self.hold(msg)
                 msg.stored_size = size
                 self.stored_bytes += size
                 op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
@@ -255,6 +269,15 @@ class Router:
             self.stored_bytes -= msg.stored_size
 
     def expire_queued(self, sessions, now_ms: int) -> list:
+        """Drop the queued (not yet sent) entries of messages past their expiry. The queues are walked only on a
+        tick when some stored message fell due: a million queued messages cost nothing while none expires. Once
+        walked, a due message has no QUEUED entry left (an entry never goes back to QUEUED, and an expired
+        message is never queued again: retained delivery checks expiry), so it leaves the heap."""
+        expiries = self._expiries
+        if not expiries or expiries[0][0] > now_ms:
+            return []
+        while expiries and expiries[0][0] <= now_ms:
+            heapq.heappop(expiries)
         op_list = []
         for session in sessions:
             for entry in list(session.queue):
