@@ -5,8 +5,8 @@ transaction per group commit. It keeps in memory only what makes the hot path
 cheap and can be reloaded from the file after a rollback: the set of session
 ids, the size of the message-id history, the highest msg_id stored and
 `stored_bytes`. Bodies stored in the current transaction stay in memory
-(`_fresh`, with their reference counts) and reach the table in one
-`executemany` at `finish`: the usual publish (store, then queue for each
+(`_fresh`, with their reference counts) and reach the table in multi-row
+INSERTs at `finish` (`insert_rows`: never one step per row, see there): the usual publish (store, then queue for each
 subscriber, in one batch) then costs no UPDATE of a count. Queue entries use
 the seq of their `MessageQueued` as rowid, so a queue reads back in order and
 appending is a rowid append.
@@ -14,6 +14,7 @@ appending is a rowid append.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import zlib
 
@@ -98,6 +99,32 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
+_ROWS_PER_INSERT = 256  # rows in one multi-row INSERT at most (a power of two: see insert_rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(head: str, width: int, rows: int) -> str:
+    return f"{head} VALUES " + ",".join([f"({_marks(width)})"] * rows)
+
+
+def insert_rows(conn: sqlite3.Connection, head: str, rows, width: int) -> None:
+    """`conn.executemany(f"{head} VALUES (?, ...)", rows)` (rows of `width` values), with the same outcome, as
+    multi-row INSERTs of up to _ROWS_PER_INSERT rows.
+
+    Why: executemany runs one sqlite3_step per row and gives the GIL up around each. While another thread of
+    the process runs Python (the standby's event loop decoding the next batch of a catch-up), taking it back
+    waits out that thread's switch interval (5 ms), row after row: 200,000 queued messages took 267 s to insert
+    beside a busy thread, against 2.2 s as multi-row INSERTs, and 1.4 s vs 1.2 s alone (docs/benchmarks.md).
+    Chunks are powers of two, so each `head` prepares a handful of statements, cached by the connection."""
+    n, i = len(rows), 0
+    while i < n:
+        k = _ROWS_PER_INSERT
+        while k > n - i:
+            k >>= 1
+        conn.execute(_insert_sql(head, width, k), [v for row in rows[i:i + k] for v in row])
+        i += k
+
+
 class SqlApplier:
     """Applies ops to the open transaction of `conn` by the rules of state.py."""
 
@@ -161,11 +188,11 @@ class SqlApplier:
                     return False
                 held[0] += 1
                 rows.append((entries[k].seq, op.client_id, op.msg_id, op.qos, op.retain,
-                             encode_uints(op.subscription_ids)))
+                             encode_uints(op.subscription_ids), 0, 0))
         self.conn.execute("SAVEPOINT apply_run")
         try:
-            self.conn.executemany("INSERT INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, "
-                                  "packet_id, pubrec) VALUES (?, ?, ?, ?, ?, ?, 0, 0)", rows)
+            insert_rows(self.conn, "INSERT INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, "
+                        "packet_id, pubrec)", rows, 8)
         except sqlite3.IntegrityError:
             self.conn.execute("ROLLBACK TO apply_run")
             self.conn.execute("RELEASE apply_run")
@@ -178,8 +205,8 @@ class SqlApplier:
     def write_fresh_bodies(self) -> None:
         """Write the bodies stored in this transaction (with their final reference counts)."""
         if self._fresh:
-            self.conn.executemany("INSERT INTO messages (msg_id, refs, size, crc, body) VALUES (?, ?, ?, ?, ?)",
-                                  [(msg_id, *row) for msg_id, row in self._fresh.items()])
+            insert_rows(self.conn, "INSERT INTO messages (msg_id, refs, size, crc, body)",
+                        [(msg_id, *row) for msg_id, row in self._fresh.items()], 5)
             self._fresh.clear()
 
     def finish(self, entries: list[LogEntry], new_base: LogEntry | None = None) -> None:
@@ -194,7 +221,7 @@ class SqlApplier:
             self.conn.execute("DELETE FROM oplog WHERE seq <= ?", (new_base.seq,))
             self.conn.execute("UPDATE meta SET base_epoch = ?, base_seq = ?, base_checksum = ?",
                               (new_base.epoch, new_base.seq, new_base.checksum))
-        self.conn.executemany("INSERT INTO oplog (epoch, seq, checksum, body) VALUES (?, ?, ?, ?)", entries)
+        insert_rows(self.conn, "INSERT INTO oplog (epoch, seq, checksum, body)", entries, 4)
         self.conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, stored_bytes = ?",
                           (last.epoch, last.seq, last.checksum, self.stored_bytes))
 
