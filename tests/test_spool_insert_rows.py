@@ -13,7 +13,7 @@ def _table() -> sqlite3.Connection:
     return conn
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 255, 256, 257, 511, 600, 1000])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 255, 256, 257, 600, 2048, 2049, 5000])
 def test_the_same_rows_as_executemany_in_few_statements(n):
     rows = [(i, f"c{i % 7}", bytes([i % 256]) * (i % 5) or None) for i in range(n)]
     expected = _table()
