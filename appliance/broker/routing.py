@@ -64,18 +64,16 @@ class Router:
     def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int,
               extra_ops: tuple = ()) -> list:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
-        props = ({k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
-                 if packet.properties else {})  # most PUBLISHes carry none: no comprehension for them
-        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL) if props else None
-        msg = Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
-                      now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
+        msg = self._message(session, topic, packet, now_ms)
+        if not msg.qos and not msg.retain and not extra_ops:
+            return self._route_at_most_once(core, session, topic, msg)
         targets = self._targets(core, topic, session.client_id, msg.retain)
         full = self._full_target(core, targets, msg)
         if full is not None and conn is not None:
             core._count("publish_refused_queue_full")
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
-        stored_props = _encode_props(props) if props else b""
+        stored_props = _encode_props(msg.properties) if msg.properties else b""
         size = stored_estimate(msg, stored_props)
         if conn is not None and self._needs_store(targets, msg):
             if self.stored_bytes + size > self.limits.max_spool_bytes:
@@ -136,6 +134,30 @@ class Router:
             return now_effects + acks
         # Rules 1 and 2: the ack and the QoS 1/2 deliveries wait for the commit.
         return [*now_effects, core_persist(op_list, acks, queued, then)]
+
+    def _message(self, session: Session, topic: str, packet, now_ms: int) -> Message:
+        props = ({k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
+                 if packet.properties else {})  # most PUBLISHes carry none: no comprehension for them
+        expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL) if props else None
+        return Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
+                       now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
+
+    def _route_at_most_once(self, core, session: Session, topic: str, msg: Message) -> list:
+        """`route` for a QoS 0 PUBLISH without RETAIN, without what cannot apply to it: every copy is QoS 0, so
+        nothing is stored, queued, refused for a full queue or acknowledged; a copy goes now to each target whose
+        CONNACK is out (one for a connection still before it is dropped, not sent ahead of it), none to others.
+        The hot path of QoS 0 traffic: a third of its broker CPU was `route` before (session 15's profile)."""
+        effects: list = []
+        sessions, connections = core.sessions, core.connections
+        for client_id, (_qos, sub_ids, retain_flag) in self._targets(core, topic, session.client_id, False).items():
+            target = sessions.get(client_id)
+            if target is None or target.conn is None:
+                continue
+            conn = connections[target.conn]
+            if conn.connacked:
+                effects += self.publish_packet(conn, target, QueueEntry(msg.msg_id, 0, retain_flag, sub_ids),
+                                               dup=False, msg=msg)
+        return effects
 
     def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
