@@ -244,3 +244,53 @@ async def test_stopping_the_standby_ends_its_dialler_even_when_a_cancellation_is
     await asyncio.wait_for(standby.stop(), 5)
     assert standby.swallowed == 1 and standby._task.done()
     port.close()
+
+
+@in_a_loop
+async def test_a_catch_up_runs_with_a_short_gil_switch_interval_then_the_usual_one_is_back(tmp_path):
+    """mate_link/service.py _catching_up: the process's interval is CATCHUP_SWITCH_S only while the standby is
+    behind, and whatever it was before once it caught up (here the test's own, set to tell them apart)."""
+    import sys
+
+    from mate_link.service import CATCHUP_SWITCH_S
+
+    usual = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        active, standby, ap, sp, acked = await group(tmp_path)
+        await write(ap, [[body(i), o.MessageQueued("a", i, 1, False)] for i in range(1, 3_001)])
+        seen = set()
+        await standby.start()
+        while not active.caught_up_now():
+            seen.add(sys.getswitchinterval())
+            await asyncio.sleep(0.001)
+        await until("the usual interval back", lambda: sys.getswitchinterval() == 0.004)
+        assert CATCHUP_SWITCH_S in seen
+        await write(ap, [[body(5_000), o.MessageQueued("a", 5_000, 1, False)]])  # live: no change
+        await until("the live op's ack", lambda: active.acked_seq == ap.writer.durable.seq)
+        assert sys.getswitchinterval() == 0.004
+        await stop(standby, active, ap, sp)
+    finally:
+        sys.setswitchinterval(usual)
+
+
+@in_a_loop
+async def test_a_standby_stopped_in_the_middle_of_a_catch_up_leaves_the_usual_switch_interval(tmp_path):
+    """A node that takes over stops its standby end, maybe mid catch-up: it must not serve at the short interval."""
+    import sys
+
+    from mate_link.service import CATCHUP_SWITCH_S
+
+    usual = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        active, standby, ap, sp, acked = await group(tmp_path)
+        await write(ap, [[body(i), o.MessageQueued("a", i, 1, False)] for i in range(1, 5_001)])
+        await standby.start()
+        await until("the catch-up under way", lambda: sys.getswitchinterval() == CATCHUP_SWITCH_S, timeout_s=10)
+        assert not active.caught_up_now()
+        await standby.stop()
+        assert sys.getswitchinterval() == 0.004
+        await stop(active, ap, sp)
+    finally:
+        sys.setswitchinterval(usual)
