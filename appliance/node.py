@@ -65,7 +65,8 @@ ALIVE_STAMP_S = 0.1  # the broker loop's liveness stamp; R6's bound (timers.brok
 # waits longer to be freed; reference counting frees everything else as before.
 GC_THRESHOLDS = (700, 10, 1000)
 # sys.getswitchinterval() stays at its 5 ms: 1 ms halved the heartbeat timer's worst lateness in storms
-# (82 vs 195 ms, both far inside the 500 ms lease) but cost about a third of QoS 1 throughput.
+# (82 vs 195 ms, both far inside the 500 ms lease) but cost about a third of QoS 1 throughput. Only a standby
+# catching up on the mate link runs at a shorter one meanwhile (mate_link/service.py _catching_up).
 
 
 def now_ms() -> int:

@@ -14,6 +14,11 @@ Rules:
   encoded `MessageStored`, so the core refuses before the spool writer would.
 - Retained: an empty payload clears the topic; new subscriptions get matching
   retained messages per their Retain Handling; shared subscriptions never do.
+- Message expiry: an unsent copy of an expired message is dropped when its
+  window reaches it, or at the first tick after it fell due; a tick walks the
+  queues only when some stored message fell due (a heap of their expiries).
+- A QoS 0 PUBLISH without RETAIN takes `_route_at_most_once`: the same
+  copies as `route`, without the storing, queueing and acking it never needs.
 """
 
 from __future__ import annotations
