@@ -64,8 +64,8 @@ PIPELINE_MAX_OPS = 20_000  # a standby's ops handed to its writer and not yet du
 IMAGE_PIECE_BYTES = 1 << 20  # one IMAGE message
 IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active queues no more
 IMAGE_WAIT_S = 0.002
-CATCHUP_SWITCH_S = 0.0005  # a standby's GIL switch interval while it catches up (see _catching_up)
 IMAGE_QUEUED_MAX_BYTES = 32 << 20  # a standby's IMAGE pieces received, not yet written: past it, it stops reading
+CATCHUP_SWITCH_S = 0.0005  # a standby's GIL switch interval while it catches up (see _catching_up)
 
 
 def now_ms() -> int:
@@ -79,8 +79,8 @@ def _catching_up(yes: bool) -> None:
     """A standby's catch-up runs with a short GIL switch interval (CATCHUP_SWITCH_S), the rest of the time with
     the process's usual one. Its event loop (decoding, verifying) and its spool writer (SQLite, which gives the GIL
     up at each statement) then trade the GIL every 0.5 ms instead of 5: the writer no longer waits out the loop's
-    5 ms to take it back after each statement. Measured: 1,000,000 queued messages in 22.9 s instead of 25-29 s
-    (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an active, a short
+    5 ms to take it back after each statement. Measured: 1,000,000 queued messages in 22.9-23.9 s instead of
+    24.9-29.9 s (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an active, a short
     interval cost a third of QoS 1 throughput (appliance/node.py)."""
     global _usual_switch_s
     if yes and _usual_switch_s is None:
