@@ -80,8 +80,8 @@ def _catching_up(yes: bool) -> None:
     the process's usual one. Its event loop (decoding, verifying) and its spool writer (SQLite, which gives the GIL
     up at each statement) then trade the GIL every 0.5 ms instead of 5: the writer no longer waits out the loop's
     5 ms to take it back after each statement. Measured: 1,000,000 queued messages in 22.9-23.9 s instead of
-    24.9-29.9 s (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an active, a short
-    interval cost a third of QoS 1 throughput (appliance/node.py)."""
+    24.9-29.9 s (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an
+    active, a short interval cost a third of QoS 1 throughput (appliance/node.py)."""
     global _usual_switch_s
     if yes and _usual_switch_s is None:
         _usual_switch_s = sys.getswitchinterval()
