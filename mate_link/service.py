@@ -9,8 +9,9 @@ Rules:
   `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
-- A full resync ships the spool's file image (spool/image.py): the active copies its spool
-  (SQLite's backup API, one read transaction) in a worker thread, then streams the copy in IMAGE
+- A full resync ships the spool's file image (spool/image.py): one read transaction's snapshot of the
+  active's spool (the live file when it holds exactly that snapshot, else a copy by SQLite's backup
+  API), opened in a worker thread, then streamed in IMAGE
   pieces, never more than IMAGE_UNSENT_MAX queued unsealed (no round trip per piece); the standby
   writes each piece in a worker thread as it arrives and checks the whole (size, SHA-256, the
   store's checks but the pages, the head) before it swaps it in; the active checks the image's pages
@@ -47,7 +48,7 @@ from appliance.errors import RemoteProtocolError, SpoolCorruption
 from appliance.roles import Role
 from appliance.spool.chain import ChainPoint, LogEntry
 from appliance.spool.errors import ChainError
-from appliance.spool.image import ImageReceiver, ImageRefused, check_pages, image_dir, make_image, read_chunks
+from appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
 from appliance.spool.install import SnapshotBuilder
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
@@ -311,12 +312,20 @@ class ActiveReplication(_Replication):
                     await asyncio.to_thread(shutil.rmtree, out_dir, True)
 
     async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
-        info = await asyncio.to_thread(make_image, spool_path, out_dir)
-        log.info("mate link: spool image of %d bytes at op %d for the standby", info.size, info.point.seq)
+        image = await asyncio.to_thread(SpoolImage, spool_path, out_dir)
+        try:
+            await self._stream_pieces(link, conn, image)
+        finally:
+            await asyncio.to_thread(image.close)
+
+    async def _stream_pieces(self, link: ActiveLink, conn: MateConnection, image: SpoolImage) -> None:
+        info = image.info
+        log.info("mate link: spool image of %d bytes at op %d for the standby (%s)", info.size, info.point.seq,
+                 "the live spool file" if info.how == "live" else "a copy by SQLite's backup API")
         digest, offset = hashlib.sha256(), 0
-        pieces = read_chunks(info.path, digest)
+        pieces = image.chunks(digest)
         # Its pages are checked while they go out (spool/image.py): the standby relies on that and the SHA-256.
-        checked = asyncio.ensure_future(asyncio.to_thread(check_pages, info.path))
+        checked = asyncio.ensure_future(asyncio.to_thread(image.check))
         try:
             while (data := await asyncio.to_thread(next, pieces, None)) is not None:
                 if conn is not self.conn or conn.closed:
@@ -329,7 +338,7 @@ class ActiveReplication(_Replication):
                     await asyncio.sleep(IMAGE_WAIT_S)
         finally:
             pieces.close()
-            await _wait_out(checked)  # before the image is removed; raises SpoolCorruption if it failed
+            await _wait_out(checked)  # before the image is released; raises SpoolCorruption if it failed
         if conn is self.conn and not conn.closed:
             log.info("mate link: spool image sent (%d bytes, its pages checked)", offset)
             link.snapshot_image_done(info.point, offset, digest.digest())

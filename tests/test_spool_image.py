@@ -19,7 +19,8 @@ import pytest
 from appliance.spool import ops as o
 from appliance.spool.chain import ChainPoint, chain
 from appliance.spool.codec import encode_op
-from appliance.spool.image import ImageReceiver, ImageRefused, check_pages, image_dir, make_image, read_chunks
+from appliance.spool.image import (ImageReceiver, ImageRefused, SpoolImage, check_pages, image_dir, make_image,
+                                   read_chunks)
 from appliance.spool.store import FILE_NAME, Spool
 from appliance.spool.writer import SpoolWriter
 from appliance.errors import SpoolCorruption
@@ -99,6 +100,72 @@ def test_the_image_is_one_consistent_read_while_the_writer_commits(tmp_path):
     os.replace(info.path, tmp_path / "copy" / FILE_NAME)
     with Spool.open(tmp_path / "copy") as copy:  # the store's checks: pages, schema, the log's chain to its head
         assert copy.head == info.point and copy.load_state().head == info.point
+
+
+def streamed(image: SpoolImage, directory) -> Spool:
+    """What a standby would install from `image`: its chunks written to `directory`, opened as a spool."""
+    os.makedirs(directory)
+    data = b"".join(image.chunks(hashlib.sha256()))
+    assert len(data) == image.info.size
+    (directory / FILE_NAME).write_bytes(data)
+    return Spool.open(directory)  # the store's checks: pages, schema, the log's chain to its head
+
+
+def test_an_idle_spools_image_is_its_live_file_and_stays_its_snapshot_while_the_writer_commits(tmp_path):
+    write_spool(tmp_path / "active", EVERY_OP, epoch=4)
+    with Spool.open(tmp_path / "active") as spool, SpoolWriter(spool) as writer:
+        writer.submit([body(500), o.MessageQueued("a", 500, 1, False)], 4).future.result(timeout=10)  # in the WAL
+        head = writer.durable
+        image = SpoolImage(spool.path, tmp_path / "out")
+        try:
+            assert image.info.how == "live" and image.info.point == head and image.info.path == spool.path
+            for i in range(600, 900):  # commits (and the writer's checkpoints) while the image is held
+                last = writer.submit([body(i), o.MessageQueued("a", i, 1, False)], 4)
+            last.future.result(timeout=10)
+            assert writer.durable.seq == head.seq + 600
+            other = sqlite3.connect(spool.path)  # a checkpoint now may copy nothing past the image's snapshot
+            busy, in_log, copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            other.close()
+            assert in_log > copied, "the commits since the image stay in the WAL while it is held"
+            image.check()
+            with streamed(image, tmp_path / "copy") as copy:
+                assert copy.head == head and copy.load_state().sessions["a"].queue[-1].msg_id == 500
+        finally:
+            image.close()
+    assert not (tmp_path / "out").exists(), "nothing copied"
+
+
+def test_frames_an_older_reader_holds_back_make_the_image_a_backup_of_the_same_snapshot(tmp_path):
+    """A reader that began before the last commit keeps the checkpoint from copying it into the file: the file is
+    then not our snapshot, so the image is a copy by the backup API, with that commit in it."""
+    write_spool(tmp_path / "active", EVERY_OP, epoch=4)
+    with Spool.open(tmp_path / "active") as spool, SpoolWriter(spool) as writer:
+        older = sqlite3.connect(spool.path)
+        older.execute("BEGIN")
+        older.execute("SELECT count(*) FROM oplog").fetchall()  # its snapshot: before the commit below
+        writer.submit([body(500), o.MessageQueued("a", 500, 1, False)], 4).future.result(timeout=10)
+        head = writer.durable
+        image = SpoolImage(spool.path, tmp_path / "out")
+        older.close()
+        try:
+            assert image.info.how == "backup" and image.info.point == head and image.info.path.parent == tmp_path / "out"
+            image.check()
+            with streamed(image, tmp_path / "copy") as copy:
+                assert copy.head == head and copy.load_state().sessions["a"].queue[-1].msg_id == 500
+        finally:
+            image.close()
+
+
+def test_the_active_refuses_to_send_its_live_spool_with_a_damaged_page(tmp_path):
+    write_spool(tmp_path / "active", EVERY_OP, epoch=4)
+    damage_a_page(tmp_path / "active" / FILE_NAME)
+    image = SpoolImage(tmp_path / "active" / FILE_NAME, tmp_path / "out")
+    try:
+        assert image.info.how == "live"
+        with pytest.raises(SpoolCorruption, match="damaged database pages.*our spool cannot be sent"):
+            image.check()
+    finally:
+        image.close()
 
 
 @pytest.mark.parametrize("damage, why", [

@@ -188,16 +188,21 @@ class Spool:
 
 
 class _read_transaction:
-    """One consistent snapshot for several SELECTs (the writer may commit meanwhile)."""
+    """One consistent snapshot for several SELECTs (the writer may commit meanwhile); inside a transaction the
+    caller holds already, that one (spool/image.py checks the live spool within its own)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        self._ours = False
 
     def __enter__(self) -> None:
-        self.conn.execute("BEGIN")
+        self._ours = not self.conn.in_transaction
+        if self._ours:
+            self.conn.execute("BEGIN")
 
     def __exit__(self, *exc: object) -> None:
-        self.conn.execute("ROLLBACK")
+        if self._ours:
+            self.conn.execute("ROLLBACK")
 
 
 def _create(path: Path) -> None:
