@@ -49,7 +49,7 @@ def image_of(tmp_path, name="active"):
     write_spool(tmp_path / name, EVERY_OP, epoch=4)
     info = make_image(tmp_path / name / FILE_NAME, tmp_path / f"{name}.outgoing")
     digest = hashlib.sha256()
-    data = b"".join(read_chunks(info.path, digest))
+    data = b"".join(read_chunks(info.path, digest, info.size))
     assert len(data) == info.size
     return info, data, digest.digest()
 
@@ -166,6 +166,14 @@ def test_the_active_refuses_to_send_its_live_spool_with_a_damaged_page(tmp_path)
             image.check()
     finally:
         image.close()
+
+
+def test_an_image_file_shorter_than_its_size_is_an_error_not_a_short_image(tmp_path):
+    path = tmp_path / "short.db"
+    path.write_bytes(b"x" * 10_000)
+    with pytest.raises(OSError, match="short.db ended 2000 bytes before the image's 12000"):
+        list(read_chunks(path, hashlib.sha256(), 12_000))
+    assert b"".join(read_chunks(path, hashlib.sha256(), 4_000)) == b"x" * 4_000
 
 
 @pytest.mark.parametrize("damage, why", [

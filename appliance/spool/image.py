@@ -68,7 +68,7 @@ class ImageInfo:
     path: Path
     point: ChainPoint  # the head the image holds
     size: int
-    how: str = "backup"  # "live" (the spool's own file) or "backup" (a copy by SQLite's backup API): the rules
+    how: str  # "live" (the spool's own file) or "backup" (a copy by SQLite's backup API): see the rules
 
 
 def image_dir(spool_path: Path) -> Path:
@@ -181,17 +181,18 @@ def _problem(conn: sqlite3.Connection) -> str | None:
     return None
 
 
-def read_chunks(path: Path, digest, size: int | None = None) -> Iterator[bytes]:
-    """The file at `path` (its first `size` bytes if given) in READ_BYTES pieces, fed to `digest` (a hashlib
-    object) on the way."""
-    left = size if size is not None else -1
+def read_chunks(path: Path, digest, size: int) -> Iterator[bytes]:
+    """The first `size` bytes of the file at `path` in READ_BYTES pieces, fed to `digest` (a hashlib object) on the
+    way; OSError if the file ends before them."""
     with open(path, "rb") as f:
-        while left and (chunk := f.read(READ_BYTES if left < 0 else min(READ_BYTES, left))):
+        left = size
+        while left > 0:
+            chunk = f.read(min(READ_BYTES, left))
+            if not chunk:
+                raise OSError(f"{path} ended {left} bytes before the image's {size}")
             digest.update(chunk)
-            left -= len(chunk) if left > 0 else 0
+            left -= len(chunk)
             yield chunk
-        if left > 0:
-            raise OSError(f"{path} ended {left} bytes before the image's {size}")
 
 
 class ImageReceiver:
