@@ -64,6 +64,7 @@ EVERY_OP = [
     [o.MessagesInflight("b", (8,), (23,))],
     [body(10), o.RetainedSet("t/10", 10), o.MessageQueued("b", 10, 1, False)],
     [o.MessagesAcked("b", (8, 10))],  # bodies committed earlier: 8 is freed, 10 stays retained
+    [o.SessionOwned("a", "alice"), o.SessionOwned("b", "")],
 ]
 assert {type(op) for ops in EVERY_OP for op in ops} == set(o.OP_TYPES.values())
 
@@ -74,6 +75,7 @@ def test_every_op_type_is_reflected_by_load_state(tmp_path):
     assert metrics.ignored_ops == 0
     assert state.position == (1, sum(map(len, EVERY_OP)))
     a, b = state.sessions["a"], state.sessions["b"]
+    assert (a.owner, b.owner) == ("alice", "")
     assert set(state.sessions) == {"a", "b"}
     assert (a.connected, a.disconnected_at_ms, a.expiry_s) == (False, 200, 60)
     assert (b.connected, b.protocol_version, b.connected_at_ms) == (True, 4, 11)
@@ -138,6 +140,7 @@ RANDOM_OP = st.one_of(
     st.builds(o.SessionOpened, CLIENTS, st.sampled_from([3, 4, 5]), SMALL, SMALL),
     st.builds(o.SessionDisconnected, CLIENTS, SMALL, SMALL),
     st.builds(o.SessionDeleted, CLIENTS),
+    st.builds(o.SessionOwned, CLIENTS, st.sampled_from(["", "alice", "mallory"])),
     st.builds(o.Subscribed, CLIENTS, TOPICS, SMALL, st.booleans(), st.booleans(), SMALL, SMALL),
     st.builds(o.Unsubscribed, CLIENTS, TOPICS),
     st.builds(o.RetainedSet, TOPICS, MSG_IDS),

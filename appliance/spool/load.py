@@ -87,6 +87,9 @@ def load_state(conn: sqlite3.Connection, *, raw_bodies: bool = False) -> SpoolSt
         retained[topic] = msg_id
         found[msg_id] += 1
 
+    owners: dict[str, str] = {}
+    if ex("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'session_owners'").fetchone():
+        owners = dict(ex("SELECT client_id, owner FROM session_owners"))
     sessions = {}
     for cid, pv, expiry_s, connected_at, disconnected_at, connected in ex(
             "SELECT client_id, protocol_version, expiry_s, connected_at_ms, disconnected_at_ms, connected "
@@ -94,8 +97,8 @@ def load_state(conn: sqlite3.Connection, *, raw_bodies: bool = False) -> SpoolSt
         _check(pv in PROTOCOL_VERSIONS and connected in _FLAG, f"session {cid!r} has a field out of its domain")
         sessions[cid] = Session(cid, pv, expiry_s, connected_at, disconnected_at, bool(connected),
                                 tuple(subs.pop(cid, ())), tuple(queues.pop(cid, ())), tuple(inbound.pop(cid, ())),
-                                wills.pop(cid, None))
-    orphans = sorted(set(subs) | set(queues) | set(inbound) | set(wills))
+                                wills.pop(cid, None), owners.pop(cid, None))
+    orphans = sorted(set(subs) | set(queues) | set(inbound) | set(wills) | set(owners))
     _check(not orphans, f"rows belong to sessions that do not exist: {orphans[:3]}")
     dangling = sorted(set(found) - set(messages))
     _check(not dangling, f"references to stored messages that do not exist: {dangling[:3]}")

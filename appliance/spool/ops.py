@@ -213,14 +213,27 @@ class MessagesAcked:
     msg_ids: tuple[int, ...]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionOwned:
+    """The user a session belongs to: "" for an anonymous client (a user name is never empty).
+
+    A session without one was made before sessions had owners (docs/broker.md says how it is treated).
+    """
+
+    TYPE = 21
+    client_id: str
+    owner: str
+
+
 OP_TYPES: dict[int, type] = {cls.TYPE: cls for cls in (
     MessageStored, MessageQueued, MessageInflight, MessagePubrecReceived, MessageAcked, MessageDropped,
     SessionOpened, SessionDisconnected, SessionDeleted, Subscribed, Unsubscribed, RetainedSet, RetainedCleared,
-    InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen, MessagesInflight, MessagesAcked)}
+    InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen, MessagesInflight, MessagesAcked,
+    SessionOwned)}
 for _cls in OP_TYPES.values():
     fast_init(_cls)  # made on the message path: the faster constructor (appliance/frozen.py), same class otherwise
 
 Op = (MessageStored | MessageQueued | MessageInflight | MessagePubrecReceived | MessageAcked | MessageDropped
       | SessionOpened | SessionDisconnected | SessionDeleted | Subscribed | Unsubscribed | RetainedSet
       | RetainedCleared | InboundQos2Received | InboundQos2Released | WillSet | WillCleared | MessageIdSeen
-      | MessagesInflight | MessagesAcked)
+      | MessagesInflight | MessagesAcked | SessionOwned)

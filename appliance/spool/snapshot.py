@@ -40,6 +40,8 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
     entries = []
     for s in state.sessions.values():
         out.append(o.SessionOpened(s.client_id, s.protocol_version, s.expiry_s, s.connected_at_ms))
+        if s.owner is not None:
+            out.append(o.SessionOwned(s.client_id, s.owner))
         if not s.connected:
             out.append(o.SessionDisconnected(s.client_id, s.disconnected_at_ms, s.expiry_s))
         out += s.subscriptions

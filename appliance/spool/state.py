@@ -18,7 +18,9 @@ Rules (the SQLite store implements exactly these; tests compare the two):
   `MessagePubrecReceived` marks the entry (both only before PUBREC);
   `MessageAcked`/`MessageDropped` remove it. `SessionDeleted` removes the
   session with its subscriptions, queue, QoS 2 packet ids and will.
-- `SessionOpened` upserts: connected, `disconnected_at_ms` back to 0.
+- `SessionOpened` upserts: connected, `disconnected_at_ms` back to 0; the
+  owner stays. `SessionOwned` sets the owner of an existing session (None
+  until one is set: a session from before owners, see docs/broker.md).
 - `RetainedSet`/`WillSet` replace (the earlier body loses its reference).
 - Message-id history keeps the newest `max_message_ids` (client id, message id)
   pairs by the seq of their last `MessageIdSeen`; the oldest goes when a new
@@ -65,6 +67,7 @@ class Session:
     queue: tuple[QueueEntry, ...] = ()  # in order
     inbound_qos2: tuple[int, ...] = ()  # packet ids, ascending
     will: o.WillSet | None = None
+    owner: str | None = None  # "" anonymous; None: made before sessions had owners
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -238,9 +241,17 @@ class StateModel:
     def _SessionOpened(self, seq: int, op: o.SessionOpened) -> bool:
         record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True)
         if op.client_id in self.sessions:
-            self.sessions[op.client_id].record = record
+            old = self.sessions[op.client_id].record
+            self.sessions[op.client_id].record = dataclasses.replace(record, owner=old.owner)
         else:
             self.sessions[op.client_id] = _Session(record)
+        return True
+
+    def _SessionOwned(self, seq: int, op: o.SessionOwned) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None:
+            return False
+        s.record = dataclasses.replace(s.record, owner=op.owner)
         return True
 
     def _SessionDisconnected(self, seq: int, op: o.SessionDisconnected) -> bool:
