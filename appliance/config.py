@@ -141,6 +141,14 @@ class Limits:
     # link, the active stops reading publishers until the standby catches up.
     mate_max_lag_ops: int = 10_000
     mate_max_lag_bytes: int = 64 * 1024 * 1024
+    # Sessions belong to the user that made them (docs/broker.md): another user with that client id is refused
+    # (0), or by this switch (1) gets a clean session, the old one discarded.
+    session_other_user_clean_start: int = 0
+    # Uncached password checks (scrypt) a source address / a user name may start per minute (a token bucket
+    # holding a minute's worth); a successful check is refunded.
+    login_checks_per_address_per_min: int = 30
+    login_checks_per_user_per_min: int = 30
+    password_min_length: int = 8  # bytes (UTF-8); checked when a password is set, not at login
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
@@ -150,6 +158,10 @@ class Limits:
         "message_id_history_max": (1, 10_000_000),
         "mate_max_lag_ops": (1, 1_000_000),
         "mate_max_lag_bytes": (64 * 1024, 1 << 36),
+        "session_other_user_clean_start": (0, 1),
+        "login_checks_per_address_per_min": (1, 1_000_000),
+        "login_checks_per_user_per_min": (1, 1_000_000),
+        "password_min_length": (1, 1024),
     }
 
     def validate(self) -> None:

@@ -114,12 +114,19 @@ def users(args, term: Terminal) -> int:
     if args.action == "del":
         submit(term, config, {"kind": "user.delete", "username": name})
         return 0
-    existing = read_config(config)["users"]
+    view = read_config(config)
+    existing = view["users"]
     if args.action == "add" and name in existing:
         raise PairMQError(f"user {name!r} already exists; change the password with `pairmq config users passwd`")
     if args.action == "passwd" and name not in existing:
         raise PairMQError(f"there is no user {name!r}")
-    record = hash_password(_read_password(args), secrets.token_bytes(SALT_BYTES))
+    password = _read_password(args)
+    # Only the scrypt record leaves this machine, so the length can be checked only here.
+    min_length = view.get("limits", {}).get("effective", {}).get("password_min_length", 8)
+    if len(password) < min_length:
+        raise PairMQError(f"the password has {len(password)} bytes; the group asks for at least {min_length} "
+                          f"(limits.password_min_length); nothing changed")
+    record = hash_password(password, secrets.token_bytes(SALT_BYTES))
     submit(term, config, {"kind": "user.set", "username": name, "record": record.to_document()})
     return 0
 

@@ -183,12 +183,33 @@ def test_subscribe_needs_an_allow_rule_that_subsumes_the_filter():
     assert not p.authorize("alice", "subscribe", "$share/g/#")
 
 
-def test_a_deny_rule_refuses_every_subscription_it_overlaps():
+def test_a_deny_rule_refuses_the_subscriptions_it_covers_and_withholds_the_rest_at_delivery():
+    # Issue 21 point 3: before, a deny rule refused every filter it overlapped (`#`, `+/x`).
     p = policy(("deny", "subscribe", "secret/#", "all"), ("allow", "subscribe", "#", "all"))
-    assert not p.authorize("alice", "subscribe", "#")
-    assert not p.authorize("alice", "subscribe", "+/x")
+    assert p.authorize("alice", "subscribe", "#")
+    assert p.authorize("alice", "subscribe", "+/x")
+    assert not p.authorize("alice", "subscribe", "secret/#")
+    assert not p.authorize("alice", "subscribe", "secret/a/+")
     assert p.authorize("alice", "subscribe", "public/#")
     assert p.authorize("alice", "subscribe", "$SYS/#") is False  # `#` in the rule does not reach $ topics
+    assert not p.may_receive("alice", "secret/x") and p.may_receive("alice", "public/x")
+    assert p.may_receive("alice", "x")
+
+
+def test_mosquitto_deny_one_topic_keeps_broad_subscriptions():
+    p = policy(("deny", "subscribe", "test/nosubscribe", "all"), ("allow", "both", "#", "all"))
+    assert all(p.authorize(None, "subscribe", f) for f in ("#", "+/+", "TopicA/#"))
+    assert not p.authorize(None, "subscribe", "test/nosubscribe")
+    assert not p.may_receive(None, "test/nosubscribe") and p.may_receive(None, "test/other")
+
+
+def test_receive_decisions_follow_the_policy_in_force():
+    p = policy(("allow", "both", "alice/#", "user:alice"), ("allow", "both", "bob/#", "user:bob"))
+    assert p.may_receive("alice", "alice/x") and not p.may_receive("bob", "alice/x")
+    revoked = p.without_rule(0)
+    assert not revoked.may_receive("alice", "alice/x")  # a new policy: the cached decision is not reused
+    assert p.may_receive("alice", "alice/x")
+    assert not policy().without_user("alice").may_receive("alice", "x")  # a user that no longer exists
 
 
 def test_user_rules_name_one_user():

@@ -46,15 +46,15 @@ def same_on_both(g) -> dict:
 
 
 def test_users_add_passwd_del_list(group):
-    added = run(group, "users", "add", "alice", "--password-stdin", stdin="s3cret\n")
+    added = run(group, "users", "add", "alice", "--password-stdin", stdin="s3cret-alice\n")
     assert added.returncode == 0, added.stderr
     assert "set user 'alice' (password record replaced)" in added.stderr
     assert "applied on the primary (active); the standby confirmed it" in added.stderr
-    assert verify_password(record(group, "alice"), b"s3cret")
-    assert "s3cret" not in json.dumps(call(group, P, "/api/v1/config/document")[1])
-    assert run(group, "users", "passwd", "alice", "--password-stdin", stdin="n3w\n").returncode == 0
-    assert verify_password(record(group, "alice"), b"n3w") and not verify_password(record(group, "alice"), b"s3cret")
-    assert run(group, "users", "add", "bob", "--password-stdin", stdin="b\n").returncode == 0
+    assert verify_password(record(group, "alice"), b"s3cret-alice")
+    assert "s3cret-alice" not in json.dumps(call(group, P, "/api/v1/config/document")[1])
+    assert run(group, "users", "passwd", "alice", "--password-stdin", stdin="n3w-passw0rd\n").returncode == 0
+    assert verify_password(record(group, "alice"), b"n3w-passw0rd") and not verify_password(record(group, "alice"), b"s3cret-alice")
+    assert run(group, "users", "add", "bob", "--password-stdin", stdin="bob-passw0rd\n").returncode == 0
     listed = json.loads(run(group, "users", "list", "--json").stdout)
     assert listed["users"] == ["alice", "bob"] and listed["allow_anonymous"] is True
     assert run(group, "users", "del", "alice").returncode == 0
@@ -68,8 +68,10 @@ def test_users_add_passwd_del_list(group):
     (["users", "add", "carol", "--password-stdin"], "\n", ["an empty password is not allowed"]),
     (["users", "add", "carol"], "", ["no terminal to ask for the password on", "--password-stdin"]),
     (["users", "passwd", "nobody", "--password-stdin"], "x\n", ["there is no user 'nobody'"]),
+    (["users", "add", "carol", "--password-stdin"], "short\n",
+     ["the password has 5 bytes", "at least 8", "password_min_length"]),
     (["users", "del", "nobody"], None, ["nothing changed", "there is no user 'nobody'"]),
-    (["users", "add", "a\tb", "--password-stdin"], "x\n", ["control characters"]),
+    (["users", "add", "a\tb", "--password-stdin"], "long-enough\n", ["control characters"]),
     (["acl", "allow", "publish", "a/#/b", "--all"], None, ["rule.filter 'a/#/b'"]),
     (["acl", "allow", "publish", "$share/g/a", "--all"], None, ["rules name topics"]),
     (["acl", "remove", "30"], None, ["acl: there are no rules"]),
@@ -91,8 +93,8 @@ def test_usage_mistakes(group):
 
 
 def test_users_add_twice_is_refused(group):
-    assert run(group, "users", "add", "dave", "--password-stdin", stdin="x\n").returncode == 0
-    assert_one_sentence(run(group, "users", "add", "dave", "--password-stdin", stdin="y\n"),
+    assert run(group, "users", "add", "dave", "--password-stdin", stdin="dave-passw0rd\n").returncode == 0
+    assert_one_sentence(run(group, "users", "add", "dave", "--password-stdin", stdin="dave-other-pw\n"),
                         "user 'dave' already exists", "users passwd", code=1)
 
 

@@ -14,7 +14,8 @@ Connecting (the listener asks before the broker sees the CONNECT):
 3. A will topic the client may not publish to refuses the CONNECT with "not
    authorized" (the client learns now, not when the will silently vanishes).
 
-Publishing and subscribing (the broker core's `authorize` hook):
+Publishing, subscribing and receiving (the broker core's `authorize` and
+`may_receive` hooks):
 
 4. The ACL is an ordered list of rules (effect allow|deny, action
    publish|subscribe|both, a topic filter, who: `user:NAME`, `anonymous`,
@@ -25,17 +26,26 @@ Publishing and subscribing (the broker core's `authorize` hook):
    - SUBSCRIBE to a filter: an allow rule decides only when its filter
      subsumes the requested one (every topic the subscription can match, the
      rule matches: `a/#` grants `a/b/+` and `a`, never `#` or `+/b`); a deny
-     rule decides as soon as the two filters overlap (some topic matches
-     both: deny `secret/#` refuses `#`). So a granted subscription can never
-     receive a topic the same client could not have been allowed to read.
+     rule decides only when it subsumes the requested filter too (deny
+     `secret/#` refuses `secret/a` and `secret/#`, not `#`). A deny rule that
+     merely overlaps is passed over: the subscription is granted and what it
+     denies is withheld at delivery (as mosquitto does), so an operator can
+     hide one topic without breaking every broad subscription.
      `$share/GROUP/` is stripped first: a shared subscription is judged by its
      filter.
+   - RECEIVING a message on a topic (every delivery, queued messages and
+     retained ones included): the subscribe rules, read as for PUBLISH (a
+     rule decides when its filter matches the topic). So a granted
+     subscription never delivers a topic the same client could not have
+     subscribed to by name, under the ACL in force at delivery.
 5. No rule decides: allowed when the ACL is empty, denied when it holds any
    rule at all (an ACL, once written, is a whitelist).
 6. A client whose user no longer exists, or an anonymous client after
-   anonymous access was turned off, is denied every publish and subscribe.
-   Policy changes apply from the next packet; subscriptions granted earlier
-   stay until the client unsubscribes or its session ends.
+   anonymous access was turned off, is denied every publish, subscribe and
+   delivery. A policy change applies from the next packet and the next
+   delivery: a revoked rule withholds what subscriptions granted earlier.
+   Receive decisions are cached per (user, topic) on the policy object; a
+   change makes a new policy, so the cache never outlives the version.
 
 Passwords are stored as scrypt records (n, r, p, salt, hash). Verification is
 the CPU-heavy part (~50 ms): the adapter runs it in a thread (hashlib.scrypt
@@ -70,6 +80,7 @@ MAX_RULES = 10_000
 MAX_USERNAME_CHARS = 256
 MAX_PASSWORD_BYTES = 65535  # the MQTT binary data limit
 DEFAULT_CACHE_ENTRIES = 10_000
+MAX_RECEIVE_DECISIONS = 100_000  # cached (user, topic) decisions per policy; all dropped at the bound
 
 
 class AccessDocumentError(ConfigError):
@@ -241,6 +252,8 @@ class AccessPolicy:
     allow_anonymous: bool = False
     users: dict[str, HashRecord] = dataclasses.field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
+    # (user, topic) -> may receive: filled per delivery, dropped with this policy (see the rules)
+    _receive: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
     # --- connecting ---
 
@@ -270,8 +283,33 @@ class AccessPolicy:
                 continue
             if rule.effect is Effect.ALLOW and subsumes(rule.levels, levels):
                 return True
-            if rule.effect is Effect.DENY and overlaps(rule.levels, levels):
-                return False
+            if rule.effect is Effect.DENY:
+                if action == "publish" and overlaps(rule.levels, levels):
+                    return False
+                if action == "subscribe" and subsumes(rule.levels, levels):
+                    return False
+        return False
+
+    def may_receive(self, username: str | None, topic: str) -> bool:
+        """May this client be sent a message on `topic` (rule 4, receiving)? Cached per (user, topic)."""
+        key = (username, topic)
+        decided = self._receive.get(key)
+        if decided is None:
+            decided = self._decide_receive(username, topic)
+            if len(self._receive) >= MAX_RECEIVE_DECISIONS:
+                self._receive.clear()
+            self._receive[key] = decided
+        return decided
+
+    def _decide_receive(self, username: str | None, topic: str) -> bool:
+        if not self.may_connect_as(username):
+            return False
+        if not self.rules:
+            return True
+        levels = tuple(topic.split("/"))
+        for rule in self.rules:
+            if rule.applies(username, "subscribe") and overlaps(rule.levels, levels):
+                return rule.effect is Effect.ALLOW
         return False
 
     # --- edits (each returns a new policy; the CLI writes it) ---
