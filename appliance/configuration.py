@@ -12,7 +12,9 @@ Rules:
 - A change takes effect at once on the node that applies it (the active through the API, the
   standby through config-sync): the access policy for the next CONNECT and the next packet; a
   deleted user's clients, and anonymous clients when anonymous access is turned off, are
-  disconnected (v5 DISCONNECT 0x87 "not authorized"); limits on the broker core; overload settings
+  disconnected (v5 DISCONNECT 0x87 "not authorized"), and on the node that serves a deleted
+  user's sessions are deleted too (the ops reach the standby by the mate link like any other);
+  a revoked rule withholds the next delivery (access.py); limits on the broker core; overload settings
   on the listeners. Limits and overload settings not set here keep the group file's / built-in
   defaults.
 """
@@ -118,6 +120,10 @@ class NodeConfiguration:
                                       anonymous=anonymous_off)
             if doc.overload != before.overload:
                 listener.set_overload(doc.effective_overload())
+        if gone and node.broker is not None and node.may_serve():
+            from .broker.service import wall_ms
+
+            node.broker.execute(node.broker.core.remove_users(gone, wall_ms()))
         if node.broker is not None and doc.limits != before.limits:
             node.apply_limits(self.limits())
         if doc.auto_revert != before.auto_revert:

@@ -113,17 +113,22 @@ class Node:
             # one sentence: never guess a policy.
             self.configuration = NodeConfiguration(self, secret)
             self.core.auto_revert = self.configuration.auto_revert()  # config-sync's, else the group file's
-            self.authn = Authenticator(self.configuration.document.access)
+            limits = self.configuration.limits()
+            self.authn = Authenticator(self.configuration.document.access,
+                                       per_address_per_min=limits.login_checks_per_address_per_min,
+                                       per_user_per_min=limits.login_checks_per_user_per_min,
+                                       owner_refusal=lambda client_id, user: self.broker.core.owner_refusal(
+                                           client_id, user))
             from .broker.core import BrokerCore, limits_from_config
             from .broker.service import BrokerService
 
-            limits = self.configuration.limits()
             self._core_limits = limits_from_config(limits)
 
             def new_core() -> BrokerCore:
                 return BrokerCore(node_name=role.value, limits=self._core_limits,
                                   id_source=lambda: "pairmq-" + secrets.token_hex(8),
-                                  authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic))
+                                  authorize=lambda user, action, topic: self.authn.policy.authorize(user, action, topic),
+                                  may_receive=lambda user, topic: self.authn.policy.may_receive(user, topic))
 
             # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
             self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
@@ -408,7 +413,7 @@ class Node:
     # --- access (users, passwords, ACLs) ----------------------------------------------
 
     async def _credential_check(self, connect, peer: str):
-        return await self.authn.check(connect)
+        return await self.authn.check(connect, peer)
 
     def _on_sighup(self) -> None:
         log.info("%s: SIGHUP: nothing to reload; users, ACLs, limits and overload settings are changed with "
@@ -424,6 +429,8 @@ class Node:
         self._core_limits = limits_from_config(limits)
         self.broker.core.limits = self._core_limits
         self.broker.core.router.limits = self._core_limits
+        self.authn.throttle.per_address_per_min = limits.login_checks_per_address_per_min
+        self.authn.throttle.per_user_per_min = limits.login_checks_per_user_per_min
 
     def _log_denials(self, logged: dict) -> dict:
         """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed

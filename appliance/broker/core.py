@@ -12,6 +12,18 @@ it follows. `flush` ends a batch of inputs (one event-loop callback): acks taken
 in it are persisted as one op per session and the touched sessions are pumped
 once.
 
+Sessions belong to the user that made them (`Session.owner`, replicated by a
+`SessionOwned` op). Another user connecting with that client id is refused
+(`owner_refusal`: v5 0x87, 3.1.1 return code 5): it never gets the session's
+messages, subscriptions or session-present, and never takes the live owner's
+connection over. With `Limits.other_user_clean_start` it gets a clean session
+instead (the old one discarded, its connection taken over). A session restored
+from before owners (None) is claimed by the first user that connects to it.
+
+Every delivery is checked against the ACL in force (`may_receive`): a copy a
+subscriber may no longer receive is not routed to it, and a queued one is
+dropped when its turn comes (counted, `MessageDropped` "not authorized").
+
 State is rebuilt from the spool at start-up (`restore`). Every change the core
 makes to durable state is mirrored by an op in the same call (acks: by the next
 `flush`; one lost to a crash means a redelivery, docs/broker.md rule 5), so
@@ -114,21 +126,33 @@ class Limits:
     max_session_expiry_s: int = 7 * 24 * 3600
     message_id_window_ms: int = 300_000  # duplicate suppression by message id (dedup.py)
     max_message_ids: int = 100_000
+    other_user_clean_start: bool = False  # see the theory: refuse another user (False) or start it clean
 
 
 Authorizer = Callable[[str | None, str, str], bool]  # (username, "publish"|"subscribe", topic or filter) -> allowed
+ReceiveCheck = Callable[[str | None, str], bool]  # (username, topic) -> may be sent a message on it
 
 
 def allow_all(username: str | None, action: str, topic: str) -> bool:
     return True
 
 
+def receive_all(username: str | None, topic: str) -> bool:
+    return True
+
+
+def owner_of(username: str | None) -> str:
+    return username if username is not None else ""
+
+
 class BrokerCore:
     def __init__(self, *, node_name: str = "pairmq", limits: Limits = Limits(),
-                 authorize: Authorizer = allow_all, id_source: Callable[[], str] | None = None) -> None:
+                 authorize: Authorizer = allow_all, id_source: Callable[[], str] | None = None,
+                 may_receive: ReceiveCheck = receive_all) -> None:
         self.limits = limits
         self.authorize = authorize
-        self.router = Router(limits)
+        self.may_receive = may_receive
+        self.router = Router(limits, may_receive)
         self.message_ids = dedup.MessageIdHistory(limits.message_id_window_ms, limits.max_message_ids)
         self.sessions: dict[str, Session] = {}
         self.connections: dict[int, Connection] = {}
@@ -152,14 +176,23 @@ class BrokerCore:
         expiry_s = props.get(P.SESSION_EXPIRY_INTERVAL, 0) if v == 5 else (0 if packet.clean_start else NEVER)
         expiry_s = min(expiry_s, self.limits.max_session_expiry_s) if expiry_s != NEVER else NEVER
         op_list: list = []
+        owner = owner_of(username)
+        clean_start = packet.clean_start
 
         old = self.sessions.get(client_id)
+        if old is not None and old.owner is not None and old.owner != owner:
+            why = self.owner_refusal(client_id, username)
+            if why is not None:  # the front door asks first (authn.py); this holds without it
+                self._count("session_owner_refused")
+                return [Close(conn_id, RC.NOT_AUTHORIZED, why)]
+            self._count("session_owner_clean_start")
+            clean_start = True  # the other user's session is discarded, never handed over
         if old is not None and old.conn is not None:
             effects.append(Close(old.conn, RC.SESSION_TAKEN_OVER, "another connection took this session over"))
             effects += self._connection_gone(old.conn, now_ms, taken_over=True, op_list=op_list)
         session = self.sessions.get(client_id)
-        present = session is not None and not packet.clean_start
-        if session is not None and packet.clean_start:
+        present = session is not None and not clean_start
+        if session is not None and clean_start:
             op_list += self._delete_session(session)
             session = None
         if session is None:
@@ -168,6 +201,9 @@ class BrokerCore:
         session.protocol_version, session.expiry_s, session.conn = v, expiry_s, conn_id
         session.will_due_ms = 0
         op_list.append(ops.SessionOpened(client_id, v, expiry_s, now_ms))
+        if session.owner is None:  # new, or from before owners: this user claims it
+            session.owner = owner
+            op_list.append(ops.SessionOwned(client_id, owner))
         if session.will is not None:  # a reconnect cancels a pending delayed will (v5 §3.1.3.2.2)
             op_list += self.router.drop_will(session)
 
@@ -201,6 +237,35 @@ class BrokerCore:
         # The CONNACK waits for the session ops: a client told "session present" must find it after a crash.
         effects.append(Persist(tuple(op_list), (connack, Connacked(conn_id))))
         return effects
+
+    def owner_refusal(self, client_id: str, username: str | None) -> str | None:
+        """Why `username` may not connect with `client_id` (its session belongs to another user), or None."""
+        session = self.sessions.get(client_id) if client_id else None
+        if session is None or session.owner is None or session.owner == owner_of(username):
+            return None
+        if self.limits.other_user_clean_start:
+            return None
+        return "this client id's session belongs to another user"
+
+    def remove_users(self, usernames, now_ms: int) -> list:
+        """Deleted users: end their connections and sessions (the node drops their sockets too)."""
+        gone = set(usernames)
+        effects: list = []
+        op_list: list = []
+        for conn in list(self.connections.values()):
+            if conn.username is not None and conn.username in gone:
+                conn.will_on_close = False  # a deleted user's will is not published for it
+                effects.append(Close(conn.conn_id, RC.NOT_AUTHORIZED, "the user was deleted"))
+                effects += self._connection_gone(conn.conn_id, now_ms, taken_over=True, op_list=op_list)
+        for session in list(self.sessions.values()):
+            if session.owner and session.owner in gone:
+                if session.conn is not None:
+                    effects.append(Close(session.conn, RC.NOT_AUTHORIZED, "the session's user was deleted"))
+                    effects += self._connection_gone(session.conn, now_ms, taken_over=True, op_list=op_list)
+                op_list += self.router.drop_will(session)
+                op_list += self._delete_session(session)
+                self._count("sessions_of_deleted_users")
+        return [Persist(tuple(op_list)), *effects] if op_list else effects
 
     def connacked(self, done: Connacked, now_ms: int) -> list:
         """The CONNACK went out: resend what was in flight (DUP), then fill the window."""
@@ -459,11 +524,21 @@ class BrokerCore:
     def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list:
         """On (re)connect: resend what was in flight (DUP), then fill the window."""
         effects = []
-        for entry in session.inflight.values():
+        withheld = []
+        for entry in list(session.inflight.values()):
             if entry.state is EntryState.PUBREC:
                 effects.append(Send(conn.conn_id, codec.Pubrel(entry.packet_id)))
+            elif not self.may_receive(conn.username, self.router.messages[entry.msg_id].topic):
+                withheld.append(entry)  # the ACL changed since it was first sent: not sent again
             else:
                 effects += self.router.publish_packet(conn, session, entry, dup=True)
+        if withheld:
+            for entry in withheld:
+                session.remove_inflight(entry)
+                self.router.release(session, entry)
+                self.router.withheld += 1
+            effects.insert(0, Persist(tuple(ops.MessageDropped(session.client_id, e.msg_id, "not authorized")
+                                            for e in withheld)))
         return effects + self._pump(session, conn, now_ms)
 
     def _pump(self, session: Session, conn: Connection | None, now_ms: int) -> list:
@@ -513,7 +588,8 @@ def limits_from_config(limits) -> Limits:
     return Limits(max_queued_messages=limits.session_queue_max_messages,
                   max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes,
                   message_id_window_ms=limits.message_id_window_s * 1000,
-                  max_message_ids=limits.message_id_history_max)
+                  max_message_ids=limits.message_id_history_max,
+                  other_user_clean_start=bool(limits.session_other_user_clean_start))
 
 
 def restore(core: BrokerCore, state, now_ms: int) -> None:
@@ -538,6 +614,7 @@ def restore(core: BrokerCore, state, now_ms: int) -> None:
         router.messages[msg_id].refs += 1
     for record in state.sessions.values():
         session = Session(record.client_id, record.protocol_version, record.expiry_s)
+        session.owner = record.owner
         session.disconnected_at_ms = now_ms if record.connected else record.disconnected_at_ms
         for sub in record.subscriptions:
             opts = SubscriptionOptions(sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling,

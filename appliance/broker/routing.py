@@ -17,6 +17,11 @@ Rules:
 - Message expiry: an unsent copy of an expired message is dropped when its
   window reaches it, or at the first tick after it fell due; a tick walks the
   queues only when some stored message fell due (a heap of their expiries).
+- Every copy is checked against the ACL in force (`may_receive`, by the
+  session owner's name, docs in access.py): when routed, when a queued entry
+  reaches the window (a revoked rule drops it: `MessageDropped` "not
+  authorized"), and for retained messages at SUBSCRIBE. A session from before
+  owners, offline, is checked when its entries are sent.
 - A QoS 0 PUBLISH without RETAIN takes `_route_at_most_once`: the same
   copies as `route`, without the storing, queueing and acking it never needs.
 """
@@ -39,8 +44,10 @@ _NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
 
 
 class Router:
-    def __init__(self, limits) -> None:
+    def __init__(self, limits, may_receive=None) -> None:
         self.limits = limits
+        self.may_receive = may_receive or (lambda username, topic: True)
+        self.withheld = 0  # copies the ACL withheld at delivery
         self.messages: dict[int, Message] = {}
         self.retained = topics.RetainedIndex()
         self.subscriptions = topics.SubscriptionIndex()
@@ -167,11 +174,20 @@ class Router:
     def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
         out: dict[str, tuple[int, tuple, bool]] = {}
+        may_receive, sessions, connections = self.may_receive, core.sessions, core.connections
         # The index picks one member per shared group (round-robin, connected members first).
         for match in self.subscriptions.match(topic, eligible=lambda cid: _connected(core, cid)):
             opts: SubscriptionOptions = match.options
             if match.group is None and opts.no_local and match.client_id == publisher:
                 continue
+            target = sessions.get(match.client_id)
+            if target is not None:
+                owner = target.owner
+                if owner is None and target.conn is not None:
+                    owner = connections[target.conn].username or ""
+                if owner is not None and not may_receive(owner or None, topic):
+                    self.withheld += 1
+                    continue
             self._merge(out, match.client_id, opts, match.group is None and retain and opts.retain_as_published)
         return out
 
@@ -236,6 +252,12 @@ class Router:
                 del queue[i]
                 dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "expired"))
                 self._release_entry(session, entry)
+                continue
+            if not self.may_receive(conn.username, msg.topic):  # the ACL changed since it was queued
+                del queue[i]
+                dropped.append(ops.MessageDropped(session.client_id, entry.msg_id, "not authorized"))
+                self._release_entry(session, entry)
+                self.withheld += 1
                 continue
             entry.state = EntryState.INFLIGHT
             entry.packet_id = session.allocate_packet_id()
@@ -350,9 +372,12 @@ class Router:
             codes.append(qos)
             send_retained = group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed))
             if send_retained:
-                for _topic, msg_id in self.retained.matching(plain):
+                for retained_topic, msg_id in self.retained.matching(plain):
                     msg = self.messages[msg_id]
                     if msg.expiry_at_ms and now_ms >= msg.expiry_at_ms:
+                        continue
+                    if not self.may_receive(conn.username, retained_topic):
+                        self.withheld += 1
                         continue
                     eff = min(qos, msg.qos)
                     ids = (sub_id,) if sub_id else ()

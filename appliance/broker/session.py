@@ -92,6 +92,7 @@ class Session:
     disconnected_at_ms: int = 0
     will_due_ms: int = 0  # when a delayed will is published (0: none pending)
     next_packet_id: int = 1
+    owner: str | None = None  # the user that made it ("" anonymous); None: restored from before owners
 
     def inflight_count(self) -> int:
         return len(self.inflight)
