@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from appliance.broker.access import AccessPolicy, Action, Effect, Rule
 from appliance.eventlog import EventSettings
 from appliance.roles import Role
 from tests.group import active_group
@@ -100,12 +101,24 @@ def stop_process(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+ACL_RULES = 50  # pairmq-acl: this many rules, the one that grants the benchmark's topics last
+
+
+def bench_acl() -> AccessPolicy:
+    """Anonymous clients (the load generator's) allowed, behind ACL_RULES - 1 rules that do not apply: every
+    PUBLISH and every delivery is checked against the whole list (deliveries through the per-topic cache)."""
+    rules = [Rule(Effect.DENY, Action.BOTH, f"other/{i}/#", "all") for i in range(ACL_RULES - 1)]
+    return AccessPolicy(True, {}, (*rules, Rule(Effect.ALLOW, Action.BOTH, "#", "all")))
+
+
 @contextlib.contextmanager
-def run_pairmq(workdir: Path):
+def run_pairmq(workdir: Path, *, acl: bool = False):
     # PAIRMQ_MESSAGE_EVENTS=0: per-message event logging off, to measure what it costs (docs/events.md).
     events = EventSettings(message_events=os.environ.get("PAIRMQ_MESSAGE_EVENTS", "1") != "0")
-    with active_group(workdir / "pairmq", timeout_s=30, events=events) as g:
-        yield Target("pairmq", g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY),
+    name = "pairmq-acl" if acl else "pairmq"
+    access = bench_acl() if acl else AccessPolicy(allow_anonymous=True)
+    with active_group(workdir / name, timeout_s=30, events=events, access=access) as g:
+        yield Target(name, g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY),
                      notes=lambda: [f"redundancy decision during the run: {d['reason']}"
                                     for r in (Role.PRIMARY, Role.BACKUP) for d in g.decisions(r)
                                     if d["kind"] == "step_down" or d["kind"] == "activate" and d["epoch"] > 1])

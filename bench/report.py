@@ -82,6 +82,11 @@ def ratios(results: list[Result]) -> list[str]:
     out = []
     if not ours:
         return out
+    acl = by.get("pairmq-acl")
+    if acl:
+        out.append("PairMQ with a 50-rule ACL / without: " + ", ".join(
+            f"{label} {acl[k] / ours[k]:.2f}×" for k, label in zip(THROUGHPUT, THROUGHPUT_LABELS)
+            if ours.get(k) and k in acl))
     for other in ("mosquitto", "mosquitto-persist", "amqtt"):
         theirs = by.get(other)
         if not theirs:

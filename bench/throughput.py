@@ -16,6 +16,10 @@ Brokers, each started by this script and stopped after its turn:
                      127.0.0.1/.2/.3, the fixed ports, under their lock); the
                      load goes to the active primary, which acknowledges QoS 1
                      only after its SQLite spool's group commit (fsync).
+  pairmq-acl         the same with an ACL of 50 rules, the one that grants
+                     the benchmark's topics last (bench/brokers.py): what
+                     checking every PUBLISH and every delivery costs, compared
+                     with `pairmq` in the same run.
   mosquitto          Debian's /usr/sbin/mosquitto on 127.0.0.1 and a free port,
                      persistence off.
   mosquitto-persist  the same with persistence on: an in-memory broker that
@@ -353,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                 # Every broker runs while we hold the loopback groups' lock (PairMQ's Group takes it itself): the
                 # other tests that run whole groups then wait, and the comparison has the CPUs to itself.
                 with contextlib.ExitStack() as stack:
-                    if name == "pairmq":
-                        target = stack.enter_context(run_pairmq(workdir))
+                    if name in ("pairmq", "pairmq-acl"):
+                        target = stack.enter_context(run_pairmq(workdir, acl=name == "pairmq-acl"))
                     else:
                         stack.enter_context(fixed_ports())
                         if name in ("mosquitto", "mosquitto-persist"):

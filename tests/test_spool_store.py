@@ -220,3 +220,14 @@ def test_a_fresh_spool_is_empty_and_appears_atomically(tmp_path):
     conn = sqlite3.connect(tmp_path / "spool.db")
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()
+
+
+def test_a_spool_from_before_session_owners_loads_and_gains_the_table_when_written(tmp_path):
+    write(tmp_path, [[o.SessionOpened("a", 5, 3600, 10)]])
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    conn.execute("DROP TABLE session_owners")  # the layout before owners (same schema version)
+    conn.commit()
+    conn.close()
+    assert load(tmp_path).sessions["a"].owner is None  # a pre-owner session: claimed by its next user
+    write(tmp_path, [[o.SessionOwned("a", "alice")]])
+    assert load(tmp_path).sessions["a"].owner == "alice"
