@@ -515,8 +515,9 @@ def test_a_reconnect_storm_costs_one_scrypt_and_does_not_block_the_loop(group):
 
 
 def test_a_storm_of_wrong_passwords_runs_every_scrypt_off_the_loop(group):
-    """Failures are not cached: 60 distinct wrong guesses cost 60 scrypts, queued on 2 threads, while a
-    connected client's pings keep being answered."""
+    """Failures are not cached: distinct wrong guesses cost one scrypt each, queued on 2 threads, while a
+    connected client's pings keep being answered; past the address's budget (limits.
+    login_checks_per_address_per_min, 30) the rest are refused at once with "server unavailable" (issue 21)."""
     before = node_view(group)["mqtt"]["access"]
     start = time.monotonic()
     codes, pings = asyncio.run(_storm(total=60, concurrency=30, password="guess"))
@@ -527,7 +528,7 @@ def test_a_storm_of_wrong_passwords_runs_every_scrypt_off_the_loop(group):
     print(f"\n60 wrong-password CONNECTs (30 at a time) in {elapsed:.2f} s: {runs} scrypt runs; PINGREQ round "
           f"trips meanwhile: median {pings[len(pings) // 2] * 1000:.1f} ms, max {pings[-1] * 1000:.1f} ms "
           f"over {len(pings)}")
-    assert codes == [4] * 60
-    assert runs >= 60
+    assert sorted(set(codes)) == [3, 4] and codes.count(4) < 45  # the budget: a minute's worth, refilling
+    assert runs == codes.count(4)  # a throttled CONNECT costs no scrypt
     assert len(pings) >= 5 and pings[len(pings) // 2] < 0.1 and pings[-1] < 1.0, pings
 
