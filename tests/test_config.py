@@ -155,7 +155,9 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
     assert raw["limits"] == {"session_queue_max_messages": 100_000, "session_queue_max_bytes": 64 << 20,
                              "spool_max_bytes": 4 << 30, "message_id_window_s": 300,
                              "message_id_history_max": 100_000, "mate_max_lag_ops": 10_000,
-                             "mate_max_lag_bytes": 64 << 20}
+                             "mate_max_lag_bytes": 64 << 20, "session_other_user_clean_start": 0,
+                             "login_checks_per_address_per_min": 30, "login_checks_per_user_per_min": 30,
+                             "password_min_length": 8}
     raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20, message_id_window_s=60,
                          message_id_history_max=7, mate_max_lag_ops=20)
     config = parse_group(raw)

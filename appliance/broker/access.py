@@ -44,8 +44,9 @@ Publishing, subscribing and receiving (the broker core's `authorize` and
    anonymous access was turned off, is denied every publish, subscribe and
    delivery. A policy change applies from the next packet and the next
    delivery: a revoked rule withholds what subscriptions granted earlier.
-   Receive decisions are cached per (user, topic) on the policy object; a
-   change makes a new policy, so the cache never outlives the version.
+   Decisions are cached per (user, action, topic or filter) on the policy
+   object; a change makes a new policy, so the cache never outlives the
+   version.
 
 Passwords are stored as scrypt records (n, r, p, salt, hash). Verification is
 the CPU-heavy part (~50 ms): the adapter runs it in a thread (hashlib.scrypt
@@ -80,7 +81,7 @@ MAX_RULES = 10_000
 MAX_USERNAME_CHARS = 256
 MAX_PASSWORD_BYTES = 65535  # the MQTT binary data limit
 DEFAULT_CACHE_ENTRIES = 10_000
-MAX_RECEIVE_DECISIONS = 100_000  # cached (user, topic) decisions per policy; all dropped at the bound
+MAX_DECISIONS = 100_000  # cached (user, action, topic) decisions per policy; all dropped at the bound
 
 
 class AccessDocumentError(ConfigError):
@@ -227,10 +228,10 @@ class Rule:
     action: Action
     filter: str
     who: str
+    levels: tuple[str, ...] = dataclasses.field(init=False, compare=False, repr=False)  # split once
 
-    @property
-    def levels(self) -> tuple[str, ...]:
-        return tuple(self.filter.split("/"))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.filter.split("/")))
 
     def applies(self, username: str | None, action: str) -> bool:
         if self.action is not Action.BOTH and self.action.value != action:
@@ -252,8 +253,8 @@ class AccessPolicy:
     allow_anonymous: bool = False
     users: dict[str, HashRecord] = dataclasses.field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
-    # (user, topic) -> may receive: filled per delivery, dropped with this policy (see the rules)
-    _receive: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
+    # (user, action, topic) -> allowed: filled per packet and delivery, dropped with this policy (see the rules)
+    _decided: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
     # --- connecting ---
 
@@ -270,7 +271,24 @@ class AccessPolicy:
     # --- the broker core's hook ---
 
     def authorize(self, username: str | None, action: str, topic: str) -> bool:
-        """`action` is "publish" (a topic name) or "subscribe" (a topic filter, maybe `$share/...`)."""
+        """`action` is "publish" (a topic name) or "subscribe" (a topic filter, maybe `$share/...`). Cached."""
+        return self._cached(username, action, topic, self._decide)
+
+    def may_receive(self, username: str | None, topic: str) -> bool:
+        """May this client be sent a message on `topic` (rule 4, receiving)? Cached per (user, topic)."""
+        return self._cached(username, "receive", topic, self._decide_receive)
+
+    def _cached(self, username: str | None, action: str, topic: str, decide) -> bool:
+        key = (username, action, topic)
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = decide(username, action, topic)
+            if len(self._decided) >= MAX_DECISIONS:
+                self._decided.clear()
+            self._decided[key] = decided
+        return decided
+
+    def _decide(self, username: str | None, action: str, topic: str) -> bool:
         if not self.may_connect_as(username):
             return False
         if not self.rules:
@@ -290,18 +308,7 @@ class AccessPolicy:
                     return False
         return False
 
-    def may_receive(self, username: str | None, topic: str) -> bool:
-        """May this client be sent a message on `topic` (rule 4, receiving)? Cached per (user, topic)."""
-        key = (username, topic)
-        decided = self._receive.get(key)
-        if decided is None:
-            decided = self._decide_receive(username, topic)
-            if len(self._receive) >= MAX_RECEIVE_DECISIONS:
-                self._receive.clear()
-            self._receive[key] = decided
-        return decided
-
-    def _decide_receive(self, username: str | None, topic: str) -> bool:
+    def _decide_receive(self, username: str | None, _action: str, topic: str) -> bool:
         if not self.may_connect_as(username):
             return False
         if not self.rules:
