@@ -141,6 +141,16 @@ class Limits:
     # link, the active stops reading publishers until the standby catches up.
     mate_max_lag_ops: int = 10_000
     mate_max_lag_bytes: int = 64 * 1024 * 1024
+    # The MQTT front door's budget (appliance/mqtt/budget.py, docs/broker.md "Hostile clients"): before
+    # CONNECT succeeds, and per client after it.
+    mqtt_connect_max_bytes: int = 128 * 1024
+    mqtt_connect_max_properties: int = 128
+    mqtt_preauth_max_connections: int = 10_000
+    mqtt_preauth_max_per_address: int = 256
+    mqtt_preauth_max_bytes: int = 64 * 1024 * 1024
+    mqtt_output_max_bytes: int = 8 * 1024 * 1024
+    subscriptions_per_client_max: int = 10_000
+    subscribe_max_filters: int = 1_000
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
@@ -150,6 +160,14 @@ class Limits:
         "message_id_history_max": (1, 10_000_000),
         "mate_max_lag_ops": (1, 1_000_000),
         "mate_max_lag_bytes": (64 * 1024, 1 << 36),
+        "mqtt_connect_max_bytes": (1024, 1 << 28),
+        "mqtt_connect_max_properties": (1, 1 << 20),
+        "mqtt_preauth_max_connections": (1, 1_000_000),
+        "mqtt_preauth_max_per_address": (1, 1_000_000),
+        "mqtt_preauth_max_bytes": (1 << 20, 1 << 36),
+        "mqtt_output_max_bytes": (64 * 1024, 1 << 32),
+        "subscriptions_per_client_max": (1, 10_000_000),
+        "subscribe_max_filters": (1, 5_000),  # one SUBSCRIBE's ops must fit one spool commit (10,000 ops)
     }
 
     def validate(self) -> None:
