@@ -156,7 +156,7 @@ _READERS: dict[DataType, Callable[[Cursor, str], object]] = {
     DataType.VBI: Cursor.vbi,
     DataType.UTF8: Cursor.utf8,
     DataType.BINARY: Cursor.binary,
-    DataType.UTF8_PAIR: lambda c, what: (c.utf8(f"{what} name"), c.utf8(f"{what} value")),
+    DataType.UTF8_PAIR: Cursor.utf8_pair,
 }
 # identifier -> (PropertyId, spec, name, reader): one dict hit per property
 _BY_ID = {int(pid): (pid, spec, pid.name, _READERS[spec.data_type])
@@ -179,7 +179,7 @@ def decode_properties(cursor: Cursor, scope: Scope,
         if max_count is not None and count > max_count:
             raise protocol_error(f"more than {max_count} properties in {scope_name(scope)}",
                                  ReasonCode.PACKET_TOO_LARGE)
-        raw_id = block.vbi("property identifier")
+        raw_id = block.small_vbi("property identifier")
         entry = _BY_ID.get(raw_id)
         if entry is None:
             raise malformed(f"unknown property identifier 0x{raw_id:02X}")
