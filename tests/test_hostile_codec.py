@@ -6,7 +6,6 @@ tests/test_hostile_front_door.py.
 
 from __future__ import annotations
 
-import struct
 
 import pytest
 
@@ -15,21 +14,9 @@ from appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
 from appliance.mqtt.codec import Connect, PacketReader, decode_connect
 from appliance.mqtt.properties import PropertyId, decode_properties, encode_properties
 from appliance.mqtt.wire import Cursor, PacketType, ProtocolError, ReasonCode, encode_vbi
+from tests.mqttraw import connect_with_properties, empty_user_properties
 
 USER = PropertyId.USER_PROPERTY
-
-
-def empty_user_properties(n: int) -> bytes:
-    """A property block of n User Properties with empty name and value (5 bytes each)."""
-    body = b"\x26\x00\x00\x00\x00" * n
-    return encode_vbi(len(body)) + body
-
-
-def connect_with_properties(n: int, *, client_id: bytes = b"x") -> bytes:
-    """The attack CONNECT: MQTT 5, no credentials, n empty User Properties."""
-    body = (b"\x00\x04MQTT\x05\x02\x00\x3c" + empty_user_properties(n)
-            + struct.pack("!H", len(client_id)) + client_id)
-    return b"\x10" + encode_vbi(len(body)) + body
 
 
 @pytest.mark.parametrize("n", [10_000, 20_000])
