@@ -40,6 +40,12 @@ Rules:
   protocol level a 3.1.1-format CONNACK return code 1; after CONNACK, v5
   DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
   CONNECT is answered with CONNACK, never DISCONNECT.)
+- Pre-auth budget (budget.py): a connection over the per-address or total
+  cap of connections that have not finished CONNECT is closed unread at
+  accept ("connection_refused" event); one whose buffered bytes pass the
+  total pre-auth byte cap is aborted. The codec refuses a CONNECT over
+  `max_connect_bytes` from its fixed header and one with too many properties
+  (0x95), so nothing unauthenticated is buffered or decoded at length.
 - Timers (loop.call_at, none per packet): no complete CONNECT within
   `connect_timeout_s`: close. Keep alive k > 0: no packet within 1.5 k: v5
   DISCONNECT 0x8D, close (a client we stopped reading is not timed out).
