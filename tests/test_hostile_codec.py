@@ -84,16 +84,18 @@ def test_after_connect_the_full_packet_size_and_no_property_cap_apply():
     assert len(reader.next_packet().properties[USER]) == 1000
 
 
-def test_the_pre_auth_budget_caps_connections_per_address_and_in_total():
-    budget = PreAuthBudget(PreAuthLimits(max_connections=5, max_per_address=3, max_bytes=1 << 20))
-    assert [budget.open("10.0.0.1") for _ in range(3)] == [None] * 3
-    assert "from 10.0.0.1" in budget.open("10.0.0.1")
-    assert budget.open("10.0.0.2") is None and budget.open("10.0.0.3") is None
-    assert "limit 5" in budget.open("10.0.0.4")
-    budget.close("10.0.0.1", 0)
-    assert budget.open("10.0.0.1") is None  # a slot freed is a slot again
-    assert (budget.refused_address, budget.refused_total) == (1, 1)
-    for address in ("10.0.0.1",) * 3 + ("10.0.0.2", "10.0.0.3"):
+def test_the_pre_auth_budget_caps_connections_per_address_under_pressure_and_in_total():
+    budget = PreAuthBudget(PreAuthLimits(max_connections=8, max_per_address=2, max_bytes=1 << 20))
+    assert [budget.open("10.0.0.1") for _ in range(4)] == [None] * 4  # a storm from one address, no pressure yet
+    assert "from 10.0.0.1" in budget.open("10.0.0.1")  # half the total in use: the per-address cap applies
+    assert budget.open("10.0.0.2") is None and budget.open("10.0.0.2") is None
+    assert "from 10.0.0.2" in budget.open("10.0.0.2")
+    assert budget.open("10.0.0.3") is None and budget.open("10.0.0.4") is None
+    assert "limit 8" in budget.open("10.0.0.5")  # the total
+    budget.close("10.0.0.3", 0)
+    assert budget.open("10.0.0.5") is None  # a slot freed is a slot again
+    assert (budget.refused_address, budget.refused_total) == (2, 1)
+    for address in ("10.0.0.1",) * 4 + ("10.0.0.2",) * 2 + ("10.0.0.4", "10.0.0.5"):
         budget.close(address, 0)
     assert budget.by_address == {} and budget.connections == 0  # nothing kept per address once all are gone
 

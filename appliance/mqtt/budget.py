@@ -3,12 +3,19 @@
 Rules:
 
 - A connection is *pre-auth* from the moment it is accepted until its CONNECT
-  succeeds (CONNACK 0x00) or it closes. Queued CONNECTs and CONNECTs whose
-  credentials are being checked are pre-auth too.
-- At most `max_connections` pre-auth connections in total and at most
-  `max_per_address` from one source address; one past either cap is closed at
-  once (nothing was read from it, so there is no protocol version to answer
-  in) and counted.
+  has arrived whole, or it closes: the state in which a stranger makes us
+  buffer bytes. A whole CONNECT leaves it: its socket is not read while the
+  CONNECT waits in the listener's queue or for its credential check, which
+  have their own bounds (`connect_queue_size`, `max_connections`,
+  `max_connect_checks`). Legitimate clients leave it within a round trip, so
+  a reconnect storm from one address (a NAT, a load test) is not refused.
+- At most `max_connections` pre-auth connections in total; once half of
+  them are in use, at most `max_per_address` from one source address. One
+  past a cap is closed at once (nothing was read from it, so there is no
+  protocol version to answer in) and counted. The per-address cap waits for
+  that pressure because a whole storm from one address (a NAT, a load test)
+  is accepted before any CONNECT is read; under pressure it keeps one
+  address from taking the other half.
 - The bytes buffered by every pre-auth connection together stay within
   `max_bytes`; the connection whose read would pass it is closed. With the
   codec's own cap (one CONNECT is at most `max_connect_bytes`, refused from
@@ -30,8 +37,8 @@ import dataclasses
 class PreAuthLimits:
     max_connect_bytes: int = 128 * 1024  # a 64 KiB will payload plus client id, user name and password fits
     max_connect_properties: int = 128  # per property block of a CONNECT (User Properties counted each)
-    max_connections: int = 10_000
-    max_per_address: int = 256
+    max_connections: int = 20_000  # as many as may be connected (the listener's max_connections)
+    max_per_address: int = 1_000
     max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -62,7 +69,7 @@ class PreAuthBudget:
             return (f"{self.connections} connections have not finished CONNECT "
                     f"(limit {limits.max_connections})")
         here = self.by_address.get(address, 0)
-        if here >= limits.max_per_address:
+        if here >= limits.max_per_address and self.connections >= limits.max_connections // 2:
             self.refused_address += 1
             return (f"{here} connections from {address} have not finished CONNECT "
                     f"(limit {limits.max_per_address} per address)")

@@ -215,6 +215,7 @@ class MqttConnection(asyncio.Protocol):
             if self._timer is not None:
                 self._timer.cancel()
             self._pause(_CONNECTING)
+            self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
             self._l.connect_arrived(self, packet)
         elif isinstance(packet, Disconnect):
             self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
