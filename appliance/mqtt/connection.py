@@ -427,6 +427,7 @@ class MqttConnection(asyncio.Protocol):
         self._written += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > self._l.max_output_bytes:
+            self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
             self.abort(f"more than {self._l.max_output_bytes} bytes wait for the client to read them")
 
     def _send(self, packet: Packet, version: int | None = None) -> None:

@@ -174,6 +174,7 @@ class MqttListener:
         self.loop_lag_ms = 0.0
         self.busy_refusals = 0  # CONNECT queue full
         self.limit_refusals = 0  # max_connections reached
+        self.output_overflows = 0  # connections dropped with more than max_output_bytes unread
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
         self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
         self.messages_out = 0  # PUBLISH packets written to clients
@@ -216,7 +217,8 @@ class MqttListener:
                 "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
                 "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals,
                 "messages_in": self.messages_in, "messages_out": self.messages_out,
-                "max_output_bytes": self.max_output_bytes, **self.budget.view()}
+                "max_output_bytes": self.max_output_bytes, "output_overflows": self.output_overflows,
+                **self.budget.view()}
 
     async def start(self) -> None:
         assert self._server is None, "listener already started"
