@@ -38,7 +38,7 @@ PREAUTH_TOTAL, PREAUTH_PER_ADDRESS = 100, 64
 PREAUTH_BYTES = 16 << 20
 OUTPUT_MAX = 1 << 20
 MAX_SUBSCRIPTIONS, MAX_FILTERS = 120, 50
-RSS_GROWTH_BOUND_KIB = 96 * 1024  # the 16 MiB budget, reads in flight and the allocator's slack
+RSS_GROWTH_BOUND_KIB = 48 * 1024  # the 16 MiB budget, reads in flight and the allocator's slack (measured: +16 MiB)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +169,8 @@ def test_unfinished_connects_keep_rss_bounded(group):
     socks = [open_unfinished_connect(attacker(group), group.address(Role.PRIMARY)) for _ in range(250)]
     try:
         peak_growth = vm_kib(pid, "VmHWM") - rss_before
+        print(f"250 unfinished 1 MiB CONNECTs: peak RSS {rss_before + peak_growth} KiB, {peak_growth} KiB over the "
+              f"{rss_before} KiB before; {vm_kib(pid, 'Threads')} threads")
         assert peak_growth < RSS_GROWTH_BOUND_KIB, f"RSS grew {peak_growth} KiB past {rss_before} KiB"
         ok = RawFrom(legit(group), group.address(Role.PRIMARY))
         assert ok.connect("legit-after-the-flood").reason_and_props()[0] == 0
