@@ -38,7 +38,7 @@ PREAUTH_TOTAL, PREAUTH_PER_ADDRESS = 100, 64
 PREAUTH_BYTES = 16 << 20
 OUTPUT_MAX = 1 << 20
 MAX_SUBSCRIPTIONS, MAX_FILTERS = 120, 50
-RSS_GROWTH_BOUND_KIB = 48 * 1024  # the 16 MiB budget, reads in flight and the allocator's slack (measured: +16 MiB)
+RSS_GROWTH_BOUND_KIB = 48 * 1024  # the 16 MiB budget, reads in flight and the allocator's slack
 
 
 @pytest.fixture(scope="module")
