@@ -149,6 +149,16 @@ class Limits:
     login_checks_per_address_per_min: int = 30
     login_checks_per_user_per_min: int = 30
     password_min_length: int = 8  # bytes (UTF-8); checked when a password is set, not at login
+    # The MQTT front door's budget (appliance/mqtt/budget.py, docs/broker.md "Hostile clients"): before
+    # CONNECT succeeds, and per client after it.
+    mqtt_connect_max_bytes: int = 128 * 1024
+    mqtt_connect_max_properties: int = 128
+    mqtt_preauth_max_connections: int = 20_000
+    mqtt_preauth_max_per_address: int = 1_000
+    mqtt_preauth_max_bytes: int = 64 * 1024 * 1024
+    mqtt_output_max_bytes: int = 8 * 1024 * 1024
+    subscriptions_per_client_max: int = 10_000
+    subscribe_max_filters: int = 1_000
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
@@ -162,6 +172,14 @@ class Limits:
         "login_checks_per_address_per_min": (1, 1_000_000),
         "login_checks_per_user_per_min": (1, 1_000_000),
         "password_min_length": (1, 1024),
+        "mqtt_connect_max_bytes": (1024, 1 << 28),
+        "mqtt_connect_max_properties": (1, 1 << 20),
+        "mqtt_preauth_max_connections": (1, 1_000_000),
+        "mqtt_preauth_max_per_address": (1, 1_000_000),
+        "mqtt_preauth_max_bytes": (1 << 20, 1 << 36),
+        "mqtt_output_max_bytes": (64 * 1024, 1 << 32),
+        "subscriptions_per_client_max": (1, 10_000_000),
+        "subscribe_max_filters": (1, 5_000),  # one SUBSCRIBE's ops must fit one spool commit (10,000 ops)
     }
 
     def validate(self) -> None:

@@ -16,6 +16,12 @@ Rules:
   run left it behind (a kill -9). A closed segment never changes again, which
   is what lets analytics ingest it once.
 - Closed segments beyond `retain_max_bytes` in total are deleted, oldest first.
+- Refusals are throttled (`RefusalThrottle`), so that a flood of refused
+  connections cannot push the useful events out of retention: per kind in
+  `REFUSAL_EVENTS` and per source address, at most `refusal_events_per_s`
+  are written a second; the rest are counted and summed in one
+  `events_suppressed` event per kind once the second is over (its count
+  exact, the busiest sources named). Counted, never lost silently.
 - Every record carries v (the schema version), ts (wall clock, seconds),
   mono_ms (CLOCK_MONOTONIC, ms: lines up several nodes on one machine),
   node and event. What each event adds is in docs/events.md.
@@ -55,8 +61,10 @@ class EventSettings:
     segment_max_age_s: int = 3600
     retain_max_bytes: int = 1024 * 1024 * 1024
     queue_max_events: int = 200_000
+    refusal_events_per_s: int = 10  # per kind and source address (see the rules)
 
     RANGES = {
+        "refusal_events_per_s": (1, 1_000_000),
         "segment_max_bytes": (4096, 1 << 34),
         "segment_max_age_s": (1, 7 * 86400),
         "retain_max_bytes": (65536, 1 << 44),
@@ -98,6 +106,89 @@ def read_events(directory: Path) -> list[dict]:
     return out
 
 
+# Events that say "someone was refused": what a hostile peer can make us write as fast as it can connect.
+REFUSAL_EVENTS = frozenset({"client_refused", "bad_packet", "connection_refused"})
+SUPPRESSED_WINDOW_MS = 1000
+SUPPRESSED_MAX_SOURCES = 10_000  # per kind and window; sources past it are counted as one "other"
+SUPPRESSED_NAMED_SOURCES = 20  # a summary names the busiest ones
+
+
+def _source(fields) -> str:
+    """The address part of a refusal's peer ("host:port" or "[v6]:port")."""
+    peer = fields.get("peer") if isinstance(fields, dict) else None
+    if not isinstance(peer, str):
+        return "?"
+    if peer.startswith("["):
+        return peer[1:peer.find("]")] if "]" in peer else peer
+    return peer.rpartition(":")[0] or peer
+
+
+class _Window:
+    __slots__ = ("start_ms", "seen", "suppressed", "other", "total")
+
+    def __init__(self, start_ms: int) -> None:
+        self.start_ms = start_ms
+        self.seen: dict[str, int] = {}
+        self.suppressed: dict[str, int] = {}
+        self.other = 0  # suppressed from sources past SUPPRESSED_MAX_SOURCES
+        self.total = 0
+
+
+class RefusalThrottle:
+    """Per kind and source, at most `per_source` events a window; the rest counted, then summed (no I/O, no clock)."""
+
+    def __init__(self, per_source: int, kinds: frozenset[str] = REFUSAL_EVENTS,
+                 window_ms: int = SUPPRESSED_WINDOW_MS) -> None:
+        self.per_source = per_source
+        self.kinds = kinds
+        self.window_ms = window_ms
+        self.suppressed = 0
+        self._windows: dict[str, _Window] = {}
+
+    def admit(self, kind: str, fields, now_ms: int) -> bool:
+        """True: write this event; False: it was counted for the summary."""
+        window = self._windows.get(kind)
+        if window is None:
+            window = self._windows[kind] = _Window(now_ms)
+        source = _source(fields)
+        seen = window.seen
+        if source in seen or len(seen) < SUPPRESSED_MAX_SOURCES:
+            n = seen[source] = seen.get(source, 0) + 1
+            if n <= self.per_source:
+                return True
+            window.suppressed[source] = window.suppressed.get(source, 0) + 1
+        else:
+            window.other += 1
+        window.total += 1
+        self.suppressed += 1
+        return False
+
+    def due(self, now_ms: int, closing: bool = False) -> list[dict]:
+        """The summaries of the windows over by `now_ms` (every window when `closing`): their fields, for an
+        `events_suppressed` event each."""
+        out = []
+        for kind, window in list(self._windows.items()):
+            if now_ms - window.start_ms < self.window_ms and not closing:
+                continue
+            del self._windows[kind]
+            if window.total:
+                out.append(_summary(kind, window, now_ms))
+        return out
+
+
+def _summary(kind: str, window: _Window, now_ms: int) -> dict:
+    busiest = sorted(window.suppressed.items(), key=lambda item: -item[1])
+    named = dict(busiest[:SUPPRESSED_NAMED_SOURCES])
+    unnamed = window.total - sum(named.values())
+    seconds = round((now_ms - window.start_ms) / 1000, 1)
+    where = ", ".join(f"{n} from {source}" for source, n in named.items())
+    if unnamed:
+        where += f", {unnamed} from other sources"
+    return {"kind": kind, "count": window.total, "window_s": seconds, "by_source": named,
+            "other_sources": unnamed,
+            "reason": f"suppressed {window.total} {kind} events in the last {seconds} s ({where})"}
+
+
 class EventLog:
     def __init__(self, directory: Path, node: str, settings: EventSettings = EventSettings(),
                  clock=time.time, mono=time.monotonic_ns) -> None:
@@ -113,6 +204,7 @@ class EventLog:
         self.rotations = 0
         self._queue: collections.deque = collections.deque()
         self._overflow = 0  # lost to a full queue, not yet recorded in the log
+        self.throttle = RefusalThrottle(settings.refusal_events_per_s)  # the writer thread's alone
         self._wake = threading.Event()
         self._closing = False
         self._seq = max((int(_CLOSED.match(p.name)["seq"]) for p in directory.glob("events-*.jsonl")
@@ -152,7 +244,7 @@ class EventLog:
 
     def view(self) -> dict:
         return {"written": self.written, "lost": self.lost, "failed": self.failed, "rotations": self.rotations,
-                "queued": len(self._queue), "segment": str(self.path)}
+                "queued": len(self._queue), "segment": str(self.path), "suppressed": self.throttle.suppressed}
 
     def close(self) -> None:
         """Write what is queued, then stop. Events written after this are counted as lost."""
@@ -181,8 +273,13 @@ class EventLog:
         queue, dumps = self._queue, _ENCODER.encode
         head = '{"v":%d,"ts":%%.6f,"mono_ms":%%d,"node":%s,"event":"%%s"' % (SCHEMA_VERSION, dumps(self.node))
         lines = []
+        throttle = self.throttle
         while queue:
             ts, mono_ms, event, fields, render = queue.popleft()
+            if event in throttle.kinds:
+                self._summaries(lines, head, mono_ms)  # a window over before this event is summed before it
+                if not throttle.admit(event, fields, mono_ms):
+                    continue
             # The common fields by format, the event's own by the C encoder: a third of the CPU of one dict encode.
             if render is None:
                 lines.append(head % (ts, mono_ms, event) + ("," + dumps(fields)[1:] if fields else "}"))
@@ -192,6 +289,7 @@ class EventLog:
                 except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
                     members = ',"render_error":%s}' % dumps(repr(exc))
                 lines.append(head % (ts, mono_ms, event) + members)
+        self._summaries(lines, head, self._mono() // 1_000_000, self._closing)
         if self._overflow:
             lost, self._overflow = self._overflow, 0
             lines.append(head % (self._clock(), self._mono() // 1_000_000, "events_lost")
@@ -213,6 +311,10 @@ class EventLog:
         except OSError as exc:
             self.lost += len(lines) - start
             self._fail(exc)
+
+    def _summaries(self, lines: list[str], head: str, now_ms: int, closing: bool = False) -> None:
+        for fields in self.throttle.due(now_ms, closing):
+            lines.append(head % (self._clock(), now_ms, "events_suppressed") + "," + _ENCODER.encode(fields)[1:])
 
     def _write_lines(self, lines: list[str]) -> None:
         if lines:

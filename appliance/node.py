@@ -189,21 +189,24 @@ class Node:
                 self.vip.start()
             self.heartbeats.start()
             if self.role.routes_messages:
+                from .mqtt.budget import preauth_from_config
                 from .mqtt.listener import MqttListener
 
                 check = self._credential_check
+                limits = self.configuration.limits()
+                front = dict(preauth=preauth_from_config(limits), max_output_bytes=limits.mqtt_output_max_bytes)
                 overload = self.configuration.document.effective_overload()
                 vip = self.config.vip.address if self.config.vip else None  # the listeners accept there too
                 self.listener = MqttListener(self.spec.address, self.config.ports.mqtt, self, overload=overload,
                                              on_event=self._mqtt_event, broker=self.broker, credential_check=check,
-                                             virtual_ip=vip)
+                                             virtual_ip=vip, **front)
                 if self.config.tls is not None:
                     from .tls import server_context
 
                     self.tls_listener = MqttListener(self.spec.address, self.config.ports.mqtt_tls, self, overload=overload,
                                                      on_event=self._mqtt_event, broker=self.broker,
                                                      credential_check=check, ssl=server_context(self.config.tls),
-                                                     virtual_ip=vip)
+                                                     virtual_ip=vip, **front)
                 await self.broker.start()
                 await self.replication.start()
                 await self.configuration.start()
@@ -431,6 +434,11 @@ class Node:
         self.broker.core.router.limits = self._core_limits
         self.authn.throttle.per_address_per_min = limits.login_checks_per_address_per_min
         self.authn.throttle.per_user_per_min = limits.login_checks_per_user_per_min
+        from .mqtt.budget import preauth_from_config
+
+        for listener in (self.listener, self.tls_listener):
+            if listener is not None:
+                listener.set_limits(preauth_from_config(limits), limits.mqtt_output_max_bytes)
 
     def _log_denials(self, logged: dict) -> dict:
         """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed
@@ -451,7 +459,7 @@ class Node:
         return {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind in ("client_accepted", "client_refused", "bad_packet"):  # bad_packet: a rejected frame
+        if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- the group secret (rotation steps: appliance/secret_api.py install_keyring) -------

@@ -298,3 +298,19 @@ class Qos1Encoder:
 
 
 DISCONNECT_PACKET = b"\xe0\x00"
+
+
+# --- hostile input (tests/test_hostile_*.py) ---------------------------------------------------
+
+def empty_user_properties(n: int) -> bytes:
+    """A property block of n User Properties with empty name and value (5 bytes each)."""
+    body = b"\x26\x00\x00\x00\x00" * n
+    return vbi(len(body)) + body
+
+
+def connect_with_properties(n: int, *, client_id: bytes = b"x") -> bytes:
+    """The attack CONNECT: MQTT 5, no credentials, n empty User Properties."""
+    body = (b"\x00\x04MQTT\x05\x02\x00\x3c" + empty_user_properties(n)
+            + struct.pack("!H", len(client_id)) + client_id)
+    return b"\x10" + vbi(len(body)) + body
+

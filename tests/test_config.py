@@ -157,11 +157,16 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
                              "message_id_history_max": 100_000, "mate_max_lag_ops": 10_000,
                              "mate_max_lag_bytes": 64 << 20, "session_other_user_clean_start": 0,
                              "login_checks_per_address_per_min": 30, "login_checks_per_user_per_min": 30,
-                             "password_min_length": 8}
+                             "password_min_length": 8,
+                             "mqtt_connect_max_bytes": 128 << 10, "mqtt_connect_max_properties": 128,
+                             "mqtt_preauth_max_connections": 20_000, "mqtt_preauth_max_per_address": 1_000,
+                             "mqtt_preauth_max_bytes": 64 << 20, "mqtt_output_max_bytes": 8 << 20,
+                             "subscriptions_per_client_max": 10_000, "subscribe_max_filters": 1_000}
     raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20, message_id_window_s=60,
                          message_id_history_max=7, mate_max_lag_ops=20)
     config = parse_group(raw)
     assert config.limits == Limits(50, 64 << 20, 1 << 20, 60, 7, 20, 64 << 20)
+    assert limits_from_config(Limits(subscriptions_per_client_max=5, subscribe_max_filters=3)).max_subscriptions == 5
     core = limits_from_config(config.limits)
     assert (core.max_queued_messages, core.max_queued_bytes, core.max_spool_bytes) == (50, 64 << 20, 1 << 20)
     assert (core.message_id_window_ms, core.max_message_ids) == (60_000, 7)

@@ -127,6 +127,8 @@ class Limits:
     message_id_window_ms: int = 300_000  # duplicate suppression by message id (dedup.py)
     max_message_ids: int = 100_000
     other_user_clean_start: bool = False  # see the theory: refuse another user (False) or start it clean
+    max_subscriptions: int = 10_000  # filters one session holds; more: SUBACK 0x97 (3.1.1: 0x80) per filter
+    max_filters_per_subscribe: int = 1_000  # one SUBSCRIBE's filters past this get 0x97 (3.1.1: 0x80) each
 
 
 Authorizer = Callable[[str | None, str, str], bool]  # (username, "publish"|"subscribe", topic or filter) -> allowed
@@ -589,7 +591,9 @@ def limits_from_config(limits) -> Limits:
                   max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes,
                   message_id_window_ms=limits.message_id_window_s * 1000,
                   max_message_ids=limits.message_id_history_max,
-                  other_user_clean_start=bool(limits.session_other_user_clean_start))
+                  other_user_clean_start=bool(limits.session_other_user_clean_start),
+                  max_subscriptions=limits.subscriptions_per_client_max,
+                  max_filters_per_subscribe=limits.subscribe_max_filters)
 
 
 def restore(core: BrokerCore, state, now_ms: int) -> None:

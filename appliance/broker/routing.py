@@ -349,8 +349,14 @@ class Router:
         op_list: list = core.take_acks(session)  # before a retained message could be queued again
         retained_effects: list = []
         queued: list = []
-        for requested in packet.subscriptions:
+        over_quota = RC.QUOTA_EXCEEDED if conn.protocol_version == 5 else 0x80
+        max_subscriptions, max_filters = self.limits.max_subscriptions, self.limits.max_filters_per_subscribe
+        for index, requested in enumerate(packet.subscriptions):
             topic_filter = requested.topic_filter
+            if index >= max_filters:  # each filter is an op: one SUBSCRIBE must fit one spool commit
+                core._count("subscribe_quota_exceeded")
+                codes.append(over_quota)
+                continue
             try:
                 group, plain = topics.parse_shared(topic_filter)
                 topics.validate_topic_filter(plain)
@@ -360,6 +366,10 @@ class Router:
             if not core.authorize(conn.username, "subscribe", topic_filter):
                 core._count("subscribe_not_authorized")
                 codes.append(RC.NOT_AUTHORIZED if conn.protocol_version == 5 else 0x80)
+                continue
+            if topic_filter not in session.subscriptions and len(session.subscriptions) >= max_subscriptions:
+                core._count("subscribe_quota_exceeded")
+                codes.append(over_quota)
                 continue
             qos = min(requested.qos, 2)
             opts = SubscriptionOptions(qos, requested.no_local, requested.retain_as_published,

@@ -9,6 +9,11 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
 - Packet size is the fixed header plus the Remaining Length. Above
   `max_packet_size` it is 0x95, raised as soon as the header is read, before a
   byte of the body is waited for.
+- Before authentication a client gets a smaller budget (the reader's
+  `max_connect_size` and `max_connect_properties`): a CONNECT larger than the
+  first, or holding more properties in one block than the second, is 0x95,
+  the size again from the fixed header alone, so an unauthenticated peer
+  never has more than `max_connect_size` bytes buffered.
 - Every other packet has its own module and rules: PUBLISH in `publish`,
   the acknowledgements, SUBSCRIBE/UNSUBSCRIBE and AUTH in `packets`.
 - CONNECT: protocol name "MQTT" with level 4 (3.1.1) or 5 (5.0). Any other
@@ -320,13 +325,13 @@ def decode_packet(header: FixedHeader, body: bytes, protocol_version: int | None
 
 
 def _decode(t: PacketType, flags: int, body: bytes, protocol_version: int | None,
-            from_client: bool) -> Packet:
+            from_client: bool, max_properties: int | None = None) -> Packet:
     if t == PacketType.PUBLISH:  # first: the hot path
         check_version(protocol_version)
         return decode_publish(flags, body, protocol_version,  # type: ignore[arg-type]
                               from_client=from_client)
     if t == PacketType.CONNECT:
-        return decode_connect(body)
+        return decode_connect(body, max_properties)
     check_version(protocol_version)
     if t in ACK_CLASSES:
         return decode_ack(t, body, protocol_version)  # type: ignore[arg-type]
@@ -337,7 +342,8 @@ def _decode(t: PacketType, flags: int, body: bytes, protocol_version: int | None
     return _DECODERS[t](body, protocol_version)  # type: ignore[arg-type]
 
 
-def decode_connect(body: bytes) -> Connect:
+def decode_connect(body: bytes, max_properties: int | None = None) -> Connect:
+    """`max_properties`: the most properties each of its blocks may hold (None: no cap but the size)."""
     c = Cursor(body)
     name = c.utf8("protocol name")
     level = c.u8("protocol level")
@@ -347,13 +353,13 @@ def decode_connect(body: bytes) -> Connect:
     if name != "MQTT":
         raise malformed(f"protocol name {name!r} is not MQTT")
     try:
-        return _decode_connect_rest(c, level)
+        return _decode_connect_rest(c, level, max_properties)
     except MqttError as err:
         err.protocol_version = level
         raise
 
 
-def _decode_connect_rest(c: Cursor, v: int) -> Connect:
+def _decode_connect_rest(c: Cursor, v: int, max_properties: int | None) -> Connect:
     flags = c.u8("connect flags")
     if flags & 0x01:
         raise malformed("reserved connect flag is set")
@@ -366,13 +372,13 @@ def _decode_connect_rest(c: Cursor, v: int) -> Connect:
     if v == MQTT_3_1_1 and has_password and not has_username:
         raise malformed("password flag set without the user name flag")
     keep_alive_s = c.u16("keep alive")
-    props = decode_properties(c, PacketType.CONNECT) if v == MQTT_5 else {}
+    props = decode_properties(c, PacketType.CONNECT, max_properties) if v == MQTT_5 else {}
     if PropertyId.AUTHENTICATION_DATA in props and PropertyId.AUTHENTICATION_METHOD not in props:
         raise protocol_error("authentication data without an authentication method")
     client_id = c.utf8("client identifier")
     will = None
     if has_will:
-        will_props = decode_properties(c, WILL) if v == MQTT_5 else {}
+        will_props = decode_properties(c, WILL, max_properties) if v == MQTT_5 else {}
         check_response_topic(will_props, "will response topic")
         topic = c.utf8("will topic")
         check_topic_name(topic, "will topic")
@@ -438,11 +444,15 @@ _DECODERS = {
 class PacketReader:
     """Frames and decodes the byte stream a client sends to a server."""
 
-    def __init__(self, *, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE) -> None:
+    def __init__(self, *, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
+                 max_connect_size: int | None = None,
+                 max_connect_properties: int | None = None) -> None:
         if not MIN_MAX_PACKET_SIZE <= max_packet_size <= MAX_MAX_PACKET_SIZE:
             raise ValueError(f"max_packet_size must be {MIN_MAX_PACKET_SIZE}.."
                              f"{MAX_MAX_PACKET_SIZE}, got {max_packet_size}")
         self.max_packet_size = max_packet_size
+        self.max_connect_size = min(max_packet_size, max_connect_size or max_packet_size)
+        self.max_connect_properties = max_connect_properties
         self._buf = bytearray()
         self._start = 0  # bytes of _buf already decoded
         self._version: int | None = None
@@ -492,6 +502,10 @@ class PacketReader:
             raise protocol_error(f"first packet must be CONNECT, got {t.name}")
         if self._version is not None and t == PacketType.CONNECT:
             raise protocol_error("second CONNECT on one connection")
+        if t == PacketType.CONNECT and size > self.max_connect_size:
+            raise ProtocolError(ReasonCode.PACKET_TOO_LARGE,
+                                f"CONNECT of {size} bytes exceeds the {self.max_connect_size} bytes "
+                                f"allowed before authentication")
         if t in _SERVER_ONLY:
             raise protocol_error(f"{t.name} is sent only by a server")
         end = start + size
@@ -503,7 +517,7 @@ class PacketReader:
             self._start = 0
         else:
             self._start = end
-        packet = _decode(t, flags, body, self._version, True)
+        packet = _decode(t, flags, body, self._version, True, self.max_connect_properties)
         if isinstance(packet, Connect):
             self._version = packet.protocol_version
         return packet

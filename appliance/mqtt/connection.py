@@ -55,13 +55,16 @@ class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "_packets", "peer", "accepted", "connacked", "accepted_at", "closing", "close_reason",
         "client_id", "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
-        "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted", "_gate_ok")
+        "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted", "_gate_ok", "_preauth_addr", "_held")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
         self._loop = listener._loop
         self.transport: asyncio.Transport | None = None
-        self._packets = PacketReader(max_packet_size=listener.max_packet_size)
+        preauth = listener.budget.limits
+        self._packets = PacketReader(max_packet_size=listener.max_packet_size,
+                                     max_connect_size=preauth.max_connect_bytes,
+                                     max_connect_properties=preauth.max_connect_properties)
         self.peer = "?"
         self.accepted = False
         self.connacked = False  # a CONNACK went out: a refusal from here on is a DISCONNECT, before it a CONNACK
@@ -83,6 +86,8 @@ class MqttConnection(asyncio.Protocol):
         self._stall_mark = 0
         self._closed_emitted = False
         self._gate_ok: bool | None = None  # the gate's answer for the read being handled (see _run)
+        self._preauth_addr: str | None = None  # counted by the listener's PreAuthBudget until admitted or gone
+        self._held = 0  # bytes buffered while pre-auth, as the budget counts them
 
     @property
     def protocol_version(self) -> int | None:
@@ -94,8 +99,16 @@ class MqttConnection(asyncio.Protocol):
         self.transport = transport
         # No TCP_NODELAY here: asyncio and uvloop both set it on every TCP transport, and uvloop's
         # get_extra_info("socket") alone costs ~25 us per connection in a storm.
-        self.peer = _format_peer(transport.get_extra_info("peername"))
+        peername = transport.get_extra_info("peername")
+        self.peer = _format_peer(peername)
         self._l.opened(self)
+        address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
+        why = self._l.budget.open(address)
+        if why is not None:
+            self._l.emit("connection_refused", {"peer": self.peer, "reason": why})
+            self.abort(f"refused before CONNECT: {why}")
+            return
+        self._preauth_addr = address
         self._last_read = self._loop.time()
         self._timer = self._loop.call_at(self._last_read + self._l.connect_timeout_s, self._on_timer)
 
@@ -105,6 +118,11 @@ class MqttConnection(asyncio.Protocol):
         self._last_read = self._loop.time()
         self._packets.feed(data)
         self._run()
+        if self._preauth_addr is not None and not self.closing:
+            held = self._packets.buffered_bytes
+            delta, self._held = held - self._held, held
+            if not self._l.budget.hold(delta):
+                self.abort(f"pre-authentication buffers are full ({self._l.budget.limits.max_bytes} bytes in total)")
 
     def eof_received(self) -> bool:
         self._close("peer closed the connection")
@@ -118,6 +136,7 @@ class MqttConnection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._out = None
+        self._release_preauth()
         if self.accepted:
             self._l.accepted_count -= 1
         self._l.closed(self)
@@ -196,6 +215,7 @@ class MqttConnection(asyncio.Protocol):
             if self._timer is not None:
                 self._timer.cancel()
             self._pause(_CONNECTING)
+            self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
             self._l.connect_arrived(self, packet)
         elif isinstance(packet, Disconnect):
             self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
@@ -276,6 +296,7 @@ class MqttConnection(asyncio.Protocol):
     def admit(self, c: Connect) -> None:
         """CONNACK success (from the broker, or here without one), then read the client's packets."""
         self.keep_alive_s = c.keep_alive_s
+        self._release_preauth()
         self.accepted = True  # before any write: a drop_clients from here on must DISCONNECT
         self.accepted_at = time.time()
         self.username = c.username
@@ -302,6 +323,12 @@ class MqttConnection(asyncio.Protocol):
         if self.keep_alive_s:
             self._timer = self._loop.call_at(self._last_read + 1.5 * self.keep_alive_s, self._on_timer)
         self._resume(_CONNECTING)
+
+    def _release_preauth(self) -> None:
+        address, self._preauth_addr = self._preauth_addr, None
+        if address is not None:
+            self._l.budget.close(address, self._held)
+            self._held = 0
 
     def refuse_busy(self, c: Connect, why: str) -> None:
         self.refuse(c, ReasonCode.SERVER_BUSY, why)
@@ -400,6 +427,7 @@ class MqttConnection(asyncio.Protocol):
         self._written += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > self._l.max_output_bytes:
+            self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
             self.abort(f"more than {self._l.max_output_bytes} bytes wait for the client to read them")
 
     def _send(self, packet: Packet, version: int | None = None) -> None:

@@ -40,6 +40,12 @@ Rules:
   protocol level a 3.1.1-format CONNACK return code 1; after CONNACK, v5
   DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
   CONNECT is answered with CONNACK, never DISCONNECT.)
+- Pre-auth budget (budget.py): a connection over the per-address or total
+  cap of connections that have not finished CONNECT is closed unread at
+  accept ("connection_refused" event); one whose buffered bytes pass the
+  total pre-auth byte cap is aborted. The codec refuses a CONNECT over
+  `max_connect_bytes` from its fixed header and one with too many properties
+  (0x95), so nothing unauthenticated is buffered or decoded at length.
 - Timers (loop.call_at, none per packet): no complete CONNECT within
   `connect_timeout_s`: close. Keep alive k > 0: no packet within 1.5 k: v5
   DISCONNECT 0x8D, close (a client we stopped reading is not timed out).
@@ -70,6 +76,7 @@ from typing import TYPE_CHECKING, Protocol
 from appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
+from appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
 from appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
 from appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from appliance.mqtt.publish import Publish
@@ -85,6 +92,9 @@ log = logging.getLogger(__name__)
 LISTEN_BACKLOG = 4096
 IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # linux/in.h
 LAG_SAMPLE_S = 0.05
+# A subscriber that stops reading is dropped once this much output waits for it (its QoS 1/2 messages stay
+# queued in its session; QoS 0 ones are lost with the connection): a few seconds of a fast stream, not 64 MiB.
+DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
 TOPIC_CACHE_MAX = 4096  # encoded topic fields kept for deliveries; cleared whole when full
 _PUBLISH_FIRST_BYTE = tuple(bytes([0x30 | flags]) for flags in range(16))
 
@@ -118,7 +128,8 @@ class MqttListener:
                  connect_batch: int = 1024,
                  connect_budget_ms: float = 20.0,
                  max_connect_checks: int = 256,
-                 max_output_bytes: int = 64 << 20,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 preauth: PreAuthLimits = PreAuthLimits(),
                  overload: OverloadLimits = OverloadLimits(),
                  credential_check: CredentialCheck | None = None,
                  ssl: _ssl.SSLContext | None = None,
@@ -146,6 +157,7 @@ class MqttListener:
         self.connect_budget_s = connect_budget_ms / 1000
         self.max_connect_checks = max_connect_checks
         self.max_output_bytes = max_output_bytes
+        self.budget = PreAuthBudget(preauth)
         self.credential_check = credential_check
         self._ssl = ssl
         self.tls_handshake_failures = 0
@@ -162,6 +174,7 @@ class MqttListener:
         self.loop_lag_ms = 0.0
         self.busy_refusals = 0  # CONNECT queue full
         self.limit_refusals = 0  # max_connections reached
+        self.output_overflows = 0  # connections dropped with more than max_output_bytes unread
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
         self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
         self.messages_out = 0  # PUBLISH packets written to clients
@@ -203,7 +216,9 @@ class MqttListener:
                 "load": round(self.policy.load, 3), "loop_lag_ms": round(self.loop_lag_ms, 1),
                 "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
                 "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals,
-                "messages_in": self.messages_in, "messages_out": self.messages_out}
+                "messages_in": self.messages_in, "messages_out": self.messages_out,
+                "max_output_bytes": self.max_output_bytes, "output_overflows": self.output_overflows,
+                **self.budget.view()}
 
     async def start(self) -> None:
         assert self._server is None, "listener already started"
@@ -263,6 +278,11 @@ class MqttListener:
                        if conn.accepted and only(conn))
         self._connects.clear()  # their connections are in _conns and are closed below
         return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
+
+    def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int) -> None:
+        """New front-door limits (config-sync): for connections accepted from now on; output at once."""
+        self.budget.limits = preauth
+        self.max_output_bytes = max_output_bytes
 
     def set_overload(self, overload: OverloadLimits) -> None:
         """New overload settings (config-sync): the window restarts from the new maximum."""

@@ -14,6 +14,12 @@ Rules:
   Alias or Subscription Identifier; anything but 0/1 for the one-byte
   switches; Maximum QoS above 1) are a Protocol Error (0x82).
 
+- Decoding is linear in the block's size: repeated values are collected in
+  lists and made tuples once, at the end.
+- `max_count` (the pre-authentication budget, for CONNECT): a block holding
+  more properties than that, repeated ones counted each time, is refused
+  with 0x95 Packet too large as soon as the one too many is read.
+
 Representation: `dict[PropertyId, value]`. The two repeatable properties are
 always tuples (User Property: tuple of (name, value) pairs; Subscription
 Identifier: tuple of ints), whatever the scope, so callers never branch.
@@ -150,7 +156,7 @@ _READERS: dict[DataType, Callable[[Cursor, str], object]] = {
     DataType.VBI: Cursor.vbi,
     DataType.UTF8: Cursor.utf8,
     DataType.BINARY: Cursor.binary,
-    DataType.UTF8_PAIR: lambda c, what: (c.utf8(f"{what} name"), c.utf8(f"{what} value")),
+    DataType.UTF8_PAIR: Cursor.utf8_pair,
 }
 # identifier -> (PropertyId, spec, name, reader): one dict hit per property
 _BY_ID = {int(pid): (pid, spec, pid.name, _READERS[spec.data_type])
@@ -160,13 +166,20 @@ _BOUNDED = frozenset(pid for pid, spec in PROPERTY_TABLE.items()
                      if spec.min_value is not None or spec.max_value is not None)
 
 
-def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
+def decode_properties(cursor: Cursor, scope: Scope,
+                      max_count: int | None = None) -> dict[PropertyId, object]:
     """Read one property block for `scope`; the cursor moves past it."""
     length = cursor.vbi("property length")
     block = cursor.split(length, "property block")
     props: dict[PropertyId, object] = {}
+    repeated: dict[PropertyId, list[object]] = {}
+    count = 0
     while not block.at_end():
-        raw_id = block.vbi("property identifier")
+        count += 1
+        if max_count is not None and count > max_count:
+            raise protocol_error(f"more than {max_count} properties in {scope_name(scope)}",
+                                 ReasonCode.PACKET_TOO_LARGE)
+        raw_id = block.small_vbi("property identifier")
         entry = _BY_ID.get(raw_id)
         if entry is None:
             raise malformed(f"unknown property identifier 0x{raw_id:02X}")
@@ -177,13 +190,19 @@ def decode_properties(cursor: Cursor, scope: Scope) -> dict[PropertyId, object]:
         if pid in _BOUNDED:
             _check_range(pid, spec, value)  # type: ignore[arg-type]
         if pid in TUPLE_VALUED:
-            if pid in props and scope not in spec.repeatable_in:
+            values = repeated.get(pid)
+            if values is None:
+                repeated[pid] = [value]
+            elif scope not in spec.repeatable_in:
                 raise protocol_error(f"property {pid.name} appears twice in {scope_name(scope)}")
-            props[pid] = props.get(pid, ()) + (value,)  # type: ignore[operator]
+            else:
+                values.append(value)  # a tuple rebuilt per value would be quadratic in the count
         elif pid in props:
             raise protocol_error(f"property {pid.name} appears twice in {scope_name(scope)}")
         else:
             props[pid] = value
+    for pid, values in repeated.items():
+        props[pid] = tuple(values)
     return props
 
 
@@ -242,12 +261,12 @@ def encode_property(key: int, value: object, scope: Scope) -> bytes:
     if len(values) > 1 and scope not in spec.repeatable_in:  # type: ignore[arg-type]
         raise ValueError(f"property {name} may appear once in {scope_name(scope)}")
     encode = _ENCODERS[spec.data_type]
-    out = b""
+    out: list[bytes] = []
     for one in values:  # type: ignore[union-attr]
         if pid in _BOUNDED and not _in_range(spec, one):  # type: ignore[arg-type]
             raise ValueError(f"property {name} value {one} out of range")
-        out += _SMALL_IDS[pid] + encode(one)
-    return out
+        out += (_SMALL_IDS[pid], encode(one))
+    return b"".join(out)
 
 
 def _in_range(spec: PropertySpec, value: int) -> bool:

@@ -253,6 +253,30 @@ class Cursor:
     def utf8(self, what: str) -> str:
         return check_utf8(self.binary(what), what)
 
+    def utf8_pair(self, what: str) -> tuple[str, str]:
+        """A UTF-8 string pair in one call (User Property: a flood of them is the cost to keep down)."""
+        data, pos, end = self._data, self._pos, self._end
+        if pos + 2 > end:
+            raise malformed(f"packet ends inside length of {what} name")
+        name_end = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+        if name_end + 2 > end:
+            raise malformed(f"packet ends inside {what}")
+        value_end = name_end + 2 + ((data[name_end] << 8) | data[name_end + 1])
+        if value_end > end:
+            raise malformed(f"packet ends inside {what} value")
+        self._pos = value_end
+        name, value = data[pos + 2:name_end], data[name_end + 2:value_end]
+        return (check_utf8(name, f"{what} name") if name else "",
+                check_utf8(value, f"{what} value") if value else "")
+
+    def small_vbi(self, what: str) -> int:
+        """`vbi` with a fast path for the one-byte case (every property identifier)."""
+        pos = self._pos
+        if pos < self._end and self._data[pos] < 0x80:
+            self._pos = pos + 1
+            return self._data[pos]
+        return self.vbi(what)
+
     def split(self, n: int, what: str) -> Cursor:
         """A cursor over the next n bytes; this one moves past them."""
         if n > self.remaining:
