@@ -153,7 +153,7 @@ class Limits:
     # CONNECT succeeds, and per client after it.
     mqtt_connect_max_bytes: int = 128 * 1024
     mqtt_connect_max_properties: int = 128
-    mqtt_preauth_max_connections: int = 20_000
+    mqtt_preauth_max_connections: int = 40_000
     mqtt_preauth_max_per_address: int = 1_000
     mqtt_preauth_max_bytes: int = 64 * 1024 * 1024
     mqtt_output_max_bytes: int = 8 * 1024 * 1024

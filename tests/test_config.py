@@ -159,7 +159,7 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
                              "login_checks_per_address_per_min": 30, "login_checks_per_user_per_min": 30,
                              "password_min_length": 8,
                              "mqtt_connect_max_bytes": 128 << 10, "mqtt_connect_max_properties": 128,
-                             "mqtt_preauth_max_connections": 20_000, "mqtt_preauth_max_per_address": 1_000,
+                             "mqtt_preauth_max_connections": 40_000, "mqtt_preauth_max_per_address": 1_000,
                              "mqtt_preauth_max_bytes": 64 << 20, "mqtt_output_max_bytes": 8 << 20,
                              "subscriptions_per_client_max": 10_000, "subscribe_max_filters": 1_000}
     raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20, message_id_window_s=60,

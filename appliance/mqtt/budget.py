@@ -37,7 +37,7 @@ import dataclasses
 class PreAuthLimits:
     max_connect_bytes: int = 128 * 1024  # a 64 KiB will payload plus client id, user name and password fits
     max_connect_properties: int = 128  # per property block of a CONNECT (User Properties counted each)
-    max_connections: int = 20_000  # as many as may be connected (the listener's max_connections)
+    max_connections: int = 40_000  # twice the clients that may be connected: a storm gets CONNACK 0x89, not a close
     max_per_address: int = 1_000
     max_bytes: int = 64 * 1024 * 1024
 
