@@ -197,14 +197,15 @@ class Group:
         return bool(syncs) and "out of sync" not in syncs[-1]["reason"]
 
     def api(self, role: Role, path: str, timeout_s: float = 5.0) -> dict:
-        """GET a management API path on `role` with the group's token (every route needs a credential);
+        """GET a management API path on `role`, signed with the group's key (every route needs a credential);
         an error answer raises urllib's HTTPError."""
         from appliance.config import load_secret
         from appliance.node import management_token
+        from cli.api import signed_headers
 
         url = f"http://{self.address(role)}:{self.config.ports.management}{path}"
         request = urllib.request.Request(
-            url, headers={"Authorization": f"Bearer {management_token(load_secret(self.config))}"})
+            url, headers=signed_headers(management_token(load_secret(self.config)), "GET", url))
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.load(response)
 

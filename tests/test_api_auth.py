@@ -22,9 +22,10 @@ from appliance.admin_credential import AdminFile, new_credential, read_admin, wr
 from appliance.api_auth import PRINCIPAL, ApiAuth, FailureLimiter, auth_middleware
 from appliance.errors import ConfigError
 from appliance.roles import Role
+from cli.api import signed_headers
 from tests.group import LOOPBACK
 
-TOKEN = "ab" * 24
+KEY = bytes.fromhex("ab" * 32)
 PASSWORD = "correct horse battery"
 
 
@@ -37,7 +38,7 @@ def run_app(tmp_path, body, *, limiter: FailureLimiter | None = None, admin: boo
     path = tmp_path / "admin"
     if admin:
         write_admin(path, new_credential("admin", PASSWORD))
-    auth = ApiAuth(TOKEN, AdminFile(path), limiter)
+    auth = ApiAuth(KEY, AdminFile(path), limiter)
 
     async def main():
         app = web.Application(middlewares=[auth_middleware(auth)])
@@ -61,7 +62,12 @@ def run_app(tmp_path, body, *, limiter: FailureLimiter | None = None, admin: boo
     return asyncio.run(main())
 
 
+def signed(url, path="/api/v1/redundancy", method="GET", body=b"", key=KEY) -> dict:
+    return signed_headers(key.hex(), method, url + path, body)
+
+
 async def call(session, url, path="/api/v1/redundancy", headers=None):
+    headers = headers(url, path) if callable(headers) else headers
     async with session.get(url + path, headers=headers or {}) as r:
         text = await r.text()
         return r.status, text, r.headers
@@ -74,20 +80,23 @@ def test_every_route_needs_a_credential_and_401_names_both_schemes(tmp_path):
             assert status == 401, path
             assert json.loads(text)["error"].startswith("authentication required")
             assert headers.getall("WWW-Authenticate") == ['Basic realm="PairMQ management", charset="UTF-8"',
-                                                          'Bearer realm="PairMQ management"']
-        assert (await call(session, url, "/", {"Authorization": f"Bearer {TOKEN}"}))[:2] == (200, "status page")
-        status, text, _ = await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"})
-        assert (status, json.loads(text)) == (200, {"who": "token"})
+                                                          'PairMQ-HMAC realm="PairMQ management"']
+        assert (await call(session, url, "/", signed))[:2] == (200, "status page")
+        status, text, _ = await call(session, url, headers=signed)
+        assert (status, json.loads(text)) == (200, {"who": "key"})
         status, text, _ = await call(session, url, headers=basic("admin", PASSWORD))
         assert (status, json.loads(text)) == (200, {"who": "admin:admin"})
-        assert (await call(session, url, "/no/such/route", {"Authorization": f"Bearer {TOKEN}"}))[0] == 404
+        assert (await call(session, url, "/no/such/route", signed))[0] == 404
 
     run_app(tmp_path, body)
 
 
 @pytest.mark.parametrize("header, fragment", [
-    (f"Bearer {'cd' * 24}", "not this group's management token"),
-    ("Bearer", "not this group's management token"),
+    (f"Bearer {'cd' * 24}", "bearer tokens are not accepted"),
+    ("Bearer", "bearer tokens are not accepted"),
+    ("PairMQ-HMAC ts=1, nonce=00, sig=00", "not ts=, nonce=, sig="),
+    (f"PairMQ-HMAC ts=1, nonce={'0' * 32}, sig={'0' * 64}", "away from this node's clock"),
+    ("Bearer \xff" + "ab" * 24, "not ASCII"),
     ("Basic " + base64.b64encode(f"admin:{PASSWORD}x".encode()).decode(), "wrong admin user name or password"),
     ("Basic " + base64.b64encode(f"root:{PASSWORD}".encode()).decode(), "wrong admin user name or password"),
     ("Basic !!!notbase64", "not base64 of user:password"),
@@ -106,11 +115,11 @@ def test_wrong_credentials_get_one_sentence_401(tmp_path, header, fragment):
     run_app(tmp_path, body)
 
 
-def test_basic_without_an_admin_file_points_at_the_token(tmp_path):
+def test_basic_without_an_admin_file_points_at_the_cli(tmp_path):
     async def body(session, url, auth):
         status, text, _ = await call(session, url, headers=basic("admin", PASSWORD))
         assert status == 401 and "no admin password is set on this node" in json.loads(text)["error"]
-        assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+        assert (await call(session, url, headers=signed))[0] == 200
 
     run_app(tmp_path, body, admin=False)
 
@@ -128,21 +137,23 @@ def test_a_changed_admin_file_takes_effect_and_a_broken_one_keeps_the_last_good(
     run_app(tmp_path, body)
 
 
-def test_repeated_failures_from_one_address_get_429_even_with_a_good_credential(tmp_path):
+def test_repeated_failures_throttle_that_credential_not_the_address(tmp_path):
     async def body(session, url, auth):
         for _ in range(3):
-            assert (await call(session, url, headers={"Authorization": "Bearer wrong"}))[0] == 401
-        status, text, headers = await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert (await call(session, url, headers=basic("admin", "a wrong password")))[0] == 401
+        status, text, headers = await call(session, url, headers=basic("admin", "a wrong password"))
         assert status == 429, text
-        assert json.loads(text)["error"].startswith("too many failed authentication attempts from ")
+        assert json.loads(text)["error"].startswith("too many failed attempts with this credential")
         assert 1 <= int(headers["Retry-After"]) <= 60
-        assert auth.counters["rate_limited"] == 1 and auth.counters["accepted"] == 0
+        assert (await call(session, url, headers=basic("admin", PASSWORD)))[0] == 200  # same address
+        assert (await call(session, url, headers=signed))[0] == 200
+        assert auth.counters["rate_limited"] == 1 and auth.counters["accepted"] == 2
 
     run_app(tmp_path, body, limiter=FailureLimiter(max_failures=3, window_ms=60_000))
 
 
 def test_limiter_window_reset_and_bounded_table():
-    limiter = FailureLimiter(max_failures=2, window_ms=1000, max_addresses=3)
+    limiter = FailureLimiter(max_failures=2, window_ms=1000, max_keys=3)
     limiter.failed("a", 0)
     assert limiter.retry_after_ms("a", 10) is None
     limiter.failed("a", 100)
@@ -153,7 +164,7 @@ def test_limiter_window_reset_and_bounded_table():
     limiter.failed("a", 2000)
     limiter.succeeded("a")
     assert len(limiter) == 0
-    for i in range(10_000):  # a spray of addresses keeps at most max_addresses entries
+    for i in range(10_000):  # a spray of credentials keeps at most max_keys entries
         limiter.failed(f"10.0.{i // 256}.{i % 256}", 3000 + i)
     assert len(limiter) == 3
 
@@ -181,36 +192,40 @@ def test_requests_without_a_credential_are_not_counted_as_guesses(tmp_path):
     async def body(session, url, auth):
         for _ in range(5):
             assert (await call(session, url))[0] == 401
-        assert (await call(session, url, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+        assert (await call(session, url, headers=signed))[0] == 200
 
     run_app(tmp_path, body, limiter=FailureLimiter(max_failures=2, window_ms=60_000))
 
 
 def test_any_authorization_header_is_refused_cleanly(tmp_path):
-    """Whatever a client puts in the header: a principal for the two real credentials, else Refused(401)
-    with one sentence; never another exception."""
+    """Whatever a client puts in the header, bytes that are not ASCII included: Refused(401) with one
+    sentence (or the admin's principal for its one real Basic value); never another exception."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
+    from aiohttp.test_utils import make_mocked_request
+
     from appliance.api_auth import Refused
 
+    request = make_mocked_request("GET", "/api/v1/redundancy", headers={"Host": "127.0.0.1:8080"})
     path = tmp_path / "admin"
     write_admin(path, new_credential("admin", PASSWORD))
-    auth = ApiAuth(TOKEN, AdminFile(path), FailureLimiter(max_failures=10**9))
+    auth = ApiAuth(KEY, AdminFile(path), FailureLimiter(max_failures=10**9))
     loop = asyncio.new_event_loop()
-    latin1 = st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=200)
+    latin1 = st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=200) | st.binary(max_size=200).map(
+        lambda b: b.decode("utf-8", "surrogateescape"))  # how aiohttp hands over a header's raw bytes
     b64 = st.binary(max_size=100).map(lambda b: base64.b64encode(b).decode())
 
     @settings(max_examples=300, deadline=None)
     @given(st.one_of(latin1, latin1.map(lambda t: "Bearer " + t), latin1.map(lambda t: "Basic " + t),
-                     b64.map(lambda t: "Basic " + t), st.just(f"bearer {TOKEN}")))
+                     latin1.map(lambda t: "PairMQ-HMAC " + t), b64.map(lambda t: "Basic " + t)))
     def check(header):
         try:
-            principal = loop.run_until_complete(auth._verify(header))
+            principal = loop.run_until_complete(auth._verify(header, request))
         except Refused as exc:
             assert exc.status == 401 and str(exc) and "\n" not in str(exc)
         else:
-            assert principal == "token" and header.lower() == f"bearer {TOKEN}"
+            assert principal == "admin:admin"
 
     try:
         check()
