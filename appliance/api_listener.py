@@ -16,6 +16,8 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 
@@ -88,3 +90,24 @@ class GuardedRunner(web.AppRunner):
         server.__class__ = _GuardedServer  # same state, our two hooks; aiohttp builds it in Application
         server.caps = self._caps
         return server
+
+
+class GuardedSite(web.TCPSite):
+    """A TCPSite whose TLS handshakes and closing handshakes share the idle deadline (asyncio's defaults would
+    hold a connection 60 s before its handshake and 30 s after the server closed it, for a peer that never
+    answers the close_notify)."""
+
+    __slots__ = ("_handshake_s",)
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *, handshake_s: float, **kwargs) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._handshake_s = handshake_s
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers with the runner; the socket is ours to make
+        extra = ({"ssl_handshake_timeout": self._handshake_s, "ssl_shutdown_timeout": self._handshake_s}
+                 if self._ssl_context is not None else {})
+        self._server = await asyncio.get_running_loop().create_server(
+            self._runner.server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port, **extra)
+        self._bound_port = self._server.sockets[0].getsockname()[1]

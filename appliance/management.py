@@ -27,7 +27,7 @@ from aiohttp import http_exceptions, web
 
 from .admin_credential import AdminFile, admin_path
 from .api_auth import ApiAuth, auth_middleware, require_key
-from .api_listener import ConnectionCaps, GuardedRunner
+from .api_listener import ConnectionCaps, GuardedRunner, GuardedSite
 from .management_settings import server_context
 from .errors import LocalProtocolError
 from .management_reads import active_management_address, add_routes
@@ -257,8 +257,8 @@ class ManagementServer:
         self._runner = GuardedRunner(build_app(self.node, self.auth, self.caps), self.caps, access_log=None,
                                      keepalive_timeout=idle_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.node.spec.address, self.node.config.ports.management,
-                           reuse_address=True, ssl_context=server_context(settings))
+        site = GuardedSite(self._runner, self.node.spec.address, self.node.config.ports.management,
+                           reuse_address=True, ssl_context=server_context(settings), handshake_s=idle_s)
         await site.start()
 
     async def stop(self) -> None:
