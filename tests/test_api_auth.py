@@ -232,3 +232,51 @@ def test_any_authorization_header_is_refused_cleanly(tmp_path):
     finally:
         loop.close()
         auth.close()
+
+
+def test_signed_request_checks_run_in_order_and_nonces_are_spent_within_the_window():
+    """request_signing.Verifier, stepped with explicit wall-clock times: malformed, stale, another node,
+    bad MAC, replay; a nonce is remembered only after its MAC verified, and forgotten once its request
+    would be stale anyway; the table is bounded."""
+    from appliance.request_signing import SignatureRefused, Verifier, sign
+
+    hosts = {"10.0.0.1:8080"}
+
+    def check(verifier, header, now, key=KEY, host="10.0.0.1:8080", body=b"{}"):
+        verifier.verify(header.partition(" ")[2], [key], "POST", hosts, host, "/api/v1/x", body, now)
+
+    v = Verifier(window_ms=1000, max_nonces=2)
+    h = sign(KEY, "POST", "10.0.0.1:8080", "/api/v1/x", b"{}", 5000, b"\x01" * 16)
+    for kwargs, fragment in ((dict(now=7000), "away from this node's clock"),
+                             (dict(now=5000, host="10.0.0.2:8080"), "another node"),
+                             (dict(now=5000, key=b"k" * 32), "does not verify"),
+                             (dict(now=5000, body=b"{ }"), "does not verify")):
+        with pytest.raises(SignatureRefused, match=fragment):
+            check(v, h, **kwargs)
+    assert len(v) == 0  # nothing refused was remembered
+    check(v, h, 5000)
+    with pytest.raises(SignatureRefused, match="replay"):
+        check(v, h, 5500)
+    h2 = sign(KEY, "POST", "10.0.0.1:8080", "/api/v1/x", b"{}", 5100, b"\x02" * 16)
+    check(v, h2, 5100)
+    h3 = sign(KEY, "POST", "10.0.0.1:8080", "/api/v1/x", b"{}", 5200, b"\x03" * 16)
+    with pytest.raises(SignatureRefused, match="too many signed requests"):
+        check(v, h3, 5200)
+    check(v, sign(KEY, "POST", "10.0.0.1:8080", "/api/v1/x", b"{}", 6050, b"\x03" * 16), 6050)  # h is forgotten
+    assert len(v) == 2
+
+
+def test_connection_caps_in_total_and_per_address():
+    from appliance.api_listener import ConnectionCaps
+
+    caps = ConnectionCaps(max_total=3, max_per_address=2)
+    assert caps.admit("a1", "10.0.0.9") and caps.admit("a2", "10.0.0.9")
+    assert not caps.admit("a3", "10.0.0.9") and caps.refused_per_address == 1
+    assert caps.admit("b1", "10.0.0.8")
+    assert not caps.admit("c1", "10.0.0.7") and caps.refused_total == 1
+    caps.release("a1")
+    caps.release("a1")  # twice is harmless
+    assert caps.admit("a3", "10.0.0.9") and len(caps) == 3
+    for connection in ("a2", "a3", "b1"):
+        caps.release(connection)
+    assert caps.view()["open"] == 0 and caps.view()["addresses"] == 0
