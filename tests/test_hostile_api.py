@@ -19,7 +19,6 @@ import ssl
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
