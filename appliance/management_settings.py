@@ -27,8 +27,8 @@ KEYS = {"idle_timeout_ms", "body_timeout_ms", "max_connections", "max_connection
 class ManagementSettings:
     idle_timeout_ms: int = 10_000
     body_timeout_ms: int = 30_000
-    max_connections: int = 256
-    max_connections_per_address: int = 32
+    max_connections: int = 512
+    max_connections_per_address: int = 64  # above the decision streams one address may open (32)
     cert_file: Path | None = None
     key_file: Path | None = None
     ca_file: Path | None = None
