@@ -211,6 +211,14 @@ def test_the_cli_works_end_to_end_over_https_and_refuses_another_certificate(gro
     # The status page's fan-out reaches both peers the same way (signed, certificate verified).
     status, doc = request(group, P, "GET", "/api/v1/group", basic())
     assert status == 200 and all(n["reachable"] for n in doc["nodes"]), doc
+    # Prometheus scrapes /metrics the same way: Basic over HTTPS, the certificate as its CA file.
+    conn = http.client.HTTPSConnection(group.address(P), 8080, timeout=10, context=context(group))
+    try:
+        conn.request("GET", "/metrics", headers=basic())
+        response = conn.getresponse()
+        assert response.status == 200 and b"pairmq_active 1" in response.read()
+    finally:
+        conn.close()
     # A CLI whose group file trusts another certificate refuses to talk (no silent fallback).
     other = tmp_path / "other"
     other.mkdir()
@@ -265,3 +273,23 @@ def test_the_browser_admin_cannot_read_password_records_nor_drive_secret_rotatio
                           {**signed(group, P, "POST", "/api/v1/secret/steps", step),
                            "Content-Type": "application/json"}, step)
     assert status == 200 and doc["changed"] is False
+
+
+def test_init_with_management_tls_makes_a_pinned_certificate_for_the_three_addresses(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path), "--management-tls",
+                           "--primary", "10.0.0.1", "--backup", "10.0.0.2", "--monitor", "10.0.0.3",
+                           "--admin-password-stdin"], input=ADMIN_PASSWORD + "\n", capture_output=True, text=True,
+                          timeout=30, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    from cryptography import x509
+
+    from appliance.config import load_group
+
+    config = load_group(tmp_path / "group.toml")
+    assert config.management.https and config.management.trust_file == tmp_path / "management.pem"
+    assert oct((tmp_path / "management.key").stat().st_mode & 0o777) == "0o600"
+    cert = x509.load_pem_x509_certificate((tmp_path / "management.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(str(a) for a in names.get_values_for_type(x509.IPAddress)) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    assert "[management]" in (tmp_path / "group.toml").read_text() and 'cert_file = "management.pem"' in (
+        tmp_path / "group.toml").read_text()

@@ -317,3 +317,16 @@ def test_the_admin_credential_is_installed_readable_by_the_node_and_passwd_keeps
 def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, source):
     (source / "admin").unlink()
     assert "no admin credential at" in _refused(root, source)
+
+
+def test_the_management_certificate_and_key_are_installed_beside_the_group_file(root, source):
+    from appliance.management_settings import make_self_signed
+
+    make_self_signed(source / "management.pem", source / "management.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "o")
+    (source / "group.toml").write_text(GROUP + '[management]\ncert_file = "management.pem"\nkey_file = "management.key"\n')
+    done = pairmq_install(root, source, role="monitor")
+    assert done.returncode == 0, done.stderr
+    uid, gid = ids(root)
+    assert mode_owner(root / "etc/pairmq/management.pem") == ("0o644", 0, 0)
+    assert mode_owner(root / "etc/pairmq/management.key") == ("0o640", 0, gid)
+    assert read_as_service_user(root, "management.key").stdout == (source / "management.key").read_bytes()
