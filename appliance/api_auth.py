@@ -173,6 +173,7 @@ class ApiAuth:
         self.counters["accepted"] += 1
         if principal != KEY_PRINCIPAL:
             _check_browser_change(request)
+            await read_body(request, self.body_timeout_s)  # the handler's own read is then immediate
         return principal
 
     async def _verify(self, header: str, request: web.Request) -> str:

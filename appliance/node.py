@@ -454,7 +454,8 @@ class Node:
         return management_token(self.keys.keyring.send_secret)
 
     def management_tokens(self) -> list[str]:
-        """Changes are accepted with the token of any key this node holds (a rotation holds two)."""
+        """Requests are accepted signed with the management key of any secret this node holds (a rotation
+        holds two); hex, as `management_token`."""
         return [management_token(s) for s in self.keys.keys.values()]
 
     # --- views --------------------------------------------------------------------

@@ -42,7 +42,8 @@ def group(tmp_path_factory):
     directory = tmp_path_factory.mktemp("hostile-api") / "group"
     directory.mkdir(parents=True)
     make_self_signed(directory / "management.pem", directory / "management.key", list(LOOPBACK.values()), "test")
-    settings = ManagementSettings(idle_timeout_ms=IDLE_MS, max_connections_per_address=PER_ADDRESS,
+    settings = ManagementSettings(idle_timeout_ms=IDLE_MS, body_timeout_ms=IDLE_MS,
+                                  max_connections_per_address=PER_ADDRESS,
                                   cert_file=directory / "management.pem", key_file=directory / "management.key")
     with active_group(directory, management=settings) as g:
         write_admin(admin_path(g.config), new_credential("admin", ADMIN_PASSWORD))
@@ -133,6 +134,19 @@ def test_silent_and_slowloris_connections_are_closed_while_the_operator_gets_in(
     assert not open_slow, "a slowloris connection was still open after the give-up bound"
     for sock in silent + quiet + slow:
         assert closed_by_server(sock, GIVE_UP_S)
+        sock.close()
+
+
+def test_a_body_that_trickles_in_is_answered_408(group):
+    body = json.dumps({"changes": [{"kind": "anonymous.set", "allowed": True}]}).encode()
+    sock = tls_socket(group, P, LOOPBACK[M])
+    try:
+        head = "".join(f"{k}: {v}\r\n" for k, v in signed(group, P, "POST", "/api/v1/config/changes", body).items())
+        sock.sendall(f"POST /api/v1/config/changes HTTP/1.1\r\nHost: {netloc(group, P)}\r\n{head}"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        sock.settimeout(GIVE_UP_S)
+        assert sock.recv(12) == b"HTTP/1.1 408"
+    finally:
         sock.close()
 
 
