@@ -94,7 +94,8 @@ def render_settings(settings: ManagementSettings) -> list[str]:
     for field in dataclasses.fields(ManagementSettings):
         value = getattr(settings, field.name)
         if value is not None:
-            lines.append(f'{field.name} = "{value}"' if isinstance(value, Path) else f"{field.name} = {value}")
+            text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{field.name} = "{text}"' if isinstance(value, Path) else f"{field.name} = {value}")
     return lines
 
 

@@ -280,3 +280,27 @@ def test_connection_caps_in_total_and_per_address():
     for connection in ("a2", "a3", "b1"):
         caps.release(connection)
     assert caps.view()["open"] == 0 and caps.view()["addresses"] == 0
+
+
+def test_management_settings_round_trip_and_bad_ones_are_one_sentence(tmp_path):
+    import tomllib
+
+    from appliance.config import GroupConfig, NodeSpec, parse_group, render_group
+    from appliance.management_settings import ManagementSettings, make_self_signed
+
+    make_self_signed(tmp_path / "m.pem", tmp_path / "m.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "g")
+    nodes = {r: NodeSpec(r, f"10.0.0.{i + 1}", tmp_path / r.value) for i, r in enumerate(Role)}
+    settings = ManagementSettings(idle_timeout_ms=5000, max_connections=100, max_connections_per_address=10,
+                                  cert_file=tmp_path / "m.pem", key_file=tmp_path / "m.key")
+    text = render_group(GroupConfig("g", nodes, tmp_path / "secret", management=settings))
+    assert parse_group(tomllib.loads(text), tmp_path / "group.toml").management == settings
+    assert "[management]" not in render_group(GroupConfig("g", nodes, tmp_path / "secret"))
+    base = render_group(GroupConfig("g", nodes, tmp_path / "secret"))
+    for table, fragment in (("idle_timeout_ms = 0", "management.idle_timeout_ms must be a whole number"),
+                            ("max_connections = 10\nmax_connections_per_address = 20", "at most management.max_conn"),
+                            ('cert_file = "m.pem"', "needs both cert_file and key_file"),
+                            ('cert_file = "m.pem"\nkey_file = "nothing.key"', "management.key_file"),
+                            ("keepalive = 1", "unknown key 'keepalive' in [management]")):
+        with pytest.raises(ConfigError, match="management") as refused:
+            parse_group(tomllib.loads(base + "\n[management]\n" + table + "\n"), tmp_path / "group.toml")
+        assert fragment in str(refused.value) and "\n" not in str(refused.value)
