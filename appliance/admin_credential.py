@@ -3,7 +3,9 @@
 Rules:
 - It is a group setting, like the group secret, not replicated configuration:
   the file `admin` beside the secret file (mode 0600), identical on all three
-  hosts. Every node checks it, the monitor too (it holds no replicated
+  hosts. Installed under systemd it is 0640 root:pairmq (cli/install.py): the
+  node reads it but cannot change it; a new file written over an existing one
+  keeps that owner and mode (never more than 0640), so the node still reads it. Every node checks it, the monitor too (it holds no replicated
   configuration), and it works while no node is active (config-sync changes
   need an active node, so a group without one would lock its operator out of
   the very API that diagnoses it).
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from .broker.access import (SALT_BYTES, AccessDocumentError, HashRecord, check_username, hash_password,
@@ -67,7 +70,11 @@ def check_password(password: str) -> None:
 
 
 def write_admin(path: Path, credential: AdminCredential) -> None:
-    """Atomically, mode 0600 from the first byte written."""
+    """Atomically, mode 0600 from the first byte written; over an existing file, with its owner and mode."""
+    try:
+        before = path.stat()
+    except FileNotFoundError:
+        before = None
     tmp = path.with_name(f".{path.name}.new")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -76,6 +83,13 @@ def write_admin(path: Path, credential: AdminCredential) -> None:
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
+        if before is not None and (before.st_uid, before.st_gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.fchown(f.fileno(), before.st_uid, before.st_gid)
+            except PermissionError:
+                pass  # not root: the file stays ours, 0600
+            else:
+                os.fchmod(f.fileno(), stat.S_IMODE(before.st_mode) & 0o640)
     os.replace(tmp, path)
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .eventlog import EventSettings
+from .management_settings import ManagementSettings, parse_settings, render_settings
 from .roles import Role
 
 DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
@@ -230,6 +231,7 @@ class GroupConfig:
     limits: Limits = Limits()
     events: EventSettings = EventSettings()
     vip: VipConfig | None = None
+    management: ManagementSettings = ManagementSettings()  # the API listener on 8080
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -250,6 +252,7 @@ _SECTIONS = {
     "tls": {"cert_file", "key_file"},
     "events": {f.name for f in dataclasses.fields(EventSettings)},
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
+    "management": set(),  # appliance/management_settings.py checks its keys
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -310,8 +313,9 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
         raise ConfigError(f"the three nodes need distinct addresses, got {', '.join(addresses)}")
     tls = _parse_tls(raw, base)
     vip = _parse_vip(raw, addresses)
+    management = parse_settings(_table(raw, "management", required=False), base)
     return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
-                       events, vip)
+                       events, vip, management)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -487,6 +491,7 @@ def render_group(config: GroupConfig) -> str:
                      "{" + ", ".join(f"{r.value} = {_q(n)}" for r, n in vip.interfaces.items()) + "}")
         lines += ["", "[vip]", f"address = {_q(vip.with_prefix)}", f"interface = {interface}",
                   f"arp_count = {vip.arp_count}", f"arp_interval_ms = {vip.arp_interval_ms}"]
+    lines += render_settings(config.management)
     return "\n".join(lines) + "\n"
 
 

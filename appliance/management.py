@@ -3,8 +3,12 @@
 Rules:
 - It binds the node's own address only (never 0.0.0.0).
 - Every route, reads and routes added later included, needs a credential:
-  the group's bearer token or the admin password over HTTP Basic
-  (appliance/api_auth.py, one middleware in front of everything).
+  a request signed with the group's management key or the admin password
+  over HTTP Basic (appliance/api_auth.py, one middleware in front of
+  everything). The password records and secret rotation need the key.
+- The listener bounds what a connection may cost (appliance/api_listener.py:
+  idle/head deadline, connection caps) and speaks HTTPS when [management]
+  names a certificate.
 - Errors are JSON: {"error": "one sentence"}.
 - A change the node cannot take because it is not active (release-activity,
   revert-activity, config changes) is a 409 that names the active's
@@ -22,7 +26,9 @@ import logging
 from aiohttp import http_exceptions, web
 
 from .admin_credential import AdminFile, admin_path
-from .api_auth import ApiAuth, auth_middleware
+from .api_auth import ApiAuth, auth_middleware, require_key
+from .api_listener import ConnectionCaps, GuardedRunner, GuardedSite
+from .management_settings import server_context
 from .errors import LocalProtocolError
 from .management_reads import active_management_address, add_routes
 
@@ -43,10 +49,14 @@ class _BadRequestsAreOneLine(logging.Filter):
 
 def new_auth(node) -> ApiAuth:
     """The node's API credentials; a malformed admin file stops the node here with one sentence."""
-    return ApiAuth(node.management_tokens, AdminFile(admin_path(node.config)))
+    address, port = node.spec.address, node.config.ports.management
+    host = f"[{address}]" if ":" in address else address
+    hosts = {f"{host}:{port}".lower()} | ({host.lower()} if port in (80, 443) else set())
+    return ApiAuth(lambda: [bytes.fromhex(t) for t in node.management_tokens()], AdminFile(admin_path(node.config)),
+                   hosts=hosts, body_timeout_s=node.config.management.body_timeout_ms / 1000)
 
 
-def build_app(node, auth: ApiAuth | None = None) -> web.Application:
+def build_app(node, auth: ApiAuth | None = None, caps: ConnectionCaps | None = None) -> web.Application:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _BadRequestsAreOneLine) for f in server_log.filters):
         server_log.addFilter(_BadRequestsAreOneLine())
@@ -54,6 +64,8 @@ def build_app(node, auth: ApiAuth | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors_as_json, auth_middleware(auth)])
     app["node"] = node
     app["auth"] = auth
+    if caps is not None:
+        app["caps"] = caps
     add_routes(app)
     app.router.add_get("/api/v1/redundancy", _redundancy)
     app.router.add_get("/api/v1/message-spool", _message_spool)
@@ -187,6 +199,7 @@ async def _config(request: web.Request) -> web.Response:
 
 async def _config_document(request: web.Request) -> web.Response:
     """The whole document, password records included: for `pairmq config assert`."""
+    require_key(request, "the configuration document (it holds the MQTT users' password records)")
     configuration = _configuration(request)
     return web.json_response({"version": configuration.store.head.version,
                               "digest": configuration.store.head.digest,
@@ -233,13 +246,19 @@ class ManagementServer:
     def __init__(self, node) -> None:
         self.node = node
         self.auth = new_auth(node)
+        settings = node.config.management
+        self.caps = ConnectionCaps(settings.max_connections, settings.max_connections_per_address)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.node, self.auth), access_log=None)
+        settings = self.node.config.management
+        idle_s = settings.idle_timeout_ms / 1000
+        # keepalive_timeout is aiohttp's one timer for "no complete request head yet", from the first byte on.
+        self._runner = GuardedRunner(build_app(self.node, self.auth, self.caps), self.caps, access_log=None,
+                                     keepalive_timeout=idle_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.node.spec.address, self.node.config.ports.management,
-                           reuse_address=True)
+        site = GuardedSite(self._runner, self.node.spec.address, self.node.config.ports.management,
+                           reuse_address=True, ssl_context=server_context(settings), handshake_s=idle_s)
         await site.start()
 
     async def stop(self) -> None:

@@ -116,6 +116,7 @@ async def _index(request: web.Request) -> web.Response:
     node = request.app["node"]
     return web.json_response({"schema": SCHEMA, "role": node.role.value, "group": node.config.name,
                               "principal": request.get(PRINCIPAL), "auth": request.app["auth"].view(),
+                              "connections": request.app["caps"].view() if "caps" in request.app else None,
                               "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
 

@@ -469,7 +469,8 @@ class Node:
         return management_token(self.keys.keyring.send_secret)
 
     def management_tokens(self) -> list[str]:
-        """Changes are accepted with the token of any key this node holds (a rotation holds two)."""
+        """Requests are accepted signed with the management key of any secret this node holds (a rotation
+        holds two); hex, as `management_token`."""
         return [management_token(s) for s in self.keys.keys.values()]
 
     # --- views --------------------------------------------------------------------
@@ -553,12 +554,10 @@ def _decision_json(d, now: int) -> dict:
 
 
 def management_token(secret: bytes) -> str:
-    """The bearer token for changes through the management API, derived from the group secret."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    """The management key (hex) that signs API requests (appliance/request_signing.py); never sent itself."""
+    from .request_signing import management_key
 
-    return HKDF(algorithm=hashes.SHA256(), length=24, salt=b"pairmq-group-secret",
-                info=b"pairmq/management-token/v1").derive(secret).hex()
+    return management_key(secret).hex()
 
 
 def run_node(config: GroupConfig, role: Role) -> None:

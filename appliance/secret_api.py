@@ -5,7 +5,8 @@
     POST /api/v1/secret/steps    {"step": "add", "key_id": N, "wrapped": {...}}   hold key N too
                                  {"step": "use", "key_id": N}                    send with key N
                                  {"step": "retire", "key_id": N}                 drop key N
-Each step needs the management token of a key the node holds, is idempotent (a step already taken
+Each step needs a request signed with the management key of a key the node holds (never the admin
+password: whoever drives rotation must hold the secret anyway), is idempotent (a step already taken
 answers "changed": false), and is persisted before the answer. A bad request is 400, a step this
 node's keyring refuses is 409; either way one sentence and nothing changed.
 """
@@ -17,6 +18,7 @@ import logging
 
 from aiohttp import web
 
+from .api_auth import require_key
 from .keyring import MAX_KEY_ID, STEPS, BadWrap, Keyring, KeyringRefused, unwrap
 
 log = logging.getLogger("pairmq.node")
@@ -42,6 +44,7 @@ def _error(status: int, message: str) -> web.Response:
 
 async def _step(request: web.Request) -> web.Response:
     node = request.app["node"]  # authenticated by the API's middleware (appliance/api_auth.py)
+    require_key(request, "a secret rotation step")
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -5,7 +5,9 @@ Rules:
 - The page (appliance/static/: HTML, CSS, vanilla JS, no external assets) is served by every node. It reads
   only the node that served it: `/api/v1/group` is that node asking all three nodes' `/api/v1/status` (its
   own without HTTP), so the browser needs no CORS and only one reachable address, and a later API
-  credential is checked once, here. A peer that does not answer within PEER_TIMEOUT_S is an entry
+  credential is checked once, here. Each peer request is signed with the group's management key
+  (appliance/request_signing.py), never a token a sniffer could reuse; over HTTPS the peer's certificate
+  is verified as the CLI verifies it. A peer that does not answer within PEER_TIMEOUT_S is an entry
   `{"reachable": false, "error"}`.
 - Bounded: one fan-out at a time; its answer serves every request for GROUP_CACHE_S, so ten open pages
   cost the peers what one does.
@@ -14,12 +16,16 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from importlib import resources
 
 import aiohttp
 from aiohttp import web
 
 from . import metrics
+from .management_settings import client_context
+from .request_signing import sign
 from .roles import Role
 
 PEER_TIMEOUT_S = 0.8
@@ -108,8 +114,10 @@ class GroupView:
     async def _fetch(self) -> dict:
         node = self.node
         if self._session is None:
+            context = client_context(node.config.management)
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S),
-                                                  trust_env=False)
+                                                  trust_env=False,
+                                                  connector=aiohttp.TCPConnector(ssl=context if context is not None else True))
         entries = await asyncio.gather(*(self._one(role) for role in Role))
         self._document = {"schema": 1, "group": node.config.name, "served_by": node.role.value, "nodes": entries}
         self._at = asyncio.get_running_loop().time()
@@ -122,8 +130,9 @@ class GroupView:
             return {**metrics.status_document(node), "reachable": True}
         host = f"[{address}]" if ":" in address else address
         try:
-            document = await _peer_get(self._session, f"http://{host}:{node.config.ports.management}/api/v1/status",
-                                       node.management_token)
+            document = await _peer_get(self._session, node.config.management.scheme,
+                                       f"{host}:{node.config.ports.management}", "/api/v1/status",
+                                       bytes.fromhex(node.management_token))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             return {"role": role.value, "address": address, "reachable": False, "error": _describe(exc)}
         return {**document, "reachable": True}
@@ -133,9 +142,11 @@ class GroupView:
             await self._session.close()
 
 
-async def _peer_get(session: aiohttp.ClientSession, url: str, token: str) -> dict:
-    """The one place this node calls a peer's API, with the group's token (it holds the same secret)."""
-    async with session.get(url, headers={"Accept": "application/json", "Authorization": f"Bearer {token}"}) as response:
+async def _peer_get(session: aiohttp.ClientSession, scheme: str, netloc: str, path: str, key: bytes) -> dict:
+    """The one place this node calls a peer's API, signed with the group's key (it holds the same secret)."""
+    signature = sign(key, "GET", netloc, path, b"", time.time_ns() // 1_000_000, os.urandom(16))
+    async with session.get(f"{scheme}://{netloc}{path}",
+                           headers={"Accept": "application/json", "Authorization": signature}) as response:
         if response.status != 200:
             raise ValueError(f"answered HTTP {response.status}")
         document = await response.json()

@@ -1,7 +1,11 @@
 """A small client for the nodes' management API (DESIGN §1: port 8080).
 
 Stdlib only (urllib + one thread per node), so a CLI call opens no event loop
-and every request closes its connection. Proxies from the environment are
+and every request closes its connection. Each request is signed with the
+group's management key (appliance/request_signing.py): the key never travels,
+and a captured request is good for that one request to that one node. Over
+HTTPS the node's certificate is verified against the group file's
+management.ca_file, by default the node certificate itself (pinned). Proxies from the environment are
 ignored: the management API is always reached directly. Errors are sentences:
 a node's JSON `{"error": ...}` is surfaced as is, a connection failure says
 what happened (refused, no answer within the timeout).
@@ -15,18 +19,23 @@ import http.client
 import json
 import os
 import socket
+import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 from appliance.config import GroupConfig, load_secret
 from appliance.errors import ConfigError, PairMQError
+from appliance.management_settings import client_context
+from appliance.request_signing import sign
 from appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0
 MAX_RESPONSE_BYTES = 1 << 20
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-TOKEN_ENV = "PAIRMQ_TOKEN"  # for a host where the operator cannot read the group secret
+TOKEN_ENV = "PAIRMQ_TOKEN"  # the management key (hex), for a host where the operator cannot read the group secret
+_trusted: dict[str, ssl.SSLContext] = {}  # "https://host:port" -> what its certificate is verified against
 
 
 class ApiError(PairMQError):
@@ -40,13 +49,39 @@ class NodeUnreachable(ApiError):
 
 
 def base_url(config: GroupConfig, role: Role) -> str:
+    """The node's API address; for HTTPS, also what this process will verify its certificate against."""
     address = config.node(role).address
     host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{config.ports.management}"
+    url = f"{config.management.scheme}://{host}:{config.ports.management}"
+    if config.management.https and url not in _trusted:
+        _trusted[url] = client_context(config.management)
+    return url
+
+
+def signed_headers(token: str, method: str, url: str, body: bytes = b"") -> dict:
+    """The Authorization header of one request to `url`, signed with the management key `token` (hex)."""
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        key = bytes.fromhex(token)
+    except ValueError:
+        raise ConfigError(f"${TOKEN_ENV} must be the group's management key in hex") from None
+    return {"Authorization": sign(key, method, parts.netloc, path, body, time.time_ns() // 1_000_000,
+                                  os.urandom(16))}
+
+
+def _context(url: str) -> ssl.SSLContext | None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "https":
+        return None
+    trusted = _trusted.get(f"https://{parts.netloc}")
+    if trusted is None:
+        raise ConfigError(f"{url}: no certificate to verify it against (the group file's [management] names none)")
+    return trusted
 
 
 def token(config: GroupConfig) -> str:
-    """The management token every request carries: $PAIRMQ_TOKEN, else derived from the group secret."""
+    """The management key (hex) every request is signed with: $PAIRMQ_TOKEN, else derived from the group secret."""
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV].strip()
     from appliance.node import management_token
@@ -59,19 +94,23 @@ def token(config: GroupConfig) -> str:
 
 
 def get_json(url: str, *, timeout_s: float = READ_TIMEOUT_S, token: str | None = None) -> dict:
-    headers = {"Accept": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    headers = {"Accept": "application/json"} | (signed_headers(token, "GET", url) if token else {})
     return _call(urllib.request.Request(url, headers=headers), timeout_s)
 
 
 def post_json(url: str, body: dict, *, token: str, timeout_s: float = READ_TIMEOUT_S) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Accept": "application/json", "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={
+        "Accept": "application/json", "Content-Type": "application/json", **signed_headers(token, "POST", url, data)})
     return _call(request, timeout_s)
 
 
 def _call(request: urllib.request.Request, timeout_s: float) -> dict:
+    context = _context(request.full_url)
+    opener = _opener if context is None else urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
     try:
-        with _opener.open(request, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return _decode(response.read(MAX_RESPONSE_BYTES + 1), request.full_url)
     except urllib.error.HTTPError as exc:
         with exc:
@@ -180,8 +219,11 @@ def open_stream(url: str, *, token: str, last_event_id: str | None = None,
     STREAM_READ_TIMEOUT_S (the keep-alives come every 15 s). Errors as `get_json`'s.
     """
     parts = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
-    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {token}"} | (
+    context = _context(url)
+    connection = (http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s) if context is None
+                  else http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=timeout_s,
+                                                   context=context))
+    headers = {"Accept": "text/event-stream", **signed_headers(token, "GET", url)} | (
         {"Last-Event-ID": last_event_id} if last_event_id else {})
     try:
         connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)

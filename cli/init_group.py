@@ -5,7 +5,10 @@ relative where that keeps it portable: the secret as `secret` (next to the group
 file). Each node's data directory is `<data-dir>/<role>`, so the same file also
 works with all three nodes on one machine. The text is validated by the same
 loader the nodes use before anything is written, and nothing is overwritten
-without `force`.
+without `force`. With `management_tls` it also makes a self-signed certificate
+naming the three addresses (management.pem, key management.key, 0600) and the
+group file's [management] table names them: the API speaks HTTPS and the CLI
+verifies exactly that certificate.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from pathlib import Path
 
 from appliance.config import GroupConfig, NodeSpec, parse_group, render_group, write_secret
 from appliance.errors import ConfigError
+from appliance.management_settings import ManagementSettings, make_self_signed
 from appliance.roles import Role
 
 GROUP_FILE = "group.toml"
 SECRET_FILE = "secret"
+CERT_FILE, KEY_FILE = "management.pem", "management.key"
 DEFAULT_NAME = "pairmq"
 DEFAULT_DATA_DIR = "/var/lib/pairmq"
 LOOPBACK_ADDRESSES = {Role.PRIMARY: "127.0.0.1", Role.BACKUP: "127.0.0.2", Role.MONITOR: "127.0.0.3"}
@@ -53,17 +58,23 @@ def group_addresses(primary: str | None, backup: str | None, monitor: str | None
 
 
 def write_group(directory: Path, *, name: str, addresses: dict[Role, str], data_dir: str,
-                force: bool = False) -> Written:
+                force: bool = False, management_tls: bool = False) -> Written:
     directory = Path(directory)
     group_file, secret_file = directory / GROUP_FILE, directory / SECRET_FILE
     existing = [p for p in (group_file, secret_file) if p.exists()]
     if existing and not force:
         raise ConfigError(f"{existing[0]} already exists; pass --force to replace the group file and its secret")
     nodes = {role: NodeSpec(role, addresses[role], Path(data_dir) / role.value) for role in Role}
-    text = render_group(GroupConfig(name, nodes, Path(SECRET_FILE)))
-    parse_group(tomllib.loads(text), group_file)  # the nodes' own rules, before anything touches the disk
+    management = (ManagementSettings(cert_file=Path(CERT_FILE), key_file=Path(KEY_FILE)) if management_tls
+                  else ManagementSettings())
+    text = render_group(GroupConfig(name, nodes, Path(SECRET_FILE), management=management))
+    if not management_tls:
+        parse_group(tomllib.loads(text), group_file)  # the nodes' own rules, before anything touches the disk
 
     directory.mkdir(parents=True, exist_ok=True)
+    if management_tls:
+        make_self_signed(directory / CERT_FILE, directory / KEY_FILE, list(addresses.values()), name)
+        parse_group(tomllib.loads(text), group_file)  # with the files it names in place
     tmp_secret = directory / f".{SECRET_FILE}.new"
     tmp_secret.unlink(missing_ok=True)
     write_secret(tmp_secret)

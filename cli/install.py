@@ -10,12 +10,16 @@ Rules:
 - Everything is checked before anything is changed: the role, the group file (appliance.config's
   loader), the role's address being one of this host's (not under --root: that is another host), the
   node's data_dir (must be /var/lib/pairmq or below: the units' StateDirectory, the only
-  place ProtectSystem=strict lets the node write), the secret, the software to run.
+  place ProtectSystem=strict lets the node write), the secret, the admin credential, the software to run.
 - Idempotent: each step compares what is there with what it would write and says "unchanged"; a second
   run changes nothing and says so.
 - What gets which mode: /etc/pairmq 0750 root:pairmq, group.toml 0640 root:pairmq, the secret 0600
-  root:root (the node reads it only as the systemd credential `pairmq-secret`), /var/lib/pairmq and
-  /var/log/pairmq 0750 pairmq:pairmq, unit files 0644 root:root.
+  root:root (the node reads it only as the systemd credential `pairmq-secret`), the admin credential
+  (appliance/admin_credential.py, default: `admin` beside the secret) 0640 root:pairmq (the node, running as
+  pairmq, reads it and picks a new one up without a restart, but cannot change it; `pairmq admin passwd`
+  keeps that owner and mode), the management API's certificate 0644 and key 0640 root:pairmq when the
+  group file's [management] names them (relative to the group file, so they land in /etc/pairmq),
+  /var/lib/pairmq and /var/log/pairmq 0750 pairmq:pairmq, unit files 0644 root:root.
 - The virtual IP's drop-in (CAP_NET_ADMIN, CAP_NET_RAW, AF_PACKET) is written for a routing node only
   when the group file has a [vip] table, and removed when it no longer has one.
 """
@@ -40,6 +44,7 @@ ETC = Path("/etc/pairmq")
 STATE = Path("/var/lib/pairmq")
 LOGS = Path("/var/log/pairmq")
 VENV = Path("/opt/pairmq/venv")
+ADMIN_FILE = "admin"  # appliance.admin_credential.ADMIN_FILE
 UNIT_DIR = Path("/etc/systemd/system")
 UNIT_SOURCES = Path(__file__).resolve().parent.parent / "systemd"
 PROJECT = Path(__file__).resolve().parent.parent
@@ -64,6 +69,8 @@ class Plan:
     root: Path
     group_text: bytes
     secret_text: bytes
+    admin_text: bytes
+    extra_files: tuple[tuple[str, bytes, int], ...]  # (name under /etc/pairmq, content, mode): management TLS
     vip: bool
     venv: Path  # on the target system
     build_venv: bool  # False: --venv named an existing one
@@ -85,7 +92,8 @@ class Plan:
 
 
 def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None = None, venv: Path | None = None,
-         package: str | None = None, pip_options: tuple[str, ...] = (), start: bool = True) -> Plan:
+         package: str | None = None, pip_options: tuple[str, ...] = (), start: bool = True,
+         admin: Path | None = None) -> Plan:
     """Check everything; change nothing. Raises InstallError or ConfigError (one sentence each)."""
     if os.geteuid() != 0:
         raise InstallError("pairmq install must run as root (it creates a system user and writes under /etc); "
@@ -112,14 +120,43 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
         config = dataclasses.replace(config, secret_file=secret.resolve())
     os.environ.pop("CREDENTIALS_DIRECTORY", None)  # check the file we were given, not an inherited credential
     secret_bytes = load_secret(config)
+    admin_text = _admin_text(admin or config.secret_file.parent / ADMIN_FILE, group)
+    extra_files = _management_files(raw, group)
     if venv is not None:
         if not venv.is_absolute():
             raise InstallError(f"--venv {venv} must be an absolute path")
         if not os.access(root / venv.relative_to("/") / "bin" / "pairmq", os.X_OK):
             raise InstallError(f"--venv {venv} has no executable bin/pairmq (under {root})")
     spec = package or str(PROJECT)
-    return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", "vip" in raw,
+    return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", admin_text, extra_files,
+                "vip" in raw,
                 venv or VENV, venv is None, spec, tuple(pip_options), start and root == Path("/"))
+
+
+def _admin_text(path: Path, group: Path) -> bytes:
+    """The admin credential file's bytes, checked as a node checks it: without one the node's API has no
+    browser login, and a copy only root can read would stop the node at start."""
+    from appliance.admin_credential import read_admin
+
+    if read_admin(path) is None:
+        raise InstallError(f"no admin credential at {path}: write one with `pairmq admin passwd --group {group}` "
+                           f"(or pass --admin FILE)")
+    return path.read_bytes()
+
+
+def _management_files(raw: dict, group: Path) -> tuple[tuple[str, bytes, int], ...]:
+    """The management API's certificate (0644) and key (0640), to install beside the group file."""
+    table = raw.get("management", {})
+    files = []
+    for key, mode in (("cert_file", 0o644), ("key_file", 0o640), ("ca_file", 0o644)):
+        if key not in table:
+            continue
+        name = Path(table[key])
+        if name.is_absolute() or len(name.parts) != 1:
+            raise InstallError(f"management.{key} is {table[key]!r}; to be installed it must be a file name beside "
+                               f"the group file (it goes to {ETC})")
+        files.append((name.name, (group.parent / name).read_bytes(), mode))
+    return tuple(files)
 
 
 def address_is_local(address: str) -> bool:
@@ -145,7 +182,10 @@ def install(p: Plan, say=print) -> list[str]:
     uid, gid = _ids(p)
     step(_ensure_dir(p, ETC, 0, gid, 0o750))
     inputs = [_ensure_file(p, ETC / "group.toml", p.group_text, 0, gid, 0o640),
-              _ensure_file(p, ETC / "secret", p.secret_text, 0, 0, 0o600)]
+              _ensure_file(p, ETC / "secret", p.secret_text, 0, 0, 0o600),
+              _ensure_file(p, ETC / ADMIN_FILE, p.admin_text, 0, gid, 0o640)]
+    inputs += [_ensure_file(p, ETC / name, content, 0, gid if mode == 0o640 else 0, mode)
+               for name, content, mode in p.extra_files]
     for sentence in inputs:
         step(sentence)
     step(_ensure_dir(p, STATE, uid, gid, 0o750))
@@ -308,6 +348,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the group file to install (default: /etc/pairmq/group.toml)")
     parser.add_argument("--secret", type=Path, metavar="FILE",
                         help="the group secret (default: the group file's secret_file)")
+    parser.add_argument("--admin", type=Path, metavar="FILE",
+                        help="the admin credential (default: the file admin beside the secret)")
     parser.add_argument("--root", type=Path, default=Path("/"), metavar="DIR",
                         help="install under DIR instead of / (nothing is started)")
     parser.add_argument("--no-start", action="store_true", help="install and enable, but do not start")
@@ -327,7 +369,8 @@ EXAMPLES = ("pairmq install --role primary --group ./group.toml --secret ./secre
 
 def run(args: argparse.Namespace, say=print) -> list[str]:
     return install(plan(args.role, args.group, root=args.root, secret=args.secret, venv=args.venv,
-                        package=args.package, pip_options=tuple(args.pip_option), start=not args.no_start), say)
+                        package=args.package, pip_options=tuple(args.pip_option), start=not args.no_start,
+                        admin=args.admin), say)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,8 @@ def _init_parser(commands) -> None:
                          "--monitor 10.0.0.3",
                          "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
                          "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
-                         "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password"))
+                         "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password",
+                         "pairmq init --dir /etc/pairmq --management-tls  # HTTPS on 8080, self-signed, pinned"))
     p.add_argument("--dir", type=Path, default=DEFAULT_GROUP_PATH.parent,
                    help=f"where to write group.toml and secret (default: {DEFAULT_GROUP_PATH.parent})")
     p.add_argument("--name", default="pairmq", help="the group name (default: pairmq)")
@@ -126,6 +127,9 @@ def _init_parser(commands) -> None:
     p.add_argument("--admin-password-stdin", action="store_true", dest="password_stdin",
                    help="read the management API's admin password from stdin's first line (default: generate "
                         "one and print it once)")
+    p.add_argument("--management-tls", action="store_true", dest="management_tls",
+                   help="also make a self-signed certificate for the three addresses (management.pem, "
+                        "management.key) and serve the management API over HTTPS; the CLI pins it")
     p.set_defaults(handler=_cmd_init)
 
 
@@ -315,7 +319,8 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
         check_password(password)  # before anything is written
     else:
         password = generate_password()
-    written = write_group(args.dir, name=args.name, addresses=addresses, data_dir=args.data_dir, force=args.force)
+    written = write_group(args.dir, name=args.name, addresses=addresses, data_dir=args.data_dir, force=args.force,
+                          management_tls=args.management_tls)
     admin_file = set_admin(written.config, DEFAULT_USER, password)
     term.note(f"{'replaced' if written.replaced else 'wrote'} {written.group_file} (group {written.config.name!r})")
     term.note(f"{'replaced' if written.replaced else 'wrote'} {written.secret_file} (mode 0600; keep it private)")
@@ -326,6 +331,9 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     for role, address, command in written.node_commands():
         term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
     term.note(f"wrote {admin_file} (the management API's admin credential, mode 0600; copy it with the secret)")
+    if written.config.management.https:
+        term.note(f"wrote {written.config.management.cert_file} and its key (mode 0600): the management API "
+                  f"speaks HTTPS; copy both with the secret")
     if not args.password_stdin:
         term.print_text(f"admin password (user {DEFAULT_USER}, shown once; change it with `pairmq admin passwd`): "
                         f"{password}")

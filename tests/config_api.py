@@ -11,17 +11,22 @@ from appliance.broker.access import AccessPolicy
 from appliance.config import load_secret
 from appliance.node import management_token
 from appliance.roles import Role
+from cli.api import signed_headers
 from configsync.document import ConfigDocument
 
 
 def call(g, role: Role, path: str, body: dict | None = None, *, token: bool | str = True) -> tuple[int, dict]:
-    """`token`: True for the secret file's management token, a string for that one, False for none."""
+    """`token`: True for the secret file's management key, a string (hex) for that one, False for none;
+    the request is signed with it as the CLI signs."""
     url = f"http://{g.config.node(role).address}:{g.config.ports.management}{path}"
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
+    method = "POST" if body is not None else "GET"
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
     if token:
-        bearer = token if isinstance(token, str) else management_token(load_secret(g.config))
-        request.add_header("Authorization", f"Bearer {bearer}")
+        key = token if isinstance(token, str) else management_token(load_secret(g.config))
+        request.add_header("Authorization", signed_headers(key, method, url, data or b"")["Authorization"])
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.load(response)

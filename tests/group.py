@@ -28,6 +28,7 @@ from appliance.broker.access import AccessPolicy
 from appliance.eventlog import EventSettings, read_events
 from appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
                                write_secret)
+from appliance.management_settings import ManagementSettings
 from appliance.roles import Role
 
 from tests import probe
@@ -89,13 +90,14 @@ class Group:
     def __init__(self, directory: Path, addresses: dict[Role, str] = LOOPBACK, hosts=None,
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
                  tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False,
-                 events: EventSettings = EventSettings(), vip: VipConfig | None = None) -> None:
+                 events: EventSettings = EventSettings(), vip: VipConfig | None = None,
+                 management: ManagementSettings = ManagementSettings()) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
         config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits,
-                             auto_revert=auto_revert, events=events, vip=vip)
+                             auto_revert=auto_revert, events=events, vip=vip, management=management)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:
@@ -197,15 +199,16 @@ class Group:
         return bool(syncs) and "out of sync" not in syncs[-1]["reason"]
 
     def api(self, role: Role, path: str, timeout_s: float = 5.0) -> dict:
-        """GET a management API path on `role` with the group's token (every route needs a credential);
+        """GET a management API path on `role`, signed with the group's key (every route needs a credential);
         an error answer raises urllib's HTTPError."""
         from appliance.config import load_secret
         from appliance.node import management_token
+        from cli.api import _context, base_url, signed_headers
 
-        url = f"http://{self.address(role)}:{self.config.ports.management}{path}"
+        url = base_url(self.config, role) + path
         request = urllib.request.Request(
-            url, headers={"Authorization": f"Bearer {management_token(load_secret(self.config))}"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            url, headers=signed_headers(management_token(load_secret(self.config)), "GET", url))
+        with urllib.request.urlopen(request, timeout=timeout_s, context=_context(url)) as response:
             return json.load(response)
 
     def config_in_sync(self, active: Role = Role.PRIMARY) -> bool:

@@ -1,5 +1,6 @@
-"""The one door the observability tests use to a node's management API (it adds the group token every
-route needs). Plain GETs with urllib; event streams through the CLI's own client."""
+"""The one door the observability tests use to a node's management API (it signs each request with the
+group's management key, as the CLI does: every route needs a credential). Plain GETs with urllib; event
+streams through the CLI's own client."""
 
 from __future__ import annotations
 
@@ -29,16 +30,34 @@ class Answer:
 
 
 def token(config) -> str:
-    """The group's management token: every route of the API needs a credential."""
+    """The group's management key (hex): every route of the API needs a credential."""
     from appliance.config import load_secret
     from appliance.node import management_token
 
     return management_token(load_secret(config))
 
 
+def signed(config, method: str, url: str, body: bytes = b"") -> dict:
+    """The Authorization header of one request, signed with `config`'s management key."""
+    return api.signed_headers(token(config), method, url, body)
+
+
+ADMIN_PASSWORD = "the status page's admin password"
+
+
+def admin_basic(config) -> dict:
+    """A browser's credential: the admin user's password over HTTP Basic, the admin file written first."""
+    import base64
+
+    from appliance.admin_credential import admin_path, new_credential, write_admin
+
+    write_admin(admin_path(config), new_credential("admin", ADMIN_PASSWORD))
+    return {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_PASSWORD}".encode()).decode()}
+
+
 def get(config, url: str, timeout_s: float = 5.0) -> Answer:
-    """Any answer, error statuses included (tests check refusals too), asked with `config`'s group token."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token(config)}"})
+    """Any answer, error statuses included (tests check refusals too), signed with `config`'s group key."""
+    request = urllib.request.Request(url, headers=signed(config, "GET", url))
     try:
         with _opener.open(request, timeout=timeout_s) as r:
             return Answer(r.status, r.headers.get("Content-Type", ""), r.read())

@@ -87,9 +87,12 @@ def _enter_netns(name: str) -> None:
 
 def _http(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    method = "GET" if body is None else "POST"
+    request = urllib.request.Request(url, data=data, method=method)
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
+        from cli.api import signed_headers
+
+        request.add_header("Authorization", signed_headers(token, method, url, data or b"")["Authorization"])
     request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:

@@ -174,10 +174,12 @@ def test_garbage_and_oversized_http_get_a_4xx(swept, role):
 
 
 def authorized_post(g: Group, path: str, body: bytes) -> tuple[int, dict]:
-    token = management_token(load_secret(g.config))
-    request = urllib.request.Request(f"http://{g.address(P)}:{g.config.ports.management}{path}", data=body,
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"}, method="POST")
+    from cli.api import signed_headers
+
+    url = f"http://{g.address(P)}:{g.config.ports.management}{path}"
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        **signed_headers(management_token(load_secret(g.config)), "POST", url, body),
+        "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.load(answer)

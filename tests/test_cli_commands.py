@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from io import StringIO
 from pathlib import Path
@@ -246,7 +247,7 @@ class StandIn(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).requests.append((self.path, self.headers["Authorization"], json.loads(body)))
+        type(self).requests.append((self.path, self.headers["Host"], self.headers["Authorization"], body))
         self._send(*type(self).reply)
 
     def _send(self, status, document):
@@ -315,15 +316,22 @@ def test_watch_and_json_do_not_mix(stand_in):
                         "--watch and --json cannot be combined")
 
 
-def test_force_activity_sends_the_token_and_the_acknowledgement(stand_in):
+def test_force_activity_is_signed_and_sends_the_acknowledgement(stand_in):
+    """The request is signed with the group's management key over its method, host, path and body; the key
+    itself (formerly sent as a bearer token) is nowhere in what went over the wire."""
+    from appliance.request_signing import Verifier, management_key
+
     code, out, err = run_main("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
                               "--group", str(stand_in))
     assert code == 0, err
     assert out == ""
     assert err == "backup: forced bid started; follow it with `pairmq show redundancy --watch`\n"
-    token = management_token(load_secret(load_group(stand_in)))
-    assert StandIn.requests == [("/api/v1/redundancy/force-activity", f"Bearer {token}",
-                                 {"acknowledge_data_loss": True})]
+    secret = load_secret(load_group(stand_in))
+    [(path, host, authorization, body)] = StandIn.requests
+    assert (path, json.loads(body)) == ("/api/v1/redundancy/force-activity", {"acknowledge_data_loss": True})
+    assert management_token(secret) not in authorization and authorization.startswith("PairMQ-HMAC ")
+    Verifier().verify(authorization.partition(" ")[2], [management_key(secret)], "POST", {host}, host, path, body,
+                      time.time_ns() // 1_000_000)
 
 
 def test_force_activity_surfaces_the_nodes_error_sentence(stand_in):

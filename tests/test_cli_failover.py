@@ -2,7 +2,7 @@
 (`show redundancy --json`, `redundancy release-activity|revert-activity`, `show clients --json`), against a
 real loopback group of `pairmq node` processes; the one thing not done with `pairmq` is the crash itself
 (kill -9 of the active). Also the CLI's one-sentence errors met on the way: nothing running, a bad group
-file, a wrong token (401), and a change sent to the standby (409).
+file, a wrong management key (401), and a change sent to the standby (409).
 """
 
 import json
@@ -101,9 +101,10 @@ def test_a_failover_driven_only_through_the_cli(group):
         # A change sent to the standby: refused, naming the active (409).
         one_sentence(pairmq(group, "redundancy", "release-activity", "--role", "backup"),
                      "the backup node refused:")
-        # A wrong token: every node refuses (401).
-        one_sentence(pairmq(group, "show", "clients", env={"PAIRMQ_TOKEN": "0" * 48}),
-                     "the routing nodes refused: the bearer token is not this group's management token")
+        # A wrong management key: every node refuses its signature (401).
+        one_sentence(pairmq(group, "show", "clients", env={"PAIRMQ_TOKEN": "0" * 64}),
+                     "the routing nodes refused: the request's signature does not verify under this group's "
+                     "management key")
 
         released = pairmq(group, "redundancy", "release-activity")
         assert released.returncode == 0 and "primary: handed activity over in" in released.stderr, released.stderr

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from appliance.admin_credential import new_credential, read_admin, write_admin
 from appliance.roles import Role
 from cli import install
 from tests.group import LOOPBACK, REPO
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
+ADMIN_PASSWORD = "an admin password of some length"
 GROUP = """\
 [group]
 name = "orders"
@@ -62,6 +64,7 @@ def source(tmp_path) -> Path:
     fd = os.open(s / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, (b"ab" * 32) + b"\n")
     os.close(fd)
+    write_admin(s / "admin", new_credential("admin", ADMIN_PASSWORD))  # what `pairmq init` writes beside it
     return s
 
 
@@ -114,6 +117,8 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     assert mode_owner(root / "etc/pairmq") == ("0o750", 0, gid)
     assert mode_owner(root / "etc/pairmq/group.toml") == ("0o640", 0, gid)
     assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert (root / "etc/pairmq/admin").read_bytes() == (source / "admin").read_bytes()
     assert mode_owner(root / "var/lib/pairmq") == ("0o750", uid, gid)
     assert mode_owner(root / "var/log/pairmq") == ("0o750", uid, gid)
     assert (root / "etc/pairmq/group.toml").read_text() == GROUP
@@ -280,3 +285,48 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.stdout.splitlines()[-1] == "nothing changed: this host was already installed as the primary"
+
+
+def read_as_service_user(root: Path, name: str) -> subprocess.CompletedProcess:
+    """Read /etc/pairmq/<name> in a process running as the pairmq user and group (no other groups), as the
+    unit runs the node; through a directory descriptor, since the throwaway root's own parents are root's."""
+    uid, gid = ids(root)
+    fd = os.open(root / "etc/pairmq", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
+                               f"import os, sys; sys.stdout.buffer.write(os.read(os.open({name!r}, os.O_RDONLY, "
+                               f"dir_fd={fd}), 1 << 16))"], capture_output=True, pass_fds=(fd,), timeout=30)
+    finally:
+        os.close(fd)
+
+
+def test_the_admin_credential_is_installed_readable_by_the_node_and_passwd_keeps_it_so(root, source):
+    assert pairmq_install(root, source, role="backup").returncode == 0
+    done = read_as_service_user(root, "admin")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (source / "admin").read_bytes()
+    assert read_as_service_user(root, "secret").returncode != 0  # the secret stays root's (a credential)
+    # `pairmq admin passwd` run by root over the installed file: still the node's to read.
+    write_admin(root / "etc/pairmq/admin", new_credential("admin", "a new admin password here"))
+    uid, gid = ids(root)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert read_as_service_user(root, "admin").returncode == 0
+    assert read_admin(root / "etc/pairmq/admin").username == "admin"
+
+
+def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, source):
+    (source / "admin").unlink()
+    assert "no admin credential at" in _refused(root, source)
+
+
+def test_the_management_certificate_and_key_are_installed_beside_the_group_file(root, source):
+    from appliance.management_settings import make_self_signed
+
+    make_self_signed(source / "management.pem", source / "management.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "o")
+    (source / "group.toml").write_text(GROUP + '[management]\ncert_file = "management.pem"\nkey_file = "management.key"\n')
+    done = pairmq_install(root, source, role="monitor")
+    assert done.returncode == 0, done.stderr
+    uid, gid = ids(root)
+    assert mode_owner(root / "etc/pairmq/management.pem") == ("0o644", 0, 0)
+    assert mode_owner(root / "etc/pairmq/management.key") == ("0o640", 0, gid)
+    assert read_as_service_user(root, "management.key").stdout == (source / "management.key").read_bytes()

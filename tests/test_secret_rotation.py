@@ -282,7 +282,7 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
             ({"step": "retire", "key_id": 0}, token, 409, "still sends with key id 0"),
             ({"step": "spin", "key_id": 1}, token, 400, "step must be one of"),
             ({"step": "use", "key_id": 256}, token, 400, "key_id must be a whole number"),
-            ({"step": "use", "key_id": 0}, "0" * 48, 401, "management token"),
+            ({"step": "use", "key_id": 0}, "0" * 64, 401, "does not verify"),
         ]
         for body, tok, status, words in cases:
             got, reply = api(g, P, steps, body, tok)

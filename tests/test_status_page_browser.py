@@ -3,8 +3,8 @@ node and the epoch, a failover (kill -9 of the active) shows on the next load wi
 unreachable, an open page follows a handover live, and screenshots are PNGs of the asked size that are
 not blank.
 
-Chromium is driven over its DevTools pipe. Every request carries the group's token as an extra header,
-as a person's browser sends the admin's Basic credentials it cached after the login prompt (every route
+Chromium is driven over its DevTools pipe. Every request carries the admin's Basic credentials as an extra
+header, as a person's browser sends them once it cached them after the login prompt (every route
 of the API needs a credential; tests/test_api_processes.py checks the 401s). The first test loads with
 `?stream=0` (poll only: its decision list comes from the poll); the stream is the second test's.
 """
@@ -28,7 +28,7 @@ import pytest
 from appliance.roles import Role
 from cli import api
 from tests.group import active_group
-from tests.http_api import get, hand_over, token
+from tests.http_api import admin_basic, get, hand_over
 
 pytestmark = pytest.mark.processes
 
@@ -69,7 +69,7 @@ class Page(html.parser.HTMLParser):
 
 def load(browser: "DevTools", g, url: str) -> Page:
     """A fresh page of `url` once its first poll has drawn it: its DOM."""
-    browser.open(url, headers={"Authorization": f"Bearer {token(g.config)}"})
+    browser.open(url, headers=admin_basic(g.config))
     browser.wait_for("the first poll", "document.body && document.body.dataset.state === 'ready'")
     return Page(browser.js("document.documentElement.outerHTML"))
 
@@ -271,7 +271,7 @@ def test_an_open_page_follows_a_handover_live_through_its_stream_and_poll(tmp_pa
         browser = DevTools(tmp_path)
         try:
             # Streaming: the backup's own decisions arrive live.
-            browser.open(f"{api.base_url(g.config, B)}/", headers={"Authorization": f"Bearer {token(g.config)}"})
+            browser.open(f"{api.base_url(g.config, B)}/", headers=admin_basic(g.config))
             browser.wait_for("the first poll", "document.body.dataset.state === 'ready'")
             browser.wait_for("the stream open", "document.getElementById('stream-state').textContent === 'live'")
             assert browser.js("document.getElementById('active-node').textContent") == "primary"
