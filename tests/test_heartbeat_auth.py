@@ -91,7 +91,8 @@ def test_replay_refused_only_after_the_mac(pair):
     assert rejection(receiver, first) == "replayed"
     assert rejection(receiver, sender.seal(heartbeat(seq=6))) == "replayed"
     assert receiver.open(sender.seal(heartbeat(seq=8))).seq == 8
-    assert dict(receiver.rejected) == {"malformed": 0, "foreign_group": 0, "stale": 0, "bad_mac": 0, "replayed": 2}
+    assert dict(receiver.rejected) == {"malformed": 0, "foreign_group": 0, "stale": 0, "bad_mac": 0, "replayed": 2,
+                                     "unconfirmed": 0}
 
 
 def test_new_incarnation_resets_sequence_numbers(pair):
