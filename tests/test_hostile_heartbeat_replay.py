@@ -114,12 +114,13 @@ def failed_over(tmp_path):
 
 
 def replay_after_restart(group: Group, restarted: Role, recording: list[bytes], epoch: int,
-                         operator=lambda: None) -> tuple[int, dict]:
+                         while_down=lambda: None, operator=lambda: None) -> tuple[int, dict]:
     """Restart `restarted` (kill -9), replay the recording at it until the backup serves at a newer epoch.
 
-    `operator` runs once the replay has started: what an operator would do at that point.
+    `while_down` runs before the restart; `operator` once the replay has started (what an operator would do).
     """
     group.kill(restarted)
+    while_down()
     group.start(restarted)
     group.wait_for(f"the {restarted.value}'s API", lambda: redundancy(group, restarted), timeout_s=20)
     with Replayer(group, restarted, recording) as replay:
@@ -155,11 +156,13 @@ def test_a_restarted_monitor_refuses_the_dead_primarys_recorded_heartbeats_and_v
     (R4) only an operator's forced bid can bring service back, and the recorded claims must not block its vote."""
     group, recording, epoch = failed_over
 
-    def force_the_backup():
+    def backup_alone():
         group.wait_for("the backup to stop serving without a peer", lambda: not serving(group, B), timeout_s=20)
+
+    def force_the_backup():
         http_api.post(group.config, B, "force-activity", {"acknowledge_data_loss": True})
 
-    sent, counted = replay_after_restart(group, M, recording, epoch, force_the_backup)
+    sent, counted = replay_after_restart(group, M, recording, epoch, backup_alone, force_the_backup)
     assert sent >= 2 * len(recording)
     assert sum(counted.values()) == counted["unconfirmed"], counted  # under no other reason
     assert never_heard_the_primary(group, M)
