@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
+from .private_files import private_dir, private_opener
 
 log = logging.getLogger("pairmq.events")
 
@@ -192,7 +193,7 @@ def _summary(kind: str, window: _Window, now_ms: int) -> dict:
 class EventLog:
     def __init__(self, directory: Path, node: str, settings: EventSettings = EventSettings(),
                  clock=time.time, mono=time.monotonic_ns) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         self.directory = directory
         self.path = directory / ACTIVE_NAME
         self.node = node
@@ -335,7 +336,7 @@ class EventLog:
             self._fail(exc)
 
     def _open(self) -> None:
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "a", encoding="utf-8", opener=private_opener)
         self._opened_at = self._clock()
 
     def _close_segment(self) -> None:

@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from .private_files import private_dir
 
 MAX_KEY_ID = 255
 MAX_KEYS = 2
@@ -140,7 +141,7 @@ class Keyring:
 
     def save(self, path: Path) -> None:
         """Durable when it returns: a 0600 temporary file, fsync, rename, fsync the directory."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -41,6 +41,7 @@ from .decision_stream import DecisionFeed
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
+from .private_files import private_dir
 from .keyring import STATE_FILE, CurrentKeyring, startup_keyring
 from .management import ManagementServer
 from .planned_handover import HandoverRunner
@@ -80,7 +81,7 @@ class Node:
         self.config = config
         self.role = role
         self.spec = config.node(role)
-        self.spec.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.spec.data_dir)  # appliance/private_files.py: whatever made it, only we read it
         # The persisted keyring wins over the secret file unless the file is newer (appliance/keyring.py).
         self.keyring_path = self.spec.data_dir / STATE_FILE
         secret = self.keys = CurrentKeyring(startup_keyring(load_keyring(config), self.keyring_path))

@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 
 from .errors import SpoolCorruption
+from .private_files import private_dir
 from .quorum.core import PersistentState
 from .roles import Role
 
@@ -98,7 +99,7 @@ class FileStore:
         return {"path": str(self.path), "saves": self.saves, "in_place": self.exchange, "last_error": self.last_error}
 
     def _save(self, record: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         if self.exchange:
             self._write(self.spare, record)
             if not self.path.exists():

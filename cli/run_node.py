@@ -20,6 +20,7 @@ from pathlib import Path
 
 from appliance.config import load_group, load_secret
 from appliance.errors import PairMQError
+from appliance.private_files import PRIVATE_UMASK
 from appliance.roles import Role
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
@@ -40,6 +41,7 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def run(group_path: Path, role: Role) -> int:
+    os.umask(PRIVATE_UMASK)  # before anything is created: spool, events and secrets are nobody else's business
     config = load_group(group_path)
     load_secret(config)  # a bad group file, secret, access file or config store is one sentence, before any log line
     if role.routes_messages:

@@ -7,7 +7,8 @@ Rules:
   to the standby; `confirm` waits (bounded) until the standby acknowledged it, so the API can say
   whether it is on both nodes.
 - The link is the mate link's secure channel (mutual challenge–response under the group secret,
-  sealed frames) with config-sync's own keys (`purpose="config-sync"`): a mate-link peer cannot
+  ephemeral X25519 keys, so a recorded session stays sealed even after the secret leaks; sealed
+  frames) with config-sync's own keys (`purpose="config-sync"`): a mate-link peer cannot
   speak here, nor a stranger. Bad frames and broken rules are counted by reason and close the link.
 - The active accepts a standby's link only while it is active; a newer link replaces an older one.
   The standby dials the active it knows of every `REDIAL_S`, says HELLO, and applies what it gets:

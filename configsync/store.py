@@ -22,6 +22,7 @@ import sqlite3
 from pathlib import Path
 
 from appliance.errors import PairMQError
+from appliance.private_files import private_database, private_dir
 
 from .changes import GENESIS, apply_change, chain, parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical
@@ -60,8 +61,9 @@ class ConfigStore:
     def __init__(self, path: Path, *, max_history: int = MAX_HISTORY) -> None:
         self.path = Path(path)
         self.max_history = max_history
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         try:
+            private_database(self.path)  # users' password records; its -wal and -shm take this file's mode
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")

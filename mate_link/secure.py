@@ -4,19 +4,25 @@ Rules:
 - Both ends prove they hold the group secret without sending it: challenge–response with
   HMAC-SHA256 under a key derived from the secret (HKDF, bound to the group name and this
   protocol's version), over a transcript of everything sent so far, labelled by direction so a
-  proof cannot be reflected back.
-    standby → active   HELLO     magic, version, group, role, key id, nonce_s (32 random bytes)
-    active  → standby  CHALLENGE role, nonce_a, proof_a = HMAC(k, "active"  || H(HELLO || CHALLENGE-so-far))
+  proof cannot be reflected back. Each side also sends a fresh X25519 public key, which the
+  transcript (and so both proofs) covers:
+    standby → active   HELLO     magic, version, group, role, key id, nonce_s, epk_s (32 + 32 bytes)
+    active  → standby  CHALLENGE role, nonce_a, epk_a, proof_a = HMAC(k, "active" || H(HELLO || CHALLENGE-so-far))
     standby → active   PROOF     proof_s = HMAC(k, "standby" || H(HELLO || CHALLENGE))
   The key id names which group secret the standby uses (appliance/keyring.py: two are held during a
   rotation); the active uses that one if it holds it, else refuses (bad_proof, "unknown key id"). The
   id is in the transcript, so it cannot be changed on the way. The active proves first, so a standby never sends a proof to a stranger. Fresh nonces on both
   sides make every proof single-use: a recorded handshake replays into nothing.
+- Forward secrecy: the frame keys come from the X25519 shared secret of the two ephemeral keys
+  (HKDF, salted with the transcript hash), and the private halves live only in this object. The
+  group secret authenticates the exchange but does not make the keys, so whoever learns it later
+  still cannot open recorded sessions; a man in the middle cannot swap the public keys because
+  both proofs cover them.
 - Each side accepts only its mate's role (primary ↔ backup) in its own group; a foreign group,
   another role, a wrong proof or a malformed message ends the handshake with `HandshakeFailed`
   naming the reason (the caller counts it and closes the socket).
 - After the handshake every frame is `u32 length || AEAD(AES-256-GCM)` with per-connection,
-  per-direction keys (HKDF of the secret-derived key with both nonces) and an implicit 64-bit
+  per-direction keys (above) and an implicit 64-bit
   counter as the nonce: a tampered, dropped, replayed or reordered frame fails to open
   (`TamperedFrame`); TCP delivers in order, so any failure is an attack or a bug, and the link
   closes. The length is authenticated as associated data. AES-GCM rather than ChaCha20-Poly1305:
@@ -33,6 +39,7 @@ import struct
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -40,9 +47,10 @@ from appliance.errors import RemoteProtocolError
 from appliance.roles import Role
 
 MAGIC = b"PMQL"
-VERSION = 2  # 2: the HELLO names its key id
+VERSION = 3  # 2: the HELLO names its key id; 3: ephemeral X25519 keys
 NONCE_BYTES = 32
 PROOF_BYTES = 32
+PUBLIC_KEY_BYTES = 32
 MAX_GROUP_BYTES = 255
 MAX_HANDSHAKE_BYTES = 512
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -79,9 +87,10 @@ def _auth_key(secret: bytes, group: str, purpose: str) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret", info=info).derive(secret)
 
 
-def _direction_key(auth_key: bytes, nonce_standby: bytes, nonce_active: bytes, direction: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=nonce_standby + nonce_active,
-                info=b"pairmq/mate-link/v%d/frames/%s" % (VERSION, direction)).derive(auth_key)
+def _direction_key(shared: bytes, auth_key: bytes, transcript: bytes, purpose: str, direction: bytes) -> bytes:
+    # the auth key only binds the keys to the group: without the ephemeral shared secret it opens nothing
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=hashlib.sha256(transcript).digest(),
+                info=b"pairmq/%s/v%d/frames/%s" % (purpose.encode(), VERSION, direction)).derive(shared + auth_key)
 
 
 def _proof(auth_key: bytes, label: bytes, transcript: bytes) -> bytes:
@@ -106,7 +115,8 @@ class Handshake:
     the active accepts any key its keyring holds when the HELLO arrives.
     """
 
-    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link",
+                 ephemeral: bytes | None = None) -> None:
         if me not in _ROLE_CODES:
             raise ValueError(f"only primary and backup have a mate link, not {me.value}")
         if len(nonce) != NONCE_BYTES:
@@ -121,6 +131,10 @@ class Handshake:
         self._secrets, self.key_id = _key_set(secret)
         self._purpose = purpose  # config-sync (8302) uses the same handshake, other keys
         self._key = _auth_key(self._secrets[self.key_id], group, purpose)
+        # `ephemeral` (32 random bytes) is for reproducible tests; by default a fresh key per handshake
+        self._ephemeral = (X25519PrivateKey.from_private_bytes(ephemeral) if ephemeral is not None
+                           else X25519PrivateKey.generate())
+        self.public_key = self._ephemeral.public_key().public_bytes_raw()
         self._in = bytearray()
         self._out = bytearray()
 
@@ -166,9 +180,14 @@ class Handshake:
             self._fail("wrong_role", f"the peer claims our own role ({role.value})")
         return role
 
-    def _establish(self, nonce_standby: bytes, nonce_active: bytes, *, standby: bool) -> None:
-        to_active = _direction_key(self._key, nonce_standby, nonce_active, b"to-active")
-        to_standby = _direction_key(self._key, nonce_standby, nonce_active, b"to-standby")
+    def _establish(self, peer_public_key: bytes, transcript: bytes, *, standby: bool) -> None:
+        try:
+            shared = self._ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_public_key))
+        except ValueError:  # a low-order point makes an all-zero secret: refused, never used as a key
+            self._fail("malformed", "the peer's ephemeral key is not a usable X25519 point")
+        self._ephemeral = None  # the private half is not needed again: forget it as soon as possible
+        to_active = _direction_key(shared, self._key, transcript, self._purpose, b"to-active")
+        to_standby = _direction_key(shared, self._key, transcript, self._purpose, b"to-standby")
         self.channel = SecureChannel(send_key=to_active if standby else to_standby,
                                      receive_key=to_standby if standby else to_active)
         self.stage = Stage.ESTABLISHED
@@ -177,30 +196,33 @@ class Handshake:
 class StandbyHandshake(Handshake):
     """The connecting side (the standby dials the active)."""
 
-    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
-        super().__init__(secret, group, me, nonce, purpose)
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link",
+                 ephemeral: bytes | None = None) -> None:
+        super().__init__(secret, group, me, nonce, purpose, ephemeral)
         g = group.encode()
-        self._hello = MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me], self.key_id]) + nonce
+        self._hello = (MAGIC + bytes([VERSION, len(g)]) + g + bytes([_ROLE_CODES[me], self.key_id]) + nonce
+                       + self.public_key)
         self._out += _framed(self._hello)
 
     def _on_message(self, body: bytes) -> None:
-        # CHALLENGE: role(1) nonce_a(32) proof_a(32)
-        if len(body) != 1 + NONCE_BYTES + PROOF_BYTES:
+        # CHALLENGE: role(1) nonce_a(32) epk_a(32) proof_a(32)
+        head_bytes = 1 + NONCE_BYTES + PUBLIC_KEY_BYTES
+        if len(body) != head_bytes + PROOF_BYTES:
             self._fail("malformed", f"a {len(body)}-byte CHALLENGE")
         self._peer_role(body[0])
-        nonce_active, proof_a = body[1:1 + NONCE_BYTES], body[1 + NONCE_BYTES:]
-        transcript = self._hello + body[:1 + NONCE_BYTES]
-        if not hmac.compare_digest(proof_a, _proof(self._key, b"active", transcript)):
+        peer_key, proof_a = body[1 + NONCE_BYTES:head_bytes], body[head_bytes:]
+        if not hmac.compare_digest(proof_a, _proof(self._key, b"active", self._hello + body[:head_bytes])):
             self._fail("bad_proof", "the active's proof does not verify: it does not hold our group secret")
         self._out += _framed(_proof(self._key, b"standby", self._hello + body))
-        self._establish(self.nonce, nonce_active, standby=True)
+        self._establish(peer_key, self._hello + body, standby=True)
 
 
 class ActiveHandshake(Handshake):
     """The accepting side. Established once the standby's PROOF verifies."""
 
-    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link") -> None:
-        super().__init__(secret, group, me, nonce, purpose)
+    def __init__(self, secret, group: str, me: Role, nonce: bytes, purpose: str = "mate-link",
+                 ephemeral: bytes | None = None) -> None:
+        super().__init__(secret, group, me, nonce, purpose, ephemeral)
         self._hello: bytes | None = None
         self._challenge = b""
         self.peer: Role | None = None
@@ -213,7 +235,7 @@ class ActiveHandshake(Handshake):
             self._fail("malformed", f"a {len(body)}-byte PROOF")
         if not hmac.compare_digest(body, _proof(self._key, b"standby", self._hello + self._challenge)):
             self._fail("bad_proof", "the standby's proof does not verify: it does not hold our group secret")
-        self._establish(self._hello[-NONCE_BYTES:], self.nonce, standby=False)
+        self._establish(self._hello[-PUBLIC_KEY_BYTES:], self._hello + self._challenge, standby=False)
 
     def _on_hello(self, body: bytes) -> None:
         if len(body) < len(MAGIC) + 2 or not body.startswith(MAGIC):
@@ -221,7 +243,7 @@ class ActiveHandshake(Handshake):
         version, glen = body[4], body[5]
         if version != VERSION:
             self._fail("malformed", f"mate link version {version}, we speak {VERSION}")
-        if len(body) != 6 + glen + 2 + NONCE_BYTES:
+        if len(body) != 6 + glen + 2 + NONCE_BYTES + PUBLIC_KEY_BYTES:
             self._fail("malformed", f"a {len(body)}-byte HELLO")
         try:
             group = body[6:6 + glen].decode()
@@ -237,7 +259,7 @@ class ActiveHandshake(Handshake):
         self.key_id = key_id
         self._key = _auth_key(self._secrets[key_id], self.group, self._purpose)
         self._hello = body
-        head = bytes([_ROLE_CODES[self.me]]) + self.nonce
+        head = bytes([_ROLE_CODES[self.me]]) + self.nonce + self.public_key
         self._challenge = head + _proof(self._key, b"active", body + head)
         self._out += _framed(self._challenge)
 

@@ -91,7 +91,8 @@ def test_replay_refused_only_after_the_mac(pair):
     assert rejection(receiver, first) == "replayed"
     assert rejection(receiver, sender.seal(heartbeat(seq=6))) == "replayed"
     assert receiver.open(sender.seal(heartbeat(seq=8))).seq == 8
-    assert dict(receiver.rejected) == {"malformed": 0, "foreign_group": 0, "stale": 0, "bad_mac": 0, "replayed": 2}
+    assert dict(receiver.rejected) == {"malformed": 0, "foreign_group": 0, "stale": 0, "bad_mac": 0, "replayed": 2,
+                                     "unconfirmed": 0}
 
 
 def test_new_incarnation_resets_sequence_numbers(pair):
@@ -113,3 +114,18 @@ def test_rotation_accepts_old_and_new_key_ids():
     assert old_and_new.open(new_sender.seal(heartbeat(seq=2))).key_id == 1
     old_and_new.retire_key(0)
     assert rejection(old_and_new, HeartbeatAuth(SECRET, "g", Role.BACKUP).seal(heartbeat(seq=3))) == "bad_mac"
+
+
+def test_after_a_boot_a_sender_counts_only_once_it_echoes_the_new_incarnation(pair):
+    """Rule 6: a recording made before our restart cannot echo the incarnation we booted with."""
+    sender, receiver = pair
+    receiver.incarnation = 8  # our boot; a recording from before it echoes 7 at best
+    echoing = lambda inc: (wire.PeerView(Role.PRIMARY, inc, 40), wire.PeerView(Role.MONITOR))  # noqa: E731
+    recorded = [sender.seal(heartbeat(seq=s, views=echoing(7))) for s in (10, 11)]
+    assert [rejection(receiver, d) for d in recorded * 2] == ["unconfirmed"] * 4
+    assert receiver.unconfirmed == {Role.BACKUP: (5, 11)}  # what we echo back: its boot, so it can confirm us
+    assert receiver.open(sender.seal(heartbeat(seq=12, views=echoing(8)))).seq == 12
+    assert receiver.unconfirmed == {}
+    assert rejection(receiver, recorded[1]) == "replayed"  # the ordinary marks from here on
+    assert receiver.open(sender.seal(heartbeat(seq=1, incarnation=6))).incarnation == 6  # the sender restarted
+    assert receiver.rejected["unconfirmed"] == 4 and receiver.accepted == 2

@@ -146,6 +146,24 @@ def test_monitor_down_during_failover_nobody_takes_over_alone():
     assert sim.first_serving_after(sim.t, sim.t + 3_000, role=B) is not None
 
 
+def test_a_forced_bid_wins_a_restarted_monitors_vote_even_if_the_candidate_thinks_itself_up_to_date():
+    """The backup served after the primary died, so its spool is ahead of the primary's as it remembers it;
+    the monitor restarted since, never heard the primary and cannot confirm that. Only the operator's forced
+    bid can bring service back, and it must say it is forced even though the backup calls itself eligible."""
+    sim = started()
+    sim.crash(P)
+    assert sim.first_serving_after(sim.t, sim.t + 3_000, role=B) is not None
+    sim.core(B).set_spool_position(sim.core(B).active_epoch, 5)  # it acknowledged messages at its epoch
+    sim.crash(M)
+    sim.run_for(2_000)
+    assert sim.serving() == []
+    sim.restart(M)
+    sim.run_for(3_000)
+    assert sim.serving() == [], "the monitor cannot know the backup holds what the primary acknowledged"
+    sim.force(B)
+    assert sim.first_serving_after(sim.t, sim.t + 3_000, role=B) is not None
+
+
 def test_higher_epoch_fences_the_active():
     sim = started()
     sim.cut(P, B)

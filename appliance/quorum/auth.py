@@ -8,7 +8,19 @@ reason's counter:
                     already accepted
   4. bad_mac        HMAC-SHA256 tag does not verify (constant-time compare)
   5. replayed       (incarnation, seq) not newer than the last accepted one
-Only after 4 and 5 pass does the replay mark move.
+  6. unconfirmed    since our own boot nothing from that sender has been
+                    accepted yet, and this datagram does not echo our current
+                    incarnation: it may be a recording from before our restart
+Only after 4, 5 and 6 pass does the replay mark move.
+
+Why rule 6: the replay marks live in memory, so a restarted receiver would take
+a recording of a dead peer's heartbeats as live (its activity claims would stop
+the standby from bidding and the monitor from voting). Our incarnation is a
+boot nonce the peers learn from our heartbeats: a sender's first datagram that
+counts after our boot must echo it, which no recording made before the boot
+can. Until then its authentic datagrams are only noted (`unconfirmed`) so that
+we can echo its incarnation in turn: two peers that restart together would
+otherwise each wait for the other.
 
 Keys: HKDF-SHA256 from the group secret, one per (group, protocol version,
 sender role, message type), so a datagram cannot be re-labelled as coming from
@@ -28,7 +40,7 @@ from ..errors import RemoteProtocolError
 from ..roles import Role
 from . import wire
 
-REASONS = ("malformed", "foreign_group", "stale", "bad_mac", "replayed")
+REASONS = ("malformed", "foreign_group", "stale", "bad_mac", "replayed", "unconfirmed")
 
 
 class Rejected(RemoteProtocolError):
@@ -46,6 +58,7 @@ def derive_key(secret: bytes, group: str, role: Role, message_type: int = wire.T
 class _Mark:
     incarnation: int = 0
     seq: int = 0
+    confirmed: bool = False  # something of this sender's echoing our current boot was accepted
 
 
 class HeartbeatAuth:
@@ -62,6 +75,10 @@ class HeartbeatAuth:
         self._marks = {r: _Mark() for r in role.peers()}
         self.rejected: collections.Counter[str] = collections.Counter({r: 0 for r in REASONS})
         self.accepted = 0
+        # our own boot incarnation, set by the core once known; None (bare auth in unit tests) skips rule 6
+        self.incarnation: int | None = None
+        # rule 6: the latest authentic (incarnation, seq) per sender not yet confirmed, for echoing only
+        self.unconfirmed: dict[Role, tuple[int, int]] = {}
 
     def seal(self, hb: wire.Heartbeat) -> bytes:
         body = wire.encode(hb, self.send_key_id)
@@ -100,6 +117,15 @@ class HeartbeatAuth:
             raise Rejected("malformed", str(exc)) from None
         if (hb.incarnation, hb.seq) <= (mark.incarnation, mark.seq):
             raise Rejected("replayed", f"seq {hb.seq} of incarnation {hb.incarnation}")
+        if not mark.confirmed and self.incarnation is not None:
+            mine = hb.view_of(self.role)
+            if mine is None or mine.incarnation != self.incarnation:
+                if (hb.incarnation, hb.seq) > self.unconfirmed.get(hb.sender, (0, 0)):
+                    self.unconfirmed[hb.sender] = (hb.incarnation, hb.seq)
+                raise Rejected("unconfirmed", f"incarnation {hb.incarnation} of {hb.sender.value} does not echo "
+                                              f"our incarnation {self.incarnation} yet")
+            mark.confirmed = True
+            self.unconfirmed.pop(hb.sender, None)
         mark.incarnation, mark.seq = hb.incarnation, hb.seq
         self.accepted += 1
         return hb

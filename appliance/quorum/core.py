@@ -109,6 +109,7 @@ class QuorumCore(HandoverRules):
         self.state = store.load()
         self.state.incarnation += 1
         store.save(self.state)
+        auth.incarnation = self.state.incarnation  # the boot nonce a peer must echo (auth.py rule 6)
 
         self.activity = Activity.NONE if role is Role.MONITOR else Activity.STANDBY
         self.active_epoch = 0
@@ -233,6 +234,8 @@ class QuorumCore(HandoverRules):
             raise LocalProtocolError(f"the {active.value} holds activity and is healthy; a forced bid cannot "
                                      f"take it over (it still needs a vote)")
         self._force_until = now_ms + 10 * self.timing.quiet_ms
+        if self.bid_epoch:
+            self._bid_forced = True  # a bid already under way gets the voters' waiver too
         self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
         self._evaluate(now_ms)
 
@@ -382,7 +385,9 @@ class QuorumCore(HandoverRules):
             self.state.voted_epoch, self.state.voted_for = before
             return
         self.bid_epoch = bid_epoch
-        self._bid_forced = now_ms < self._force_until and not self._eligible_reason(now_ms)[0]
+        # a forced bid says so even when we think we are up to date: a voter that cannot confirm it (a restarted
+        # monitor that never heard our mate) would otherwise refuse the operator's bid for ever
+        self._bid_forced = now_ms < self._force_until
         self._bid_story = self._silence_story(mate, now_ms)
         self._bid_eligibility = self._eligible_reason(now_ms)[1]
         self._decide(now_ms, "bid", f"{self.role.value}: {self._bid_story}, {self._bid_eligibility} "
@@ -618,7 +623,10 @@ class QuorumCore(HandoverRules):
         peer = self.peers[role]
         hb = peer.hb
         if hb is None:
-            return PeerView(role)
+            # an authentic but unconfirmed sender learns we know its boot, so it can confirm us (auth.py
+            # rule 6); seq 0 echoes none of its heartbeats: what may be a recording extends no lease
+            incarnation, _ = self.auth.unconfirmed.get(role, (0, 0))
+            return PeerView(role, incarnation)
         claim_ago = NEVER_MS
         if hb.activity is Activity.ACTIVE and peer.claim_at is not None:
             claim_ago = min(now_ms - peer.claim_at, NEVER_MS - 1)

@@ -53,6 +53,7 @@ from .sql import read_meta
 from .install import install_file
 from .store import FILE_NAME, Spool, connect, log_problem, page_problems, vouch
 from ..errors import SpoolCorruption
+from ..private_files import private_dir
 
 DIGEST_BYTES = 32
 READ_BYTES = 4 << 20  # read from the image per worker-thread call on the active
@@ -142,7 +143,7 @@ def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
     rules)."""
     out_dir = Path(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
-    out_dir.mkdir(parents=True)
+    private_dir(out_dir)  # a copy of every payload: as private as the spool
     out = out_dir / FILE_NAME
     source, target = connect(spool_path), connect(out)
     try:
@@ -201,7 +202,7 @@ class ImageReceiver:
     def __init__(self, incoming_dir: Path) -> None:
         self.incoming_dir = Path(incoming_dir)
         shutil.rmtree(self.incoming_dir, ignore_errors=True)  # a half-received earlier attempt
-        self.incoming_dir.mkdir(parents=True)
+        private_dir(self.incoming_dir)
         self.path = self.incoming_dir / FILE_NAME
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._digest = hashlib.sha256()

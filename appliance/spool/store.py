@@ -43,6 +43,7 @@ from .load import Corrupt, load_state
 from .sql import APPLICATION_ID, SCHEMA_VERSION, TABLES, create, read_meta
 from .state import SpoolState
 from ..errors import SpoolCorruption
+from ..private_files import private_database, private_dir
 
 FILE_NAME = "spool.db"
 WAL_SIZE_LIMIT = 64 << 20
@@ -59,6 +60,7 @@ def _why(exc: Exception) -> str:
 
 def connect(path: Path) -> sqlite3.Connection:
     """A connection with the spool's settings: explicit transactions, durable commits in WAL mode."""
+    private_database(path)  # its -wal (message payloads) takes this file's 0600
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, cached_statements=256)
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")  # the WAL shrinks back after a checkpoint
@@ -91,8 +93,7 @@ class Spool:
 
         `check_pages=False` leaves out `quick_check` and the log's chain walk (see the rules: a received image the
         active checked, proven the same bytes by its SHA-256); the cheap checks run."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir(Path(directory))
         path = directory / FILE_NAME
         lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
