@@ -72,6 +72,14 @@ def test_configsync_message_with_nan_or_infinity_is_a_link_fault(constant):
     fuzz_targets.configsync_message(b'{"type":"ping","epoch":1,"x":%s}' % constant.encode())
 
 
+@pytest.mark.parametrize("kind", ["{}", "[]", '{"a": 1}'])
+def test_configsync_change_whose_kind_is_an_object_is_a_link_fault(kind):
+    """atheris: a change whose kind is a JSON object or array raised TypeError (unhashable) in
+    parse_change; on the standby that was an internal error, not a counted refusal."""
+    change = {"type": "changes", "epoch": 5, "entries": [{"version": 4, "chain": "c", "change": {"kind": "@"}}]}
+    fuzz_targets.configsync_message(json.dumps(change).replace('"@"', kind).encode())
+
+
 def test_every_seed_decodes_and_round_trips():
     """The seeds are valid inputs, so the targets' round-trip checks run on every kind of message."""
     for name, target in TARGETS.items():
