@@ -5,7 +5,7 @@
 
 A target runs in its own process (libFuzzer owns it and exits when done), started from one valid
 input of each kind. A finding fails the test with the input in hex; every finding so far is a named
-regression test below, run on every CI pass without atheris.
+regression test below (super-linear ones in test_hostile_fuzz_linear.py), run without atheris.
 """
 
 from __future__ import annotations
