@@ -77,7 +77,7 @@ def decode(data: bytes) -> dict:
         raise ConfigLinkFault("a config-sync message that is not JSON") from None
     except RecursionError:  # json's C scanner recurses once per nesting level
         raise ConfigLinkFault("a config-sync message nested too deeply") from None
-    if not isinstance(message, dict) or message.get("type") not in _FIELDS:
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str) or message["type"] not in _FIELDS:
         raise ConfigLinkFault("a config-sync message without a known type")
     missing = _FIELDS[message["type"]] - set(message)
     if missing:

@@ -80,6 +80,12 @@ def test_configsync_change_whose_kind_is_an_object_is_a_link_fault(kind):
     fuzz_targets.configsync_message(json.dumps(change).replace('"@"', kind).encode())
 
 
+@pytest.mark.parametrize("kind", ["{}", "[1]"])
+def test_configsync_message_whose_type_is_an_object_is_a_link_fault(kind):
+    """atheris: a message whose type is a JSON object or array raised TypeError (unhashable) in decode."""
+    fuzz_targets.configsync_message(b'{"type":%s,"epoch":1}' % kind.encode())
+
+
 def test_every_seed_decodes_and_round_trips():
     """The seeds are valid inputs, so the targets' round-trip checks run on every kind of message."""
     for name, target in TARGETS.items():
