@@ -15,10 +15,11 @@ Flood: a loopback group (tests/group.py) with two users and anonymous access ref
 client logged in before the flood sends a PINGREQ every 50 ms; its round trips (p50/p99; a PINGRESP
 that does not come within 2 s counts as 2 s and as late) are measured during each phase, run by a
 separate attacker process so the measuring loop shares no CPU with it: half-sent CONNECTs
-(connections that send a CONNECT's header and part of its body, then nothing), a wrong-password
-flood (plus a first, uncached, correct login of another user timed in the middle of it), slowloris and idle connections on
-8080. Also: the primary's peak RSS (sampled VmRSS; VmHWM at the end) and whether activity moved
-(the nodes' own redundancy decisions). The same half-sent-CONNECT flood goes to mosquitto as a peer.
+(connections that send a CONNECT's header and part of its body, then nothing); a wrong-password
+flood (plus a first, uncached, correct login of another user timed in the middle of it); slowloris
+and idle connections on 8080; last, a few whole CONNECTs of 60,000 empty User Properties each. Also:
+the primary's peak RSS (sampled VmRSS; VmHWM at the end) and whether activity moved (the nodes' own
+redundancy decisions). The same half-sent-CONNECT flood goes to mosquitto as a peer.
 Every phase has a duration and every wait a deadline: the bench stops by itself.
 """
 
@@ -165,6 +166,28 @@ async def _wrong_passwords(host: str, port: int, n: int, seconds: float) -> dict
     return counts
 
 
+async def _big_connects(host: str, port: int, n: int, props: int, seconds: float) -> dict:
+    """n connections at once, each one whole CONNECT with `props` empty User Properties, no credentials."""
+    packet = connect_with_user_properties(props)
+    deadline = time.monotonic() + seconds
+
+    async def one() -> str:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            writer.write(packet)
+            answer = await asyncio.wait_for(reader.read(4), max(0.1, deadline - time.monotonic()))
+            writer.transport.abort()
+            return f"connack 0x{answer[3]:02x}" if len(answer) == 4 else "closed"
+        except (OSError, asyncio.TimeoutError):
+            return "no answer"
+
+    counts: dict[str, int] = {}
+    for key in await asyncio.gather(*(one() for _ in range(n))):
+        counts[key] = counts.get(key, 0) + 1
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+    return counts
+
+
 async def _slowloris(host: str, port: int, n: int, idle: int, seconds: float) -> dict:
     """n connections trickling one header line every 2 s, never ending the request; `idle` silent ones."""
     conns, refused = [], 0
@@ -194,6 +217,8 @@ def attack_main(argv: list[str]) -> None:
         result = asyncio.run(_half_connect(host, port, n, extra, seconds))
     elif kind == "wrong_password":
         result = asyncio.run(_wrong_passwords(host, port, n, seconds))
+    elif kind == "big_connect":
+        result = asyncio.run(_big_connects(host, port, n, extra, seconds))
     else:
         result = asyncio.run(_slowloris(host, port, n, extra, seconds))
     print(json.dumps(result))
@@ -214,10 +239,22 @@ async def _login(host: str, port: int, client_id: str, user: str | None) -> tupl
 
 
 async def _pinger(host: str, port: int, user: str | None, stop: asyncio.Event) -> dict:
-    rtts, late, dropped = [], 0, 0
+    rtts, late, dropped, refused = [], 0, 0, 0
     reader, writer, code = await _login(host, port, "legit-pinger", user)
-    assert code == 0, f"the legitimate client was refused ({code})"
+    assert code == 0, f"the legitimate client was refused ({code})"  # before any flood: the set-up is wrong
+    connected = True
     while not stop.is_set():
+        if not connected:  # e.g. the node gave up activity: log in again, twice a second at most
+            writer.transport.abort()
+            try:
+                reader, writer, code = await _login(host, port, "legit-pinger", user)
+                connected = code == 0
+                refused += not connected
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                refused += 1
+            if not connected:
+                await asyncio.sleep(0.5)
+            continue
         sent = time.perf_counter()
         try:
             writer.write(b"\xc0\x00")
@@ -229,14 +266,11 @@ async def _pinger(host: str, port: int, user: str | None, stop: asyncio.Event) -
             rtts.append(PING_LATE_S * 1e3)
         except (OSError, asyncio.IncompleteReadError):
             dropped += 1
-            try:
-                reader, writer, _ = await _login(host, port, "legit-pinger", user)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
-                await asyncio.sleep(0.5)
+            connected = False
             continue
         await asyncio.sleep(PING_EVERY_S)
     writer.transport.abort()
-    return {"rtts": rtts, "late": late, "dropped": dropped}
+    return {"rtts": rtts, "late": late, "dropped": dropped, "refused": refused}
 
 
 def _rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -284,7 +318,8 @@ async def _phase(name: str, target: dict, attack: list[str] | None, seconds: flo
     rtts = sorted(pings["rtts"]) or [float("nan")]
     result = {"phase": name, "target": target["name"], "pings": len(pings["rtts"]),
               "p50_ms": rtts[len(rtts) // 2], "p99_ms": rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))],
-              "late": pings["late"], "dropped": pings["dropped"], "rss_peak_mib": peak / 1024,
+              "late": pings["late"], "dropped": pings["dropped"], "relogins_refused": pings["refused"],
+              "rss_peak_mib": peak / 1024,
               "attacker": attacker, "fresh_login": login}
     print(f"flood: {name} on {target['name']}: {json.dumps(result)}", file=sys.stderr, flush=True)
     return result
@@ -300,6 +335,9 @@ def _attacks(args, host: str, mqtt_port: int, api_port: int) -> dict[str, list[s
             ["wrong_password", host, str(mqtt_port), s, str(args.password_workers), "0"],
         f"8080: {args.slowloris} slowloris + {args.idle} idle":
             ["slowloris", host, str(api_port), s, str(args.slowloris), str(args.idle)],
+        # last: on a decoder that is not linear this one stalls the node and may move activity
+        f"{args.big_connects} CONNECTs of {args.big_props:,} empty User Properties":
+            ["big_connect", host, str(mqtt_port), s, str(args.big_connects), str(args.big_props)],
     }
 
 
@@ -364,7 +402,8 @@ def report(codec: list[dict], flood: list[dict], info: dict, args, started: str)
         lines += [f"Pre-auth floods, {args.phase_s:g} s each, against the active primary (anonymous refused, two "
                   "users); a legitimate client logged in before the flood pings every 50 ms. Goal: PINGREQ p99 < "
                   f"{GOAL_P99_MS:.0f} ms, activity never moves, primary RSS < {GOAL_RSS_MIB} MiB.", "",
-                  "| broker | phase | pings | p50 ms | p99 ms | late (>2 s) | dropped | RSS peak MiB | attacker saw |",
+                  "| broker | phase | pings | p50 ms | p99 ms | late (>2 s) | dropped / logins refused | RSS peak MiB "
+                  "| attacker saw |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for r in flood:
             seen = ", ".join(f"{k} {v}" for k, v in r["attacker"].items())
@@ -372,7 +411,8 @@ def report(codec: list[dict], flood: list[dict], info: dict, args, started: str)
                 fl = r["fresh_login"]
                 seen += f"; a first correct login of another user: CONNACK {fl['code']} after {fl['s']:.2f} s"
             lines.append(f"| {r['target']} | {r['phase']} | {r['pings']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                         f"{r['late']} | {r['dropped']} | {r['rss_peak_mib']:.0f} | {seen or '—'} |")
+                         f"{r['late']} | {r['dropped']} / {r['relogins_refused']} | {r['rss_peak_mib']:.0f} | "
+                         f"{seen or '—'} |")
         moves = info.get("activity_moves") or []
         worst = max((r["p99_ms"] for r in flood if r["target"] == "pairmq"), default=float("nan"))
         peak = max((r["rss_peak_mib"] for r in flood if r["target"] == "pairmq"), default=0.0)
@@ -402,6 +442,8 @@ def main() -> None:
     parser.add_argument("--password-workers", type=int, default=100)
     parser.add_argument("--slowloris", type=int, default=300)
     parser.add_argument("--idle", type=int, default=1000, help="silent connections to 8080")
+    parser.add_argument("--big-connects", type=int, default=2, help="whole CONNECTs with many User Properties")
+    parser.add_argument("--big-props", type=int, default=60_000, help="User Properties in each of them")
     parser.add_argument("--no-peer", dest="peer", action="store_false", help="skip mosquitto")
     parser.add_argument("--write-docs", action="store_true", help="replace the hostile block in docs/benchmarks.md")
     args = parser.parse_args()

@@ -23,8 +23,8 @@ from tests.fuzz_targets import SEEDS, TARGETS
 
 REPO = Path(__file__).resolve().parent.parent
 # Inputs per target in CI: a few thousand mutations each past the seeds, ~30 s for all.
-CI_RUNS = {"mqtt_stream": 2000, "mate_frames": 2000}
-CI_RUNS_DEFAULT = 5000
+CI_RUNS = {"mqtt_stream": 1500, "mate_frames": 1500}
+CI_RUNS_DEFAULT = 4000
 MAX_INPUT_BYTES = 4096
 INPUT_TIMEOUT_S = 20  # libFuzzer's per-input bound: a super-linear input shows up as a timeout
 
