@@ -58,7 +58,7 @@ def parse_change(change: object, where: str = "change") -> dict:
     if not isinstance(change, dict):
         raise ConfigChangeError(f"{where} must be a JSON object with a kind")
     kind = change.get("kind")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:  # a list or object as the kind cannot be looked up
         raise ConfigChangeError(f"{where}.kind must be one of {', '.join(KINDS)}, not {kind!r}")
     fields = set(change) - {"kind"}
     missing = sorted(_FIELDS[kind] - fields)

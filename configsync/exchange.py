@@ -72,10 +72,12 @@ def decode(data: bytes) -> dict:
     if len(data) > MAX_MESSAGE_BYTES:
         raise ConfigLinkFault(f"a {len(data)}-byte config-sync message (at most {MAX_MESSAGE_BYTES})")
     try:
-        message = json.loads(data)
+        message = json.loads(data, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError):
         raise ConfigLinkFault("a config-sync message that is not JSON") from None
-    if not isinstance(message, dict) or message.get("type") not in _FIELDS:
+    except RecursionError:  # json's C scanner recurses once per nesting level
+        raise ConfigLinkFault("a config-sync message nested too deeply") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str) or message["type"] not in _FIELDS:
         raise ConfigLinkFault("a config-sync message without a known type")
     missing = _FIELDS[message["type"]] - set(message)
     if missing:
@@ -83,6 +85,11 @@ def decode(data: bytes) -> dict:
     if not _is_count(message["epoch"]):
         raise ConfigLinkFault("a config-sync message without a valid epoch")
     return message
+
+
+def _not_json(constant: str):
+    """NaN and Infinity: Python's json reads them, `canonical` refuses them when the change is chained."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 _FIELDS = {
