@@ -12,6 +12,7 @@ sockets. Checked here:
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 
@@ -21,7 +22,7 @@ from appliance.broker.service import BrokerService
 from appliance.mqtt.codec import Puback
 from appliance.mqtt.overload import OverloadLimits
 from tests.inprocess_broker import HOST, InProcessBroker
-from tests.mqttraw import DISCONNECT, PUBACK, SUBACK, V5, V311, Raw, utf8
+from tests.mqttraw import DISCONNECT, PUBACK, PUBLISH, SUBACK, V5, V311, Raw, utf8
 
 WAIT_S = 10.0
 
@@ -136,3 +137,34 @@ def test_a_read_after_the_gate_closed_is_refused(make):
     pub.publish("t", b"y", qos=1, packet_id=2)
     got = pub.closed()
     assert [p.type for p in got] == [DISCONNECT] and got[0].reason_and_props()[0] == 0x8B, got
+
+
+def test_a_subscribe_whose_retained_messages_pass_a_commits_bound_gets_its_suback_and_all_of_them(tmp_path):
+    """The SUBSCRIBE's ops (its subscription and a queued copy of each retained match) are more than one
+    commit may hold: they go in slices, and the SUBACK and every retained message still arrive."""
+    service = BrokerService(tmp_path / "spool", epoch=lambda: 1)
+    service.writer.limits = dataclasses.replace(service.writer.limits, max_batch_ops=16)
+    b = InProcessBroker(service)
+    try:
+        pub = Raw(V5, HOST, b.port)
+        assert pub.connect("retainer").reason_and_props()[0] == 0
+        for i in range(40):
+            pub.send(0x33, utf8(f"r/{i}") + struct.pack("!H", i + 1) + b"\x00" + b"kept")  # QoS 1, RETAIN
+            assert pub.expect(PUBACK).body[:2] == struct.pack("!H", i + 1)
+        sub = Raw(V5, HOST, b.port)
+        assert sub.connect("sub", clean=False).reason_and_props()[0] == 0
+        assert sub.subscribe(1, "r/#", 1).codes() == [1]
+        topics = set()
+        while len(topics) < 40:
+            packet = sub.recv()
+            assert packet is not None, f"closed after {len(topics)} retained messages"
+            if packet.type == PUBLISH:
+                topic, packet_id, _props, payload = packet.publish()
+                assert payload == b"kept"
+                topics.add(topic)
+                sub.ack(PUBACK, packet_id)
+        assert topics == {f"r/{i}" for i in range(40)}
+        for c in (pub, sub):
+            c.close()
+    finally:
+        b.close()

@@ -216,9 +216,17 @@ class BrokerService:
         if not effect.ops:
             self._after_earlier(effect.then)
             return
-        if len(self._ops) + len(effect.ops) > self.writer.limits.max_batch_ops:
+        limit = self.writer.limits.max_batch_ops
+        ops = effect.ops
+        if len(self._ops) + len(ops) > limit:
             self._flush()
-        self._ops += effect.ops
+        # One effect past a commit's bound (a SUBSCRIBE matching that many retained messages) goes in slices,
+        # in order: its `then` rides with the last, which commits after every earlier one.
+        while len(ops) > limit:
+            self._ops += ops[:limit]
+            ops = ops[limit:]
+            self._flush()
+        self._ops += ops
         if effect.then:
             self._thens.append(effect.then)
         self._schedule()
