@@ -61,9 +61,12 @@ class ConfigStore:
     def __init__(self, path: Path, *, max_history: int = MAX_HISTORY) -> None:
         self.path = Path(path)
         self.max_history = max_history
-        private_dir(self.path.parent)
+        in_memory = str(path) == ":memory:"  # a test's store: no file, and no directory to narrow
+        if not in_memory:
+            private_dir(self.path.parent)
         try:
-            private_database(self.path)  # users' password records; its -wal and -shm take this file's mode
+            if not in_memory:
+                private_database(self.path)  # users' password records; its -wal and -shm take this file's mode
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")

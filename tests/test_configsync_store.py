@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import stat
 
 import pytest
 
@@ -171,3 +172,10 @@ def test_parse_change_checks_fields_without_a_document():
     assert parse_change({"kind": "user.delete", "username": "ann"})["username"] == "ann"  # fits no doc yet: fine
     with pytest.raises(ConfigChangeError):
         apply_change(ConfigDocument(), {"kind": "user.delete", "username": "ann"})
+
+
+def test_an_in_memory_store_touches_no_file_and_no_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tmp_path.chmod(0o755)
+    ConfigStore(":memory:").close()
+    assert list(tmp_path.iterdir()) == [] and stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
