@@ -104,7 +104,7 @@ def rig(tmp_path_factory):
     with Group(tmp_path_factory.mktemp("forged") / "group") as group:
         group.start()
         group.wait_for("a steady group", lambda: steady(group, 1))
-        first_boot = capture_backup_heartbeats(group, 8)
+        first_boot = capture_heartbeats(group, B, 8)
         for role in Role:  # kill -9, not SIGTERM: a terminated active hands over, and the backup would boot ahead
             group.kill(role)
         group.start()
@@ -129,13 +129,13 @@ def inject(group: Group, role: Role, payloads: list[bytes], src: str | None = No
     return len(payloads) * repeat
 
 
-def capture_backup_heartbeats(group: Group, count: int, timeout_s: float = 5.0) -> list[bytes]:
-    """Genuine heartbeats the backup sends (to the primary and the monitor), oldest first, distinct."""
-    backup, port = group.address(B), group.config.ports.heartbeat
+def capture_heartbeats(group: Group, sender: Role, count: int, timeout_s: float = 5.0) -> list[bytes]:
+    """Genuine heartbeats `sender` sends to its peers, read off lo, oldest first, distinct."""
+    address, port = group.address(sender), group.config.ports.heartbeat
     seen: dict[bytes, None] = {}
 
-    def wanted(pkt) -> bool:  # "udp and src host 127.0.0.2 and dst port 8300"
-        return pkt.haslayer(UDP) and pkt[IP].src == backup and pkt[UDP].dport == port
+    def wanted(pkt) -> bool:  # "udp and src host <sender> and dst port 8300"
+        return pkt.haslayer(UDP) and pkt[IP].src == address and pkt[UDP].dport == port
 
     sniffer = AsyncSniffer(iface="lo", lfilter=wanted, store=False,
                            prn=lambda pkt: seen.setdefault(bytes(pkt[UDP].payload)))
@@ -145,8 +145,8 @@ def capture_backup_heartbeats(group: Group, count: int, timeout_s: float = 5.0) 
         time.sleep(0.05)
     sniffer.stop()
     captured = list(seen)
-    assert len(captured) >= count, f"captured only {len(captured)} backup heartbeats on lo"
-    assert all(wire.peek_header(d).sender is B for d in captured)
+    assert len(captured) >= count, f"captured only {len(captured)} {sender.value} heartbeats on lo"
+    assert all(wire.peek_header(d).sender is sender for d in captured)
     return captured
 
 
@@ -258,7 +258,7 @@ def test_forged_with_a_wrong_secret_is_bad_mac(rig):
 
 def test_tampered_epoch_is_bad_mac(rig):
     group, before = rig.group, snapshot(rig.group)
-    genuine = capture_backup_heartbeats(group, 5)
+    genuine = capture_heartbeats(group, B, 5)
     tampered = []
     for data in genuine:
         at = epoch_offset(data)
@@ -274,7 +274,7 @@ def test_tampered_epoch_is_bad_mac(rig):
 
 def test_replayed_genuine_heartbeats_are_replayed(rig):
     group, before = rig.group, snapshot(rig.group)
-    genuine = capture_backup_heartbeats(group, 10)
+    genuine = capture_heartbeats(group, B, 10)
     sent = {r: ("replayed", inject(group, r, genuine, repeat=20)) for r in (P, M)}
     assert_nothing_changed(rig, "replayed", before, sent)
 
@@ -291,7 +291,7 @@ def test_foreign_group_with_the_real_secret_is_foreign_group(rig):
 
 def test_garbage_is_malformed_on_every_node(rig):
     group, before = rig.group, snapshot(rig.group)
-    genuine = capture_backup_heartbeats(group, 3)[-1]
+    genuine = capture_heartbeats(group, B, 3)[-1]
     size = len(genuine)
     garbage = [
         b"",  # empty

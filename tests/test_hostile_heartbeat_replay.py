@@ -17,12 +17,12 @@ import threading
 import time
 
 import pytest
-from scapy.all import IP, UDP, AsyncSniffer
 
 from appliance.quorum import wire
 from appliance.roles import Role
 from tests import http_api
 from tests.group import Group
+from tests.test_forged_heartbeats import capture_heartbeats
 
 pytestmark = pytest.mark.processes
 
@@ -43,20 +43,8 @@ def serving(group: Group, role: Role, above_epoch: int = 0) -> int:
 
 
 def capture_primary_heartbeats(group: Group, count: int, timeout_s: float = 20.0) -> list[bytes]:
-    """Genuine heartbeats the primary sends to its peers, oldest first, distinct."""
-    primary, port = group.address(P), group.config.ports.heartbeat
-    seen: dict[bytes, None] = {}
-    sniffer = AsyncSniffer(iface="lo", store=False,
-                           lfilter=lambda pkt: pkt.haslayer(UDP) and pkt[IP].src == primary and pkt[UDP].dport == port,
-                           prn=lambda pkt: seen.setdefault(bytes(pkt[UDP].payload)))
-    sniffer.start()
-    deadline = time.monotonic() + timeout_s
-    while len(seen) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sniffer.stop()
-    captured = list(seen)
-    assert len(captured) >= count, f"captured only {len(captured)} primary heartbeats on lo"
-    assert all(wire.peek_header(d).sender is P for d in captured)
+    """Genuine heartbeats of the primary's one incarnation, oldest first, distinct."""
+    captured = capture_heartbeats(group, P, count, timeout_s)
     assert all(wire.peek_header(d).incarnation == wire.peek_header(captured[0]).incarnation for d in captured)
     return captured
 
