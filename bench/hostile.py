@@ -30,6 +30,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -342,12 +343,19 @@ def _attacks(args, host: str, mqtt_port: int, api_port: int) -> dict[str, list[s
 
 
 def flood_part(args) -> tuple[list[dict], dict]:
+    workdir = Path(tempfile.mkdtemp(prefix="pairmq-hostile-"))
+    try:
+        return _flood(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _flood(args, workdir: Path) -> tuple[list[dict], dict]:
     from appliance.broker.access import AccessPolicy, hash_password
     from appliance.roles import Role
     from tests.group import Group
 
     results, group_info = [], {}
-    workdir = Path(tempfile.mkdtemp(prefix="pairmq-hostile-"))
     policy = AccessPolicy(False, {u: hash_password(PASSWORD, os.urandom(16)) for u in (USER, FRESH_USER)})
     with Group(workdir / "pairmq", access=policy) as g:
         g.start()
