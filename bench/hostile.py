@@ -52,6 +52,17 @@ GOAL_P99_MS = 100.0
 GOAL_RSS_MIB = 256  # the primary's peak RSS under the floods below (a fresh primary uses ~60-120 MiB)
 
 
+def attacker_source(host: str) -> str:
+    """The address the floods come from: another loopback address than the legitimate clients', as an attacker's
+    own host would be (the per-address budgets are what they meet first)."""
+    base, last = host.rsplit(".", 1)
+    return f"{base}.{int(last) + 7}"
+
+
+def _attacker_connection(host: str, port: int):
+    return asyncio.open_connection(host, port, local_addr=(attacker_source(host), 0))
+
+
 # --- codec: CPU per byte -----------------------------------------------------------------------------------
 
 def _packet(first: int, body: bytes) -> bytes:
@@ -130,7 +141,7 @@ async def _half_connect(host: str, port: int, n: int, body_bytes: int, seconds: 
         if time.monotonic() > deadline:
             break
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            reader, writer = await asyncio.wait_for(_attacker_connection(host, port), 5)
             writer.write(head + bytes(body_bytes))
             writers.append((reader, writer))
         except (OSError, asyncio.TimeoutError):
@@ -154,7 +165,7 @@ async def _wrong_passwords(host: str, port: int, n: int, seconds: float) -> dict
             packet = _packet(0x10, utf8("MQTT") + b"\x04\xc2\x00\x3c" + utf8("x") + utf8(USER)
                              + utf8(f"guess-{next(guesses)}"))
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+                reader, writer = await asyncio.wait_for(_attacker_connection(host, port), 5)
                 writer.write(packet)
                 answer = await asyncio.wait_for(reader.read(4), max(0.1, deadline - time.monotonic()))
                 key = f"connack {answer[3]}" if len(answer) == 4 else "closed"
@@ -174,7 +185,7 @@ async def _big_connects(host: str, port: int, n: int, props: int, seconds: float
 
     async def one() -> str:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            reader, writer = await asyncio.wait_for(_attacker_connection(host, port), 5)
             writer.write(packet)
             answer = await asyncio.wait_for(reader.read(4), max(0.1, deadline - time.monotonic()))
             writer.transport.abort()
@@ -194,7 +205,7 @@ async def _slowloris(host: str, port: int, n: int, idle: int, seconds: float) ->
     conns, refused = [], 0
     for i in range(n + idle):
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            reader, writer = await asyncio.wait_for(_attacker_connection(host, port), 5)
             if i < n:
                 writer.write(b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\n")
             conns.append((i < n, reader, writer))
@@ -408,7 +419,8 @@ def report(codec: list[dict], flood: list[dict], info: dict, args, started: str)
         lines.append("")
     if flood:
         lines += [f"Pre-auth floods, {args.phase_s:g} s each, against the active primary (anonymous refused, two "
-                  "users); a legitimate client logged in before the flood pings every 50 ms. Goal: PINGREQ p99 < "
+                  "users), each from its own loopback address (the primary's + 7); a legitimate client logged in before the "
+                  "flood pings every 50 ms from another. Goal: PINGREQ p99 < "
                   f"{GOAL_P99_MS:.0f} ms, activity never moves, primary RSS < {GOAL_RSS_MIB} MiB.", "",
                   "| broker | phase | pings | p50 ms | p99 ms | late (>2 s) | dropped / logins refused | RSS peak MiB "
                   "| attacker saw |",
