@@ -76,14 +76,19 @@ def login(user: str | None, client_id: str, *, clean: bool, version: int = V5, h
 
 def published(raw: Raw) -> list[str]:
     """The topics of the PUBLISHes delivered before a PINGRESP (QoS 1 ones acked)."""
-    topics = []
+    topics: list[str] = []
     for packet in raw.barrier():
-        if packet.type == PUBLISH:
-            topic, packet_id, _props, _payload = packet.publish()
-            topics.append(topic)
-            if packet_id:
-                raw.ack(PUBACK, packet_id)
+        take(raw, packet, topics)
     return topics
+
+
+def take(raw: Raw, packet, topics: list[str]) -> None:
+    """A PUBLISH's topic into `topics`, acked if it is QoS 1; other packets are passed over."""
+    if packet.type == PUBLISH:
+        topic, packet_id, _props, _payload = packet.publish()
+        topics.append(topic)
+        if packet_id:
+            raw.ack(PUBACK, packet_id)
 
 
 def publish(topic: str, host: str, *, retain: bool = False) -> None:
@@ -102,11 +107,7 @@ def receive_until_marker(raw: Raw, marker: str) -> list[str]:
     while marker not in got:
         packet = raw.recv()
         assert packet is not None, f"closed while waiting for {marker} (had {got})"
-        if packet.type == PUBLISH:
-            topic, packet_id, _props, _payload = packet.publish()
-            got.append(topic)
-            if packet_id:
-                raw.ack(PUBACK, packet_id)
+        take(raw, packet, got)
     return got
 
 
