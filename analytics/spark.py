@@ -26,9 +26,8 @@ def session(master: str | None = None, app: str = "pairmq-analytics", shuffle_pa
     # The tasks that parse segments (segment_task.py) run Python: this interpreter, with its packages, unless the
     # operator names another (a cluster's executors may have theirs elsewhere).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # The JVM's default JIT. Its client JIT alone (-XX:TieredStopAtLevel=1) made a small state's first summary
-    # ~10% faster and a large state's (every message open: Spark merges and reports) 43% slower (docs/benchmarks.md,
-    # session 14).
+    # The JVM's default JIT: its client JIT alone (-XX:TieredStopAtLevel=1) made small states a little faster and
+    # large ones much slower (docs/benchmarks.md, "Analytics").
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J} -Dlog4j2.configurationFile=file:{_LOG4J}"
     builder = (SparkSession.builder.master(master or DEFAULT_MASTER).appName(app)
                .config("spark.ui.enabled", "false")

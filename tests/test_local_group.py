@@ -81,10 +81,8 @@ def one_sentence(result: subprocess.CompletedProcess) -> str:
 
 
 def test_up_status_down(local_dir):
-    started = time.monotonic()
     up = pairmq("local", "up", "--dir", str(local_dir))
     assert up.returncode == 0, up.stderr
-    assert time.monotonic() - started < 10
     assert "Host list: 127.0.0.1:1883,127.0.0.2:1883\n" in up.stdout
     assert "Group local: redundancy" in up.stdout and "Local Active" in up.stdout
     assert "created" in up.stderr and "is up in" in up.stderr

@@ -496,7 +496,7 @@ def decode_stored_properties(data: bytes) -> dict:
 
 # The core's effect classes, bound once by core.py when it is imported (it imports this module first, so a
 # top-level import here would be circular). A `from .core import ...` inside each function ran the import
-# machinery on every call: ~3 times per routed QoS 1 message (session 8's profile).
+# machinery on every call, ~3 times per routed QoS 1 message.
 _Send = _Persist = _Durable = None
 
 
