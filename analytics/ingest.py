@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from appliance.errors import PairMQError
+from pairmq.appliance.errors import PairMQError
 
 from . import driver_merge, keys_task, manifest, partials, schema, segment_task
 from .partials import Partials

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 
-from configsync.document import ConfigDocument
-from configsync.service import ConfigSync
-from configsync.store import ConfigStore, store_path
+from pairmq.configsync.document import ConfigDocument
+from pairmq.configsync.service import ConfigSync
+from pairmq.configsync.store import ConfigStore, store_path
 
 from .access_file import access_path, load_access
 from .mqtt.wire import ReasonCode

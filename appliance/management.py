@@ -182,7 +182,7 @@ async def _config_sync(request: web.Request) -> web.Response:
 
 async def _config(request: web.Request) -> web.Response:
     """What is in force here, without password hashes; the latest changes, newest first."""
-    from configsync.changes import describe
+    from pairmq.configsync.changes import describe
 
     configuration = _configuration(request)
     doc, head = configuration.document, configuration.store.head
@@ -208,9 +208,9 @@ async def _config_document(request: web.Request) -> web.Response:
 
 async def _config_changes(request: web.Request) -> web.Response:
     """Apply changes in order on the active: all of them are checked first, so none or all apply."""
-    from configsync.changes import apply_change, describe, parse_change
-    from configsync.document import ConfigChangeError
-    from configsync.service import NotActive
+    from pairmq.configsync.changes import apply_change, describe, parse_change
+    from pairmq.configsync.document import ConfigChangeError
+    from pairmq.configsync.service import NotActive
 
     node = request.app["node"]
     configuration = _configuration(request)

@@ -19,8 +19,8 @@ import contextlib
 import logging
 import time
 
-from mate_link.active import LinkLimits
-from mate_link.service import ActiveReplication, StandbyReplication
+from pairmq.mate_link.active import LinkLimits
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 
 log = logging.getLogger("pairmq.replication")
 SYNC_S = 0.05

@@ -192,7 +192,7 @@ print(json.dumps({{"query_s": time.monotonic() - t0, "published": per_node}}))
 
 FLOOR = """
 import sys
-from analytics import schema, spark
+from pairmq.analytics import schema, spark
 s = spark.session()
 s.read.schema(schema.RAW).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", schema.CORRUPT) \\
     .json(sys.argv[1]).write.format("noop").mode("overwrite").save()
@@ -214,7 +214,7 @@ def spark_floor(logs: Path) -> float:
 
 def spark_run(logs: Path, out: Path) -> tuple[float, dict]:
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "cli.main", "analytics", "summarize", str(logs), "--out", str(out),
+    run = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
                           "--json"], cwd=REPO, capture_output=True, text=True)
     whole = time.monotonic() - started
     if run.returncode:
@@ -234,9 +234,9 @@ def logging_cost(messages: int = 200_000) -> dict:
     import concurrent.futures
     import tempfile
 
-    from appliance.broker.message_events import MessageEvents
-    from appliance.eventlog import EventLog, EventSettings
-    from appliance.spool import ops
+    from pairmq.appliance.broker.message_events import MessageEvents
+    from pairmq.appliance.eventlog import EventLog, EventSettings
+    from pairmq.appliance.spool import ops
 
     with tempfile.TemporaryDirectory() as tmp:
         log = EventLog(Path(tmp), "primary", EventSettings(queue_max_events=10_000_000))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from appliance.broker.access import AccessPolicy, Action, Effect, Rule
-from appliance.eventlog import EventSettings
-from appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, Action, Effect, Rule
+from pairmq.appliance.eventlog import EventSettings
+from pairmq.appliance.roles import Role
 from tests.group import active_group
 from tests.mqttraw import connect_packet
 

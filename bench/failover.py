@@ -57,8 +57,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from appliance.config import Timers  # noqa: E402
-from appliance.roles import Role  # noqa: E402
+from pairmq.appliance.config import Timers  # noqa: E402
+from pairmq.appliance.roles import Role  # noqa: E402
 from bench import report  # noqa: E402
 from tests.group import Group  # noqa: E402
 from tests.probe import connack, one_round  # noqa: E402

@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from appliance.broker.core import BrokerCore, Close, Connacked, Durable, Persist, Send  # noqa: E402
-from appliance.mqtt import codec  # noqa: E402
-from appliance.spool import ops as o  # noqa: E402
-from appliance.spool.chain import GENESIS, chain  # noqa: E402
-from appliance.spool.codec import decode_op, encode_op  # noqa: E402
-from appliance.spool.state import check_op  # noqa: E402
-from mate_link.messages import Ops, decode, encode  # noqa: E402
-from mate_link.standby import _continue_chain  # noqa: E402
+from pairmq.appliance.broker.core import BrokerCore, Close, Connacked, Durable, Persist, Send  # noqa: E402
+from pairmq.appliance.mqtt import codec  # noqa: E402
+from pairmq.appliance.spool import ops as o  # noqa: E402
+from pairmq.appliance.spool.chain import GENESIS, chain  # noqa: E402
+from pairmq.appliance.spool.codec import decode_op, encode_op  # noqa: E402
+from pairmq.appliance.spool.state import check_op  # noqa: E402
+from pairmq.mate_link.messages import Ops, decode, encode  # noqa: E402
+from pairmq.mate_link.standby import _continue_chain  # noqa: E402
 
 WINDOW = 100
 NOW = 1_700_000_000_000

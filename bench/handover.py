@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from appliance.node import management_token  # noqa: E402
-from appliance.config import load_secret  # noqa: E402
-from appliance.errors import PairMQError  # noqa: E402
-from appliance.roles import Role  # noqa: E402
+from pairmq.appliance.node import management_token  # noqa: E402
+from pairmq.appliance.config import load_secret  # noqa: E402
+from pairmq.appliance.errors import PairMQError  # noqa: E402
+from pairmq.appliance.roles import Role  # noqa: E402
 from bench.report import write_docs  # noqa: E402
-from cli import api  # noqa: E402
+from pairmq.cli import api  # noqa: E402
 from tests.group import active_group  # noqa: E402
 from tests.hostlist import HostListPublisher  # noqa: E402
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from appliance.mqtt.codec import PacketReader  # noqa: E402
+from pairmq.appliance.mqtt.codec import PacketReader  # noqa: E402
 from tests.mqttraw import utf8, vbi  # noqa: E402
 
 DOC_BEGIN, DOC_END = "<!-- hostile:begin -->", "<!-- hostile:end -->"
@@ -362,8 +362,8 @@ def flood_part(args) -> tuple[list[dict], dict]:
 
 
 def _flood(args, workdir: Path) -> tuple[list[dict], dict]:
-    from appliance.broker.access import AccessPolicy, hash_password
-    from appliance.roles import Role
+    from pairmq.appliance.broker.access import AccessPolicy, hash_password
+    from pairmq.appliance.roles import Role
     from tests.group import Group
 
     results, group_info = [], {}

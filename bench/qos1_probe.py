@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from appliance.eventlog import EventSettings  # noqa: E402
-from appliance.roles import Role  # noqa: E402
+from pairmq.appliance.eventlog import EventSettings  # noqa: E402
+from pairmq.appliance.roles import Role  # noqa: E402
 from bench.brokers import Target, cpu_s  # noqa: E402
 from bench.throughput import qos1  # noqa: E402
 from tests.group import active_group  # noqa: E402

@@ -47,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from appliance.roles import Role  # noqa: E402
+from pairmq.appliance.roles import Role  # noqa: E402
 from bench import nats, resync  # noqa: E402
 from bench.brokers import Target, log, run_pairmq  # noqa: E402
 from bench.report import Result, fsync_ms, machine, table, write_docs  # noqa: E402

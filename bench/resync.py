@@ -28,11 +28,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from appliance.config import Limits, Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Limits, Timers
+from pairmq.appliance.roles import Role
 from bench.brokers import log
 from bench.spoolfill import fill
-from cli.api import base_url, get_json, token
+from pairmq.cli.api import base_url, get_json, token
 from tests.group import Group
 
 POLL_S = 0.1

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.broker.session import NEVER
-from appliance.spool import ops as o
-from appliance.spool.chain import ChainPoint
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter, WriterLimits
+from pairmq.appliance.broker.session import NEVER
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import ChainPoint
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
 CLIENT_ID = "bench-resync-sub"
 TOPIC = "bench/resync"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from appliance.spool.sql import create, insert_rows  # noqa: E402
+from pairmq.appliance.spool.sql import create, insert_rows  # noqa: E402
 
 PER_COMMIT = 5_000
 QUEUE = "INSERT INTO queue (seq, client_id, msg_id, qos, retain, subscription_ids, packet_id, pubrec)"

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from appliance.roles import Role  # noqa: E402
+from pairmq.appliance.roles import Role  # noqa: E402
 from tests.group import Group  # noqa: E402
 from throughput import Target, raise_fd_limit, storm  # noqa: E402
 

@@ -14,9 +14,9 @@ Rules:
 
 from __future__ import annotations
 
-from appliance.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
+from pairmq.appliance.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
                                         write_admin)
-from appliance.config import GroupConfig
+from pairmq.appliance.config import GroupConfig
 
 from .terminal import Terminal
 
@@ -50,7 +50,7 @@ def _help(parser, term: Terminal) -> int:
 
 
 def _cmd_passwd(args, term: Terminal) -> int:
-    from appliance.config import load_group
+    from pairmq.appliance.config import load_group
 
     from .main import group_path
 

@@ -43,7 +43,7 @@ def _help(parser, term: Terminal) -> int:
 
 
 def _cmd_summarize(args, term: Terminal) -> int:
-    from analytics.ingest import AnalyticsError
+    from pairmq.analytics.ingest import AnalyticsError
 
     if not 1 <= args.top <= 1000:
         raise AnalyticsError(f"--top must be from 1 to 1000, not {args.top}")
@@ -58,7 +58,7 @@ def _cmd_summarize(args, term: Terminal) -> int:
     out = args.out
     if out is not None and "://" not in out:
         out = str(Path(out).resolve())
-    from analytics import render, spark, summary
+    from pairmq.analytics import render, spark, summary
 
     # Spark stops (its JVM, mostly waiting) while the charts are drawn (Python): ~0.6 s each.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-stop") as stopping:
@@ -72,7 +72,7 @@ def _cmd_summarize(args, term: Terminal) -> int:
                 stopping.submit(session.stop)
         if out is not None and "://" not in out:
             summary.write_json(view, Path(out) / "summary.json")
-            from analytics.charts import write_charts
+            from pairmq.analytics.charts import write_charts
 
             charts = write_charts(view, Path(out) / "charts")
             term.note(f"wrote {out}/summary.json, {out}/reports/ and {len(charts)} charts in {out}/charts/")

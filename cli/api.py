@@ -25,11 +25,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from appliance.config import GroupConfig, load_secret
-from appliance.errors import ConfigError, PairMQError
-from appliance.management_settings import client_context
-from appliance.request_signing import sign
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig, load_secret
+from pairmq.appliance.errors import ConfigError, PairMQError
+from pairmq.appliance.management_settings import client_context
+from pairmq.appliance.request_signing import sign
+from pairmq.appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0
 MAX_RESPONSE_BYTES = 1 << 20
@@ -84,7 +84,7 @@ def token(config: GroupConfig) -> str:
     """The management key (hex) every request is signed with: $PAIRMQ_TOKEN, else derived from the group secret."""
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV].strip()
-    from appliance.node import management_token
+    from pairmq.appliance.node import management_token
 
     try:
         return management_token(load_secret(config))

@@ -19,11 +19,11 @@ import secrets
 import sys
 from typing import TYPE_CHECKING
 
-from appliance.broker.access import SALT_BYTES, Action, hash_password
-from appliance.config import GroupConfig, load_group
-from appliance.errors import PairMQError
-from appliance.roles import Role
-from configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
+from pairmq.appliance.broker.access import SALT_BYTES, Action, hash_password
+from pairmq.appliance.config import GroupConfig, load_group
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
+from pairmq.configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
 
 from . import api
 from .terminal import Terminal

@@ -19,8 +19,8 @@ import queue
 import signal
 import threading
 
-from appliance.config import GroupConfig
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.roles import Role
 
 from . import api
 from .terminal import Terminal
@@ -52,7 +52,7 @@ def _count(text: str) -> int:
 
 
 def _cmd_follow(args: argparse.Namespace, term: Terminal) -> int:
-    from appliance.config import load_group
+    from pairmq.appliance.config import load_group
 
     from .main import group_path
 

@@ -1,6 +1,6 @@
 """A host-list MQTT client for PairMQ groups (issue 6): an application sees no error across a failover.
 
-    from cli.hostlist import HostListClient
+    from pairmq.cli.hostlist import HostListClient
 
     client = HostListClient(["10.0.0.1:1883", "10.0.0.2:1883"], client_id="door-controller")
     client.start()                                   # returns once connected to the active node
@@ -44,7 +44,7 @@ from paho.mqtt.enums import MessageState
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.errors import PairMQError
+from pairmq.appliance.errors import PairMQError
 
 MESSAGE_ID_PROPERTY = "pairmq-msg-id"
 USE_ANOTHER_SERVER, SERVER_MOVED = 0x9C, 0x9D

@@ -19,10 +19,10 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from appliance.config import GroupConfig, NodeSpec, parse_group, render_group, write_secret
-from appliance.errors import ConfigError
-from appliance.management_settings import ManagementSettings, make_self_signed
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig, NodeSpec, parse_group, render_group, write_secret
+from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.management_settings import ManagementSettings, make_self_signed
+from pairmq.appliance.roles import Role
 
 GROUP_FILE = "group.toml"
 SECRET_FILE = "secret"

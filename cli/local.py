@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from appliance.access_file import access_path, write_access
-from appliance.broker.access import AccessPolicy
-from appliance.config import GroupConfig, load_group, load_secret
-from appliance.errors import PairMQError
-from appliance.roles import Role
+from pairmq.appliance.access_file import access_path, write_access
+from pairmq.appliance.broker.access import AccessPolicy
+from pairmq.appliance.config import GroupConfig, load_group, load_secret
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
 
 from . import api
 from .init_group import GROUP_FILE, LOOPBACK_ADDRESSES, write_group
@@ -102,7 +102,7 @@ def running(layout: Layout) -> dict[Role, int]:
 
 
 def node_command(group_file: Path, role: Role) -> list[str]:
-    return [sys.executable, "-m", "cli.main", "node", "--role", role.value, "--group", str(group_file)]
+    return [sys.executable, "-m", "pairmq.cli.main", "node", "--role", role.value, "--group", str(group_file)]
 
 
 def spawn(layout: Layout, role: Role) -> tuple[subprocess.Popen, int]:
@@ -151,7 +151,7 @@ def up(term: Terminal, directory: Path) -> int:
             write_access(access_path(written.config.node(role).data_dir), AccessPolicy(allow_anonymous=True))
         term.note(f"anonymous MQTT clients are allowed; refuse them with `pairmq config anonymous refuse "
                   f"--group {layout.group_file}` after adding users")
-        from appliance.admin_credential import DEFAULT_USER, generate_password
+        from pairmq.appliance.admin_credential import DEFAULT_USER, generate_password
 
         from .admin_cmd import set_admin
 

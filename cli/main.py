@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from appliance.config import DEFAULT_GROUP_PATH, load_group
-from appliance.errors import PairMQError
-from appliance.roles import Role
+from pairmq.appliance.config import DEFAULT_GROUP_PATH, load_group
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
 
 from .terminal import Terminal
 
@@ -307,7 +307,7 @@ def _install_parser(commands) -> None:
 def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     from .init_group import group_addresses, write_group
 
-    from appliance.admin_credential import DEFAULT_USER, check_password, generate_password
+    from pairmq.appliance.admin_credential import DEFAULT_USER, check_password, generate_password
 
     from .admin_cmd import set_admin
 

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from appliance.errors import PairMQError
+from pairmq.appliance.errors import PairMQError
 
 from .terminal import Terminal
 
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 def _hosts(args) -> list[str]:
     if args.hosts:
         return args.hosts.split(",")
-    from appliance.config import load_group
-    from appliance.roles import Role
+    from pairmq.appliance.config import load_group
+    from pairmq.appliance.roles import Role
 
     from .main import group_path
 

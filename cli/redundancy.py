@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from appliance.config import GroupConfig
-from appliance.errors import PairMQError
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
 
 from . import api
 from .terminal import Terminal

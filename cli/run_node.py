@@ -18,10 +18,10 @@ import sys
 import threading
 from pathlib import Path
 
-from appliance.config import load_group, load_secret
-from appliance.errors import PairMQError
-from appliance.private_files import PRIVATE_UMASK
-from appliance.roles import Role
+from pairmq.appliance.config import load_group, load_secret
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.private_files import PRIVATE_UMASK
+from pairmq.appliance.roles import Role
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
 LOG_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -45,8 +45,8 @@ def run(group_path: Path, role: Role) -> int:
     config = load_group(group_path)
     load_secret(config)  # a bad group file, secret, access file or config store is one sentence, before any log line
     if role.routes_messages:
-        from appliance.access_file import access_path, load_access
-        from configsync.store import ConfigStore, store_path
+        from pairmq.appliance.access_file import access_path, load_access
+        from pairmq.configsync.store import ConfigStore, store_path
 
         load_access(access_path(config.node(role).data_dir))
         if store_path(config.node(role).data_dir).exists():
@@ -55,7 +55,7 @@ def run(group_path: Path, role: Role) -> int:
     faulthandler.enable(sys.stderr, all_threads=True)  # see the module's rules: a native crash names its thread
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    from appliance.node import run_node
+    from pairmq.appliance.node import run_node
 
     logging.getLogger("pairmq.cli").info("%s: starting with group %s (%s)", role.value, config.name, group_path)
     try:

@@ -23,10 +23,10 @@ import os
 import secrets
 from pathlib import Path
 
-from appliance.config import GroupConfig, load_group
-from appliance.errors import ConfigError, PairMQError
-from appliance.keyring import MAX_KEY_ID, Keyring, wrap
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig, load_group
+from pairmq.appliance.errors import ConfigError, PairMQError
+from pairmq.appliance.keyring import MAX_KEY_ID, Keyring, wrap
+from pairmq.appliance.roles import Role
 
 from .api import ApiError, NodeUnreachable, base_url, get_json, post_json
 from .terminal import Terminal
@@ -85,7 +85,7 @@ def _config(args) -> GroupConfig:
 def _get(config: GroupConfig, role: Role, path: str) -> dict:
     """GET with the token of each key in the secret file, newest first, until the node takes one:
     mid-rotation a node may hold either key."""
-    from appliance.node import management_token
+    from pairmq.appliance.node import management_token
 
     ring = _read_file(config)
     key_ids = sorted(ring.keys, reverse=True)
@@ -288,7 +288,7 @@ def _fetch_step(config: GroupConfig, role: Role, name: str, n: int, new_id: int)
 
 def _token(ring: Keyring, state: dict) -> str:
     """The management token of a key the node holds (the new one once it has it)."""
-    from appliance.node import management_token
+    from pairmq.appliance.node import management_token
 
     held = [kid for kid in sorted(ring.keys, reverse=True) if kid in state["key_ids"]]
     if not held:

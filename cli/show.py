@@ -7,8 +7,8 @@ import time
 from rich.console import Group
 from rich.text import Text
 
-from appliance.config import GroupConfig
-from appliance.errors import PairMQError
+from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.errors import PairMQError
 
 from . import api
 from .render import redundancy_table, resync_table, vip_table

@@ -19,9 +19,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from appliance.config import GroupConfig
-from appliance.errors import PairMQError
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
 
 from . import api
 from .render import NOT_APPLICABLE, age, size

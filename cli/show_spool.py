@@ -15,9 +15,9 @@ import concurrent.futures
 from rich import box
 from rich.table import Table
 
-from appliance.config import GroupConfig
-from appliance.errors import PairMQError
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.roles import Role
 
 from . import api
 from .render import size

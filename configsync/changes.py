@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 
-from appliance.broker.access import (AccessDocumentError, AccessPolicy, check_username, record_from_document,
+from pairmq.appliance.broker.access import (AccessDocumentError, AccessPolicy, check_username, record_from_document,
                                      rule_from_document)
 
 from .document import ConfigChangeError, ConfigDocument, canonical, parse_limit, parse_overload

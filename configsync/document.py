@@ -19,10 +19,10 @@ import dataclasses
 import hashlib
 import json
 
-from appliance.broker.access import AccessDocumentError, AccessPolicy
-from appliance.config import Limits
-from appliance.errors import ConfigError
-from appliance.mqtt.overload import OverloadLimits
+from pairmq.appliance.broker.access import AccessDocumentError, AccessPolicy
+from pairmq.appliance.config import Limits
+from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.mqtt.overload import OverloadLimits
 
 DOCUMENT_VERSION = 1
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024

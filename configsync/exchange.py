@@ -29,7 +29,7 @@ import enum
 import json
 from typing import Protocol
 
-from appliance.errors import RemoteProtocolError
+from pairmq.appliance.errors import RemoteProtocolError
 
 from .changes import parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical

@@ -27,10 +27,10 @@ import os
 import time
 from collections.abc import Callable
 
-from appliance.errors import PairMQError, RemoteProtocolError
-from appliance.roles import Role
-from mate_link.secure import ActiveHandshake, StandbyHandshake
-from mate_link.transport import LinkCounters, MateConnection
+from pairmq.appliance.errors import PairMQError, RemoteProtocolError
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
+from pairmq.mate_link.transport import LinkCounters, MateConnection
 
 from .changes import describe
 from .document import ConfigChangeError

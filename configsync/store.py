@@ -21,8 +21,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from appliance.errors import PairMQError
-from appliance.private_files import private_database, private_dir
+from pairmq.appliance.errors import PairMQError
+from pairmq.appliance.private_files import private_database, private_dir
 
 from .changes import GENESIS, apply_change, chain, parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical

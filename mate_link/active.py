@@ -32,8 +32,8 @@ import collections
 import dataclasses
 import enum
 
-from appliance.errors import RemoteProtocolError
-from appliance.spool.chain import ChainPoint, LogEntry
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.spool.chain import ChainPoint, LogEntry
 
 from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 from .resync import ResyncPlan

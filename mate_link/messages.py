@@ -30,8 +30,8 @@ import dataclasses
 import enum
 import struct
 
-from appliance.errors import RemoteProtocolError
-from appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
 
 MAX_OP_BYTES = 2 * 1024 * 1024
 MAX_BATCH_OPS = 65_535

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from appliance.spool.chain import ChainPoint
+from pairmq.appliance.spool.chain import ChainPoint
 
 from .messages import Catchup
 

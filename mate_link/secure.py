@@ -43,8 +43,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from appliance.errors import RemoteProtocolError
-from appliance.roles import Role
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.roles import Role
 
 MAGIC = b"PMQL"
 VERSION = 3  # 2: the HELLO names its key id; 3: ephemeral X25519 keys

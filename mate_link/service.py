@@ -44,12 +44,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from appliance.errors import RemoteProtocolError, SpoolCorruption
-from appliance.roles import Role
-from appliance.spool.chain import ChainPoint, LogEntry
-from appliance.spool.errors import ChainError
-from appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
-from appliance.spool.install import SnapshotBuilder
+from pairmq.appliance.errors import RemoteProtocolError, SpoolCorruption
+from pairmq.appliance.roles import Role
+from pairmq.appliance.spool.chain import ChainPoint, LogEntry
+from pairmq.appliance.spool.errors import ChainError
+from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
+from pairmq.appliance.spool.install import SnapshotBuilder
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from appliance.spool.chain import ChainPoint, LogEntry, checksum, verify_chain
-from appliance.spool.errors import ChainError
+from pairmq.appliance.spool.chain import ChainPoint, LogEntry, checksum, verify_chain
+from pairmq.appliance.spool.errors import ChainError
 
 from .active import Endpoint, LinkFault
 from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot

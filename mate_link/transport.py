@@ -22,7 +22,7 @@ import collections
 import logging
 from collections.abc import Callable
 
-from appliance.errors import RemoteProtocolError
+from pairmq.appliance.errors import RemoteProtocolError
 
 from .messages import Message, decode, encode
 from .secure import HandshakeFailed, Stage, Handshake

@@ -4,4 +4,9 @@
 # (3.11 or newer; it needs only the standard library). Arguments: see `systemd/install.sh --help`.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
-exec env PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m cli.install "$@"
+# The packages are imported as pairmq.*; before an install, a throwaway directory of links makes them so.
+shim=$(mktemp -d)
+trap 'rm -rf "$shim"' EXIT
+mkdir "$shim/pairmq"
+for part in appliance mate_link configsync monitor cli analytics; do ln -s "$here/$part" "$shim/pairmq/$part"; done
+env PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m pairmq.cli.install "$@"

@@ -7,7 +7,7 @@ the core; what a `Send`, a `Close` or a `Persist` means is the subclass's busine
 
 from __future__ import annotations
 
-from appliance.broker.core import Close, Connacked, Durable, Persist, Send
+from pairmq.appliance.broker.core import Close, Connacked, Durable, Persist, Send
 
 
 class EffectRunner:

@@ -32,14 +32,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
-from appliance.broker.dedup import PROPERTY as MSG_ID
-from appliance.broker.routing import decode_stored_properties
-from appliance.mqtt import codec
-from appliance.mqtt.properties import PropertyId as P
-from appliance.spool import ops
-from appliance.spool.chain import GENESIS
-from appliance.spool.state import StateModel
+from pairmq.appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
+from pairmq.appliance.broker.dedup import PROPERTY as MSG_ID
+from pairmq.appliance.broker.routing import decode_stored_properties
+from pairmq.appliance.mqtt import codec
+from pairmq.appliance.mqtt.properties import PropertyId as P
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.chain import GENESIS
+from pairmq.appliance.spool.state import StateModel
 from tests.broker_effects import EffectRunner
 
 EXPIRY = {P.SESSION_EXPIRY_INTERVAL: 3600}

@@ -7,12 +7,12 @@ import time
 import urllib.error
 import urllib.request
 
-from appliance.broker.access import AccessPolicy
-from appliance.config import load_secret
-from appliance.node import management_token
-from appliance.roles import Role
-from cli.api import signed_headers
-from configsync.document import ConfigDocument
+from pairmq.appliance.broker.access import AccessPolicy
+from pairmq.appliance.config import load_secret
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
+from pairmq.cli.api import signed_headers
+from pairmq.configsync.document import ConfigDocument
 
 
 def call(g, role: Role, path: str, body: dict | None = None, *, token: bool | str = True) -> tuple[int, dict]:

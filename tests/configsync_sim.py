@@ -21,9 +21,9 @@ from __future__ import annotations
 import collections
 import random
 
-from appliance.broker.access import hash_password
-from configsync.exchange import ActiveEnd, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus, decode, encode
-from configsync.store import ConfigStore
+from pairmq.appliance.broker.access import hash_password
+from pairmq.configsync.exchange import ActiveEnd, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus, decode, encode
+from pairmq.configsync.store import ConfigStore
 
 RECORD = hash_password(b"pw", b"s" * 16, n=2, r=1, p=1).to_document()
 USERS = ("ann", "bob", "cy")

@@ -21,25 +21,25 @@ import hmac
 import sys
 from collections.abc import Callable
 
-from appliance.errors import RemoteProtocolError
-from appliance.mqtt.codec import (
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.mqtt.codec import (
     Connect, FixedHeader, PacketReader, Will, decode_packet, parse_fixed_header,
 )
-from appliance.mqtt.packets import Subscribe, Subscription, Unsubscribe
-from appliance.mqtt.properties import (
+from pairmq.appliance.mqtt.packets import Subscribe, Subscription, Unsubscribe
+from pairmq.appliance.mqtt.properties import (
     WILL, PropertyId, decode_properties, encode_properties,
 )
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, Cursor, MqttError, PacketType
-from appliance.quorum import auth as hb_auth
-from appliance.quorum import wire as hb_wire
-from appliance.roles import Role
-from appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
-from configsync import exchange
-from configsync.document import ConfigDocument
-from configsync.store import Entry, Head
-from mate_link import messages as mate
-from mate_link.secure import SecureChannel, TamperedFrame
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, Cursor, MqttError, PacketType
+from pairmq.appliance.quorum import auth as hb_auth
+from pairmq.appliance.quorum import wire as hb_wire
+from pairmq.appliance.roles import Role
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.configsync import exchange
+from pairmq.configsync.document import ConfigDocument
+from pairmq.configsync.store import Entry, Head
+from pairmq.mate_link import messages as mate
+from pairmq.mate_link.secure import SecureChannel, TamperedFrame
 
 _VERSIONS = (MQTT_3_1_1, MQTT_5)
 _SCOPES = (*PacketType, WILL)
@@ -305,10 +305,10 @@ SEEDS: dict[str, Callable[[], list[bytes]]] = {
 }
 
 
-_INSTRUMENTED = ("appliance.mqtt.wire", "appliance.mqtt.properties", "appliance.mqtt.packets",
-                 "appliance.mqtt.publish", "appliance.mqtt.codec", "appliance.quorum.wire", "appliance.quorum.auth",
-                 "mate_link.messages", "mate_link.secure", "configsync.exchange", "configsync.changes",
-                 "configsync.document", "appliance.broker.access")
+_INSTRUMENTED = ("pairmq.appliance.mqtt.wire", "pairmq.appliance.mqtt.properties", "pairmq.appliance.mqtt.packets",
+                 "pairmq.appliance.mqtt.publish", "pairmq.appliance.mqtt.codec", "pairmq.appliance.quorum.wire", "pairmq.appliance.quorum.auth",
+                 "pairmq.mate_link.messages", "pairmq.mate_link.secure", "pairmq.configsync.exchange", "pairmq.configsync.changes",
+                 "pairmq.configsync.document", "pairmq.appliance.broker.access")
 
 
 def _instrument(atheris) -> None:

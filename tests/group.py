@@ -23,13 +23,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from appliance.access_file import access_path, write_access
-from appliance.broker.access import AccessPolicy
-from appliance.eventlog import EventSettings, read_events
-from appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
+from pairmq.appliance.access_file import access_path, write_access
+from pairmq.appliance.broker.access import AccessPolicy
+from pairmq.appliance.eventlog import EventSettings, read_events
+from pairmq.appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
                                write_secret)
-from appliance.management_settings import ManagementSettings
-from appliance.roles import Role
+from pairmq.appliance.management_settings import ManagementSettings
+from pairmq.appliance.roles import Role
 
 from tests import probe
 
@@ -116,7 +116,7 @@ class Group:
     def start(self, *roles: Role, wrap: tuple[str, ...] = ()) -> None:
         """`wrap`: a command prefix, e.g. setpriv to start a node without some capabilities."""
         for role in roles or tuple(Role):
-            argv = [*wrap, sys.executable, "-m", "cli.main", "node", "--role", role.value,
+            argv = [*wrap, sys.executable, "-m", "pairmq.cli.main", "node", "--role", role.value,
                     "--group", str(self.dir / "group.toml")]
             profile_dir = os.environ.get("PAIRMQ_PROFILE_DIR")  # cProfile the primary's main thread (bench/)
             if profile_dir and role is Role.PRIMARY:
@@ -201,9 +201,9 @@ class Group:
     def api(self, role: Role, path: str, timeout_s: float = 5.0) -> dict:
         """GET a management API path on `role`, signed with the group's key (every route needs a credential);
         an error answer raises urllib's HTTPError."""
-        from appliance.config import load_secret
-        from appliance.node import management_token
-        from cli.api import _context, base_url, signed_headers
+        from pairmq.appliance.config import load_secret
+        from pairmq.appliance.node import management_token
+        from pairmq.cli.api import _context, base_url, signed_headers
 
         url = base_url(self.config, role) + path
         request = urllib.request.Request(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from cli.hostlist import HostListClient, PublishHandle
+from pairmq.cli.hostlist import HostListClient, PublishHandle
 from tests.streams import TOPIC_ROOT, run_in_netns
 
 

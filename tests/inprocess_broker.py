@@ -3,10 +3,10 @@ real MQTT clients over loopback sockets. The gate is a FlipGate the test opens a
 
 from __future__ import annotations
 
-from appliance.broker.service import BrokerService
-from appliance.mqtt.listener import MqttListener
-from appliance.mqtt.overload import OverloadLimits
-from appliance.roles import Role
+from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.mqtt.listener import MqttListener
+from pairmq.appliance.mqtt.overload import OverloadLimits
+from pairmq.appliance.roles import Role
 from tests.group import LOOPBACK
 from tests.test_mqtt_listener import Events, FlipGate, LoopThread
 

@@ -6,17 +6,17 @@ import paho.mqtt.client as paho
 import pytest
 from hypothesis import strategies as st
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     FixedHeader, PacketReader, decode_packet, parse_fixed_header,
 )
-from appliance.mqtt.packets import (
+from pairmq.appliance.mqtt.packets import (
     AUTH_REASON_CODES, PUBACK_REASON_CODES, PUBREL_REASON_CODES,
     SUBACK_REASON_CODES, UNSUBACK_REASON_CODES, Auth, Puback, Pubcomp, Pubrec,
     Pubrel, Suback, Subscribe, Subscription, Unsuback, Unsubscribe,
 )
-from appliance.mqtt.properties import PROPERTY_TABLE, DataType, PropertyId
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, VBI_MAX, PacketType
+from pairmq.appliance.mqtt.properties import PROPERTY_TABLE, DataType, PropertyId
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, VBI_MAX, PacketType
 
 P = PropertyId
 

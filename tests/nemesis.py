@@ -38,9 +38,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from appliance.config import load_secret
-from appliance.node import management_token
-from appliance.roles import Role
+from pairmq.appliance.config import load_secret
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
 from tests.group import Group
 from tests.hostlist_stream import HostListStream
 from tests.netns import Hosts, cleanup_stale
@@ -90,7 +90,7 @@ def _http(url: str, token: str | None = None, body: dict | None = None) -> tuple
     method = "GET" if body is None else "POST"
     request = urllib.request.Request(url, data=data, method=method)
     if token:
-        from cli.api import signed_headers
+        from pairmq.cli.api import signed_headers
 
         request.add_header("Authorization", signed_headers(token, method, url, data or b"")["Authorization"])
     request.add_header("Content-Type", "application/json")

@@ -32,16 +32,16 @@ import collections
 import dataclasses
 import functools
 
-from appliance.broker.core import BrokerCore, Persist, restore
-from appliance.spool import ops
-from appliance.spool.chain import GENESIS, chain
-from appliance.spool.codec import decode_op, encode_op
-from appliance.spool.snapshot import snapshot_ops, snapshot_seq
-from appliance.spool.state import StateModel
-from mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
-from mate_link.messages import decode, encode
-from mate_link.resync import plan_resync
-from mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
+from pairmq.appliance.broker.core import BrokerCore, Persist, restore
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import decode_op, encode_op
+from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
+from pairmq.appliance.spool.state import StateModel
+from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
+from pairmq.mate_link.messages import decode, encode
+from pairmq.mate_link.resync import plan_resync
+from pairmq.mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
 from tests.broker_sim import BrokerSim, SimFailure, run_schedule
 
 LEASE_MS = 300

@@ -30,12 +30,12 @@ import heapq
 import random
 from collections import deque
 
-from appliance.config import Timers
-from appliance.errors import LocalProtocolError
-from appliance.quorum.auth import HeartbeatAuth
-from appliance.quorum.core import PersistentState, QuorumCore, Timing
-from appliance.quorum.wire import Activity
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.errors import LocalProtocolError
+from pairmq.appliance.quorum.auth import HeartbeatAuth
+from pairmq.appliance.quorum.core import PersistentState, QuorumCore, Timing
+from pairmq.appliance.quorum.wire import Activity
+from pairmq.appliance.roles import Role
 
 SECRET = bytes(range(32))
 GROUP = "sim"

@@ -29,14 +29,14 @@ import random
 import sys
 from pathlib import Path
 
-from appliance.broker.service import BrokerService
-from appliance.errors import LocalProtocolError
-from appliance.roles import Role
-from appliance.spool import ops as o
-from appliance.spool.errors import SpoolBusy, SpoolFull
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter
-from mate_link.service import ActiveReplication, StandbyReplication
+from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.errors import LocalProtocolError
+from pairmq.appliance.roles import Role
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.errors import SpoolBusy, SpoolFull
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 from tests.group import LOOPBACK
 
 SECRET, GROUP, EPOCH = os.urandom(32), "storm-1", 4

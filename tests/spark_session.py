@@ -27,7 +27,7 @@ TEST_SETTINGS = {
 def spark():
     if shutil.which("java") is None:
         pytest.fail("the analytics tests need Java (bash .ci/setup installs default-jre-headless)")
-    from analytics.spark import session
+    from pairmq.analytics.spark import session
 
     s = session(app="pairmq-tests", shuffle_partitions=1)
     for key, value in TEST_SETTINGS.items():

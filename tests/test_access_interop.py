@@ -32,8 +32,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.broker.access import AccessPolicy, Action, Effect, Rule, hash_password
-from appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, Action, Effect, Rule, hash_password
+from pairmq.appliance.roles import Role
 from tests import config_api
 from tests.certs import make_pki
 from tests.group import LOOPBACK, Group
@@ -60,7 +60,7 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory, pki):
-    from appliance.config import TlsConfig
+    from pairmq.appliance.config import TlsConfig
 
     with Group(tmp_path_factory.mktemp("access") / "group", access=the_policy(),
                tls=TlsConfig(pki.cert_file, pki.key_file)) as g:

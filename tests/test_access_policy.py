@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.broker.access import (
+from pairmq.appliance.broker.access import (
     AccessDocumentError, AccessPolicy, Action, Effect, Rule, VerifiedCache, hash_password, overlaps, subsumes,
     verify_password,
 )

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from analytics import driver, partials, summary
-from analytics.ingest import AnalyticsError
+from pairmq.analytics import driver, partials, summary
+from pairmq.analytics.ingest import AnalyticsError
 from tests.spark_session import spark  # noqa: F401
 from tests.test_analytics_job import write_segment
 from tests.test_analytics_transforms import decision, ev, frame, pub, stage

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from pyspark.sql import functions as F
 
-from analytics import driver, driver_merge, ingest, summary
-from analytics.xxhash64 import of_topic
+from pairmq.analytics import driver, driver_merge, ingest, summary
+from pairmq.analytics.xxhash64 import of_topic
 from tests.spark_session import spark  # noqa: F401
 from tests.test_analytics_driver import EVENTS
 from tests.test_analytics_job import published, stage, write_segment

@@ -22,8 +22,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.eventlog import EventSettings, segments
-from appliance.roles import Role
+from pairmq.appliance.eventlog import EventSettings, segments
+from pairmq.appliance.roles import Role
 from tests.group import REPO, active_group
 
 pytestmark = pytest.mark.processes
@@ -71,7 +71,7 @@ def receive(got: queue.Queue, n: int) -> list:
 
 
 def summarize(logs, out) -> dict:
-    run = subprocess.run([sys.executable, "-m", "cli.main", "analytics", "summarize", str(logs), "--out", str(out),
+    run = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"analytics failed ({run.returncode}): {run.stderr[-3000:]}"
     return json.loads(run.stdout)

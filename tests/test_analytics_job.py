@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from analytics import manifest, render, summary
-from analytics.ingest import AnalyticsError
-from appliance.eventlog import EventLog, EventSettings
-from cli.main import main
-from cli.terminal import Terminal
+from pairmq.analytics import manifest, render, summary
+from pairmq.analytics.ingest import AnalyticsError
+from pairmq.appliance.eventlog import EventLog, EventSettings
+from pairmq.cli.main import main
+from pairmq.cli.terminal import Terminal
 from tests.spark_session import spark  # noqa: F401
 
 

@@ -11,8 +11,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import ingest, partials, schema, segment_task
-from analytics import transforms as t
+from pairmq.analytics import ingest, partials, schema, segment_task
+from pairmq.analytics import transforms as t
 from tests.spark_session import spark  # noqa: F401
 
 

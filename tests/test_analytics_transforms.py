@@ -7,9 +7,9 @@ import datetime
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import partials, schema
-from analytics import transforms as t
-from analytics.ingest import to_table
+from pairmq.analytics import partials, schema
+from pairmq.analytics import transforms as t
+from pairmq.analytics.ingest import to_table
 from tests.spark_session import spark  # noqa: F401
 
 UTC = datetime.timezone.utc

@@ -20,8 +20,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from appliance.management_reads import ENDPOINTS
-from appliance.roles import Role
+from pairmq.appliance.management_reads import ENDPOINTS
+from pairmq.appliance.roles import Role
 from tests import paho_clients
 from tests.config_api import call
 from tests.http_api import signed
@@ -34,7 +34,7 @@ ADMIN_PASSWORD = "a long admin password"
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     with active_group(tmp_path_factory.mktemp("api") / "group") as g:
-        done = subprocess.run([sys.executable, "-m", "cli.main", "admin", "passwd", "--password-stdin",
+        done = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "admin", "passwd", "--password-stdin",
                                "--group", str(g.dir / "group.toml")], input=ADMIN_PASSWORD + "\n",
                               capture_output=True, text=True, cwd=REPO, timeout=30)
         assert done.returncode == 0, done.stderr
@@ -221,6 +221,6 @@ def test_failed_attempts_are_limited_per_credential_not_per_address(group):
 
 
 def pairmq(g, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args, "--group", str(g.dir / "group.toml")],
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args, "--group", str(g.dir / "group.toml")],
                           capture_output=True, text=True, timeout=30, cwd=REPO,
                           env={**os.environ, "COLUMNS": "160"})  # tables as wide as a pipe gets them

@@ -26,10 +26,10 @@ import urllib.request
 
 import pytest
 
-from appliance.config import load_secret
-from appliance.node import management_token
-from appliance.roles import Role
-from mate_link.secure import MAGIC, StandbyHandshake
+from pairmq.appliance.config import load_secret
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.secure import MAGIC, StandbyHandshake
 from tests.group import Group, active_group
 from tests.paho_clients import client, resume_and_collect, subscribe_then_go_offline
 
@@ -174,7 +174,7 @@ def test_garbage_and_oversized_http_get_a_4xx(swept, role):
 
 
 def authorized_post(g: Group, path: str, body: bytes) -> tuple[int, dict]:
-    from cli.api import signed_headers
+    from pairmq.cli.api import signed_headers
 
     url = f"http://{g.address(P)}:{g.config.ports.management}{path}"
     request = urllib.request.Request(url, data=body, method="POST", headers={

@@ -9,11 +9,11 @@ from collections import defaultdict
 
 import pytest
 
-from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send
-from appliance.mqtt import codec
-from appliance.mqtt.properties import PropertyId as P
-from appliance.mqtt.wire import ReasonCode as RC
-from appliance.spool import ops
+from pairmq.appliance.broker.core import BrokerCore, Close, Limits, Persist, Send
+from pairmq.appliance.mqtt import codec
+from pairmq.appliance.mqtt.properties import PropertyId as P
+from pairmq.appliance.mqtt.wire import ReasonCode as RC
+from pairmq.appliance.spool import ops
 from tests.broker_effects import EffectRunner
 
 
@@ -349,7 +349,7 @@ def test_bad_filters_get_per_filter_reason_codes(h):
 def test_receive_maximum_bounds_unfinished_inbound_qos2_for_v5_only(h, version):
     """v5 advertises Receive Maximum 100: the 101st unfinished QoS 2 PUBLISH is 0x93. 3.1.1 promised
     nothing, so its deep windows (200 here) are taken and each is PUBREC'd."""
-    from appliance.broker.core import SERVER_RECEIVE_MAXIMUM
+    from pairmq.appliance.broker.core import SERVER_RECEIVE_MAXIMUM
 
     h.connect(1, "deep", v=version)
     count = SERVER_RECEIVE_MAXIMUM + (1 if version == 5 else 100)
@@ -431,7 +431,7 @@ def test_message_expiry_matches_a_full_walk_on_every_tick():
     expiry, and every drop was of an expired message: what walking every queue on every tick gave."""
     import random
 
-    from appliance.broker.session import EntryState
+    from pairmq.appliance.broker.session import EntryState
 
     rng = random.Random(7)
     for _ in range(20):

@@ -4,14 +4,14 @@ the ops it wrote (what a restart and the new active after a failover see)."""
 
 import pytest
 
-from appliance.broker.core import Limits, restore
-from appliance.broker.dedup import MAX_ID_BYTES, PROPERTY, BadMessageId, MessageIdHistory, message_id_of
-from appliance.mqtt import codec
-from appliance.mqtt.properties import PropertyId as P
-from appliance.mqtt.wire import ReasonCode as RC
-from appliance.spool import ops
-from appliance.spool.snapshot import snapshot_ops, snapshot_seq
-from appliance.spool.state import StateModel
+from pairmq.appliance.broker.core import Limits, restore
+from pairmq.appliance.broker.dedup import MAX_ID_BYTES, PROPERTY, BadMessageId, MessageIdHistory, message_id_of
+from pairmq.appliance.mqtt import codec
+from pairmq.appliance.mqtt.properties import PropertyId as P
+from pairmq.appliance.mqtt.wire import ReasonCode as RC
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
+from pairmq.appliance.spool.state import StateModel
 from tests.test_broker_core import Harness
 
 PERSISTENT = {P.SESSION_EXPIRY_INTERVAL: 3600}

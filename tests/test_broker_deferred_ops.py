@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from appliance.broker.message_events import MessageEvents
-from appliance.broker.service import BrokerService
+from pairmq.appliance.broker.message_events import MessageEvents
+from pairmq.appliance.broker.service import BrokerService
 from tests.inprocess_broker import HOST, InProcessBroker
 from tests.mqttraw import PUBACK, PUBLISH, SUBACK, V5, Raw
 

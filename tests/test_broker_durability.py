@@ -45,7 +45,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import Group
 
 pytestmark = pytest.mark.processes

@@ -19,8 +19,8 @@ import urllib.error
 
 import pytest
 
-from appliance.config import Limits
-from appliance.roles import Role
+from pairmq.appliance.config import Limits
+from pairmq.appliance.roles import Role
 from tests.group import Group, active_group
 from tests.mqttraw import PUBACK, PUBLISH, V5, V311, Raw
 from tests.test_broker_interop import raws  # noqa: F401  (a fixture)

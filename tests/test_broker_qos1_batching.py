@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from appliance.broker.service import BrokerService
-from appliance.mqtt.codec import Puback
-from appliance.mqtt.overload import OverloadLimits
+from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.mqtt.codec import Puback
+from pairmq.appliance.mqtt.overload import OverloadLimits
 from tests.inprocess_broker import HOST, InProcessBroker
 from tests.mqttraw import DISCONNECT, PUBACK, PUBLISH, SUBACK, V5, V311, Raw, utf8
 

@@ -6,12 +6,12 @@ and compares the two. Also checks that the spool ignored none of the ops: an
 ignored op means the core and the spool disagree about the rules.
 """
 
-from appliance.broker.core import BrokerCore, Persist, Send, restore
-from appliance.broker.session import EntryState
-from appliance.mqtt import codec
-from appliance.mqtt.properties import PropertyId as P
-from appliance.spool import ops
-from appliance.spool.state import StateModel
+from pairmq.appliance.broker.core import BrokerCore, Persist, Send, restore
+from pairmq.appliance.broker.session import EntryState
+from pairmq.appliance.mqtt import codec
+from pairmq.appliance.mqtt.properties import PropertyId as P
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.state import StateModel
 from tests.test_broker_core import Harness
 
 PERSISTENT = {P.SESSION_EXPIRY_INTERVAL: 3600}

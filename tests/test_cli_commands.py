@@ -1,5 +1,5 @@
 """`pairmq` commands as a person meets them: the real console script in a subprocess
-(`python -m cli.main`), or `main()` in-process with string consoles for exact output.
+(`python -m pairmq.cli.main`), or `main()` in-process with string consoles for exact output.
 
 Every mistake must end as one sentence on stderr with a non-zero exit code,
 never a usage dump or a traceback. The management API is played by a small
@@ -22,18 +22,18 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from appliance.config import GroupConfig, NodeSpec, load_group, load_secret, render_group, write_secret
-from appliance.node import management_token
-from appliance.roles import Role
-from cli.main import main
-from cli.terminal import Terminal
+from pairmq.appliance.config import GroupConfig, NodeSpec, load_group, load_secret, render_group, write_secret
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
+from pairmq.cli.main import main
+from pairmq.cli.terminal import Terminal
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def pairmq(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "PAIRMQ_GROUP"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=30,
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args], capture_output=True, text=True, timeout=30,
                           cwd=cwd, env={**environ, **(env or {})})
 
 
@@ -95,8 +95,8 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_init_prints_a_generated_admin_password_once_or_takes_the_operators(tmp_path):
-    from appliance.admin_credential import read_admin
-    from appliance.broker.access import verify_password
+    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.broker.access import verify_password
 
     result = pairmq("init", "--dir", str(tmp_path / "a"))
     assert result.returncode == 0, result.stderr
@@ -108,13 +108,13 @@ def test_init_prints_a_generated_admin_password_once_or_takes_the_operators(tmp_
     assert stat.S_IMODE((tmp_path / "a" / "admin").stat().st_mode) == 0o600
     assert password not in (tmp_path / "a" / "admin").read_text()
 
-    chosen = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path / "b"),
+    chosen = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "init", "--dir", str(tmp_path / "b"),
                              "--admin-password-stdin"], input="my own admin password\n", capture_output=True,
                             text=True, timeout=30, cwd=REPO)
     assert chosen.returncode == 0 and "admin password" not in chosen.stdout, chosen
     assert verify_password(read_admin(tmp_path / "b" / "admin").record, b"my own admin password")
 
-    short = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path / "c"),
+    short = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "init", "--dir", str(tmp_path / "c"),
                             "--admin-password-stdin"], input="short\n", capture_output=True, text=True, timeout=30,
                            cwd=REPO)
     assert_one_sentence(short, "the admin password must have at least 12 characters", code=1)
@@ -319,7 +319,7 @@ def test_watch_and_json_do_not_mix(stand_in):
 def test_force_activity_is_signed_and_sends_the_acknowledgement(stand_in):
     """The request is signed with the group's management key over its method, host, path and body; the key
     itself (formerly sent as a bearer token) is nowhere in what went over the wire."""
-    from appliance.request_signing import Verifier, management_key
+    from pairmq.appliance.request_signing import Verifier, management_key
 
     code, out, err = run_main("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
                               "--group", str(stand_in))

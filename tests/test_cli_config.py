@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from appliance.broker.access import HashRecord, verify_password
-from appliance.roles import Role
-from configsync.store import store_path
+from pairmq.appliance.broker.access import HashRecord, verify_password
+from pairmq.appliance.roles import Role
+from pairmq.configsync.store import store_path
 from tests.config_api import call, config, wait_for_version
 from tests.group import active_group
 from tests.test_cli_commands import REPO, assert_one_sentence, pairmq, write_group
@@ -27,12 +27,12 @@ def group(tmp_path_factory):
 
 
 def run(g, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "cli.main", "config", *args, "--group", str(g.dir / "group.toml")],
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", "config", *args, "--group", str(g.dir / "group.toml")],
                           input=stdin, capture_output=True, text=True, timeout=30, cwd=REPO)
 
 
 def record(g, name: str) -> HashRecord:
-    from appliance.broker.access import record_from_document
+    from pairmq.appliance.broker.access import record_from_document
 
     document = call(g, P, "/api/v1/config/document")[1]["document"]
     return record_from_document(document["access"]["users"][name], name)

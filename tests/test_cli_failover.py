@@ -14,7 +14,7 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests import paho_clients
 from tests.group import REPO, Group
 
@@ -23,7 +23,7 @@ P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 
 def pairmq(group: Group, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("PAIRMQ_GROUP", "PAIRMQ_TOKEN")}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args, "--group", str(group.dir / "group.toml")],
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args, "--group", str(group.dir / "group.toml")],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env={**environ, **(env or {})})
 
 
@@ -148,7 +148,7 @@ def test_a_bad_group_file_is_one_sentence(tmp_path):
     bad.write_text("[group]\nname = 'x'\nbogus = 1\n")
     for args in (["show", "clients"], ["show", "sessions", "--json"], ["events", "tail"], ["admin", "passwd",
                                                                                          "--generate"]):
-        result = subprocess.run([sys.executable, "-m", "cli.main", *args, "--group", str(bad)], capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args, "--group", str(bad)], capture_output=True,
                                 text=True, timeout=30, cwd=REPO)
         assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
         assert result.stderr.startswith("error: ") and "bogus" in result.stderr, result.stderr
@@ -158,7 +158,7 @@ def test_a_node_with_a_malformed_admin_file_does_not_start(tmp_path):
     """Never guess who may manage the group: one sentence, exit 1, before any socket is bound."""
     group = Group(tmp_path / "group")  # written, not entered: no ports are taken
     (group.dir / "admin").write_text('{"version": 1, "username": "admin"}')
-    result = subprocess.run([sys.executable, "-m", "cli.main", "node", "--role", "monitor", "--group",
+    result = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "node", "--role", "monitor", "--group",
                              str(group.dir / "group.toml")], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"the admin credential {group.dir / 'admin'} must be {{version: 1, username, password}}" in \

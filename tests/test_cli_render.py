@@ -10,11 +10,11 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from appliance.config import GroupConfig, NodeSpec
-from appliance.roles import Role
-from cli import api
-from cli.render import age, process_table, redundancy_table, resync_table, size
-from cli.terminal import Terminal
+from pairmq.appliance.config import GroupConfig, NodeSpec
+from pairmq.appliance.roles import Role
+from pairmq.cli import api
+from pairmq.cli.render import age, process_table, redundancy_table, resync_table, size
+from pairmq.cli.terminal import Terminal
 
 WIDTH = 120
 

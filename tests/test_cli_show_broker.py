@@ -6,10 +6,10 @@ from io import StringIO
 
 from rich.console import Console
 
-from cli.main import build_parser, main
-from cli.show_broker import clients_table, event_line, sessions_table, subscriptions_table
-from cli.show_spool import spool_table
-from cli.terminal import Terminal
+from pairmq.cli.main import build_parser, main
+from pairmq.cli.show_broker import clients_table, event_line, sessions_table, subscriptions_table
+from pairmq.cli.show_spool import spool_table
+from pairmq.cli.terminal import Terminal
 
 HEAD = {"schema": 1, "group": "orders", "node": "backup", "address": "10.0.0.2", "truncated": False}
 CLIENTS = {**HEAD, "total": 2, "clients": [

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import GroupConfig, NodeSpec, Timers, load_group, load_secret, parse_group, render_group, write_secret
-from appliance.errors import ConfigError
-from appliance.roles import Role
+from pairmq.appliance.config import GroupConfig, NodeSpec, Timers, load_group, load_secret, parse_group, render_group, write_secret
+from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.roles import Role
 from tests.certs import make_pki, other_key_pem
 
 
@@ -148,8 +148,8 @@ def test_bad_tls_tables(tmp_path, table, message):
 
 
 def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
-    from appliance.broker.core import limits_from_config
-    from appliance.config import Limits
+    from pairmq.appliance.broker.core import limits_from_config
+    from pairmq.appliance.config import Limits
 
     raw = tomllib.loads(group_text(tmp_path))
     assert raw["limits"] == {"session_queue_max_messages": 100_000, "session_queue_max_bytes": 64 << 20,

@@ -13,8 +13,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.broker.access import AccessPolicy, hash_password
-from appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, hash_password
+from pairmq.appliance.roles import Role
 from tests.config_api import call, change, config, wait_for_version
 from tests.group import active_group
 
@@ -211,8 +211,8 @@ class TestOnOneGroup:
         import socket
         import struct
 
-        from appliance.config import load_secret
-        from mate_link.secure import HandshakeFailed, StandbyHandshake
+        from pairmq.appliance.config import load_secret
+        from pairmq.mate_link.secure import HandshakeFailed, StandbyHandshake
 
         address = (group.address(P), group.config.ports.config_sync)
         before = config(group, P)

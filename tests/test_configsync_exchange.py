@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from configsync.exchange import (ActiveEnd, ApplyEntries, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus,
+from pairmq.configsync.exchange import (ActiveEnd, ApplyEntries, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus,
                                  decode, encode)
-from configsync.store import ConfigStore
+from pairmq.configsync.store import ConfigStore
 
 ANON = {"kind": "anonymous.set", "allowed": True}
 

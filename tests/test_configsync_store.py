@@ -7,10 +7,10 @@ import stat
 
 import pytest
 
-from appliance.broker.access import hash_password
-from configsync.changes import GENESIS, apply_change, chain, describe, parse_change
-from configsync.document import ConfigChangeError, ConfigDocument
-from configsync.store import ConfigStore, ConfigStoreCorrupt, Entry
+from pairmq.appliance.broker.access import hash_password
+from pairmq.configsync.changes import GENESIS, apply_change, chain, describe, parse_change
+from pairmq.configsync.document import ConfigChangeError, ConfigDocument
+from pairmq.configsync.store import ConfigStore, ConfigStoreCorrupt, Entry
 
 RECORD = hash_password(b"secret", b"s" * 16, n=2, r=1, p=1).to_document()
 ADD_ANN = {"kind": "user.set", "username": "ann", "record": RECORD}

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import REPO, Group
 
 pytestmark = pytest.mark.processes
@@ -39,7 +39,7 @@ def _damage_config_store(data_dir):
 
 def _alter_config_store(data_dir):
     """A real store whose document was edited behind its digest (a hand edit, or bit rot)."""
-    from configsync.store import ConfigStore, store_path
+    from pairmq.configsync.store import ConfigStore, store_path
     path = store_path(data_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     ConfigStore(path).close()
@@ -65,7 +65,7 @@ def test_a_damaged_store_stops_the_node_at_start_with_one_sentence(tmp_path, dam
     with Group(tmp_path / "group") as g:
         path = damage(g.config.node(P).data_dir)
         before = path.read_bytes()
-        proc = subprocess.run([sys.executable, "-m", "cli.main", "node", "--role", "primary",
+        proc = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "node", "--role", "primary",
                                "--group", str(g.dir / "group.toml")],
                               cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0, f"the node started on a damaged {path.name}:\n{proc.stderr[-2000:]}"

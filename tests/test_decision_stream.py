@@ -11,10 +11,10 @@ import threading
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance import decision_stream
-from appliance.decision_stream import HISTORY, DecisionFeed
-from appliance.quorum.state import Decision
-from appliance.roles import Role
+from pairmq.appliance import decision_stream
+from pairmq.appliance.decision_stream import HISTORY, DecisionFeed
+from pairmq.appliance.quorum.state import Decision
+from pairmq.appliance.roles import Role
 from tests.group import LOOPBACK
 
 HOST = LOOPBACK[Role.MONITOR]

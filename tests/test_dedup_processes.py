@@ -30,8 +30,8 @@ from pyroute2 import netns
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.config import Limits
-from appliance.roles import Role
+from pairmq.appliance.config import Limits
+from pairmq.appliance.roles import Role
 from tests.group import Group, active_group
 from tests.netns import hosts  # noqa: F401  (the fixture)
 from tests.paho_clients import client as connected_client

@@ -26,8 +26,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.mqtt.publish import Publish
-from appliance.roles import Role
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.roles import Role
 from tests.group import REPO
 from tests.mqttraw import PUBCOMP, PUBREC, PUBREL, V5, Raw, encode_props, utf8
 from tests.test_mqtt_listener import HOST
@@ -193,9 +193,9 @@ def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_cra
 ABANDON_MID_BATCH = textwrap.dedent("""
     import sys, threading, time
     from pathlib import Path
-    from appliance.spool import ops as o
-    from appliance.spool.codec import encode_op
-    from appliance.spool.install import SnapshotBuilder
+    from pairmq.appliance.spool import ops as o
+    from pairmq.appliance.spool.codec import encode_op
+    from pairmq.appliance.spool.install import SnapshotBuilder
 
     directory = Path(sys.argv[1])
     bodies = [encode_op(o.MessageIdSeen("c", f"id-{i}", i)) for i in range(20_000)]
@@ -236,11 +236,11 @@ def test_a_catch_up_after_a_rollback_does_not_ship_the_rolled_back_ops():
     submission gets seq 4 and its commit fails on the full disk (rolled back to op 3). The catch-up after
     the snapshot must not bridge with the rolled-back op 4, and the next submission, which reuses seq 4,
     must ship. Before the fix the stale op 4 was shipped and `local_submitted` failed its assertion (4, 4)."""
-    from appliance.spool.chain import GENESIS, chain
-    from mate_link.active import ActiveLink, MakeSnapshot, Phase, PlanNeeded
-    from mate_link.messages import Ops, decode, encode
-    from mate_link.resync import plan_resync
-    from mate_link.standby import StandbyLink
+    from pairmq.appliance.spool.chain import GENESIS, chain
+    from pairmq.mate_link.active import ActiveLink, MakeSnapshot, Phase, PlanNeeded
+    from pairmq.mate_link.messages import Ops, decode, encode
+    from pairmq.mate_link.resync import plan_resync
+    from pairmq.mate_link.standby import StandbyLink
 
     epoch = 5
     log = chain(GENESIS, epoch, [b"op1", b"op2", b"op3"])

@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import Group
 from tests.test_disk_full import fill
 from tests.tmpfs import small_disks

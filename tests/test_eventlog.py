@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.message_events import MessageEvents
-from appliance.config import load_group, parse_group, render_group
-from appliance.errors import ConfigError
-from appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
-from appliance.spool import ops
+from pairmq.appliance.broker.message_events import MessageEvents
+from pairmq.appliance.config import load_group, parse_group, render_group
+from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
+from pairmq.appliance.spool import ops
 from tests.group import Group
 
 

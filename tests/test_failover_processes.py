@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from appliance.config import Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.roles import Role
 from tests.group import Group
 from tests.probe import double_service
 

@@ -30,11 +30,11 @@ import time
 import pytest
 from scapy.all import IP, UDP, AsyncSniffer, L3RawSocket, Raw
 
-from appliance.config import load_secret
-from appliance.quorum import wire
-from appliance.quorum.auth import REASONS, HeartbeatAuth
-from appliance.quorum.wire import Activity, Heartbeat, PeerView
-from appliance.roles import Role
+from pairmq.appliance.config import load_secret
+from pairmq.appliance.quorum import wire
+from pairmq.appliance.quorum.auth import REASONS, HeartbeatAuth
+from pairmq.appliance.quorum.wire import Activity, Heartbeat, PeerView
+from pairmq.appliance.roles import Role
 from tests.group import Group
 
 pytestmark = pytest.mark.processes

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.core import Close, Durable, Persist, Send
-from appliance.frozen import fast_init
-from appliance.mqtt.codec import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from appliance.quorum import wire
-from appliance.spool.ops import OP_TYPES
+from pairmq.appliance.broker.core import Close, Durable, Persist, Send
+from pairmq.appliance.frozen import fast_init
+from pairmq.appliance.mqtt.codec import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from pairmq.appliance.quorum import wire
+from pairmq.appliance.spool.ops import OP_TYPES
 
 FAST = [*OP_TYPES.values(), Send, Close, Persist, Durable, Publish, Puback, Pubrec, Pubrel, Pubcomp,
         wire.PeerView, wire.Heartbeat, wire.Header]

@@ -17,7 +17,7 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import REPO, active_group
 from tests.hostlist import USE_ANOTHER_SERVER, HostListPublisher
 from tests.paho_clients import client, resume_and_collect, subscribe_then_go_offline
@@ -27,7 +27,7 @@ P, B = Role.PRIMARY, Role.BACKUP
 
 
 def pairmq(group, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "cli.main", "redundancy", *args, "--group", str(group.dir / "group.toml")]
+    argv = [sys.executable, "-m", "pairmq.cli.main", "redundancy", *args, "--group", str(group.dir / "group.toml")]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=30)
 
 

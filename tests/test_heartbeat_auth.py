@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from appliance.quorum import wire
-from appliance.quorum.auth import HeartbeatAuth, Rejected
-from appliance.roles import Role
+from pairmq.appliance.quorum import wire
+from pairmq.appliance.quorum.auth import HeartbeatAuth, Rejected
+from pairmq.appliance.roles import Role
 
 SECRET = b"k" * 32
 

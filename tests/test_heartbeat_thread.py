@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from appliance.config import Timers
-from appliance.heartbeats import HeartbeatThread
-from appliance.quorum.auth import HeartbeatAuth
-from appliance.quorum.core import QuorumCore, Timing
-from appliance.roles import Role
-from appliance.stable_file import FileStore
+from pairmq.appliance.config import Timers
+from pairmq.appliance.heartbeats import HeartbeatThread
+from pairmq.appliance.quorum.auth import HeartbeatAuth
+from pairmq.appliance.quorum.core import QuorumCore, Timing
+from pairmq.appliance.roles import Role
+from pairmq.appliance.stable_file import FileStore
 
 SECRET = bytes(range(32))
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value; Python 3.11 does not name it

@@ -22,12 +22,12 @@ import time
 
 import pytest
 
-from appliance.admin_credential import admin_path, new_credential, write_admin
-from appliance.config import load_secret
-from appliance.management_settings import ManagementSettings, client_context, make_self_signed
-from appliance.node import management_token
-from appliance.roles import Role
-from cli.api import signed_headers
+from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
+from pairmq.appliance.config import load_secret
+from pairmq.appliance.management_settings import ManagementSettings, client_context, make_self_signed
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
+from pairmq.cli.api import signed_headers
 from tests.group import LOOPBACK, REPO, active_group
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
@@ -104,7 +104,7 @@ def tls_socket(g, role: Role, source: str) -> ssl.SSLSocket:
 
 
 def pairmq(g, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args, "--group", str(g.dir / "group.toml")],
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args, "--group", str(g.dir / "group.toml")],
                           capture_output=True, text=True, timeout=30, cwd=REPO,
                           env={k: v for k, v in os.environ.items() if k != "PAIRMQ_TOKEN"})
 
@@ -241,7 +241,7 @@ def test_the_cli_works_end_to_end_over_https_and_refuses_another_certificate(gro
                                                          str(other / "management.pem"))
     text = text.replace(str(group.dir / "management.key"), str(other / "management.key"))
     (other / "group.toml").write_text(text)  # the same secret (an absolute path): only the trust differs
-    done = subprocess.run([sys.executable, "-m", "cli.main", "show", "redundancy", "--json", "--group",
+    done = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--json", "--group",
                            str(other / "group.toml")], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert done.returncode != 0 and "certificate verify failed" in done.stderr, done.stderr
 
@@ -290,14 +290,14 @@ def test_the_browser_admin_cannot_read_password_records_nor_drive_secret_rotatio
 
 
 def test_init_with_management_tls_makes_a_pinned_certificate_for_the_three_addresses(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "cli.main", "init", "--dir", str(tmp_path), "--management-tls",
+    done = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "init", "--dir", str(tmp_path), "--management-tls",
                            "--primary", "10.0.0.1", "--backup", "10.0.0.2", "--monitor", "10.0.0.3",
                            "--admin-password-stdin"], input=ADMIN_PASSWORD + "\n", capture_output=True, text=True,
                           timeout=30, cwd=REPO)
     assert done.returncode == 0, done.stderr
     from cryptography import x509
 
-    from appliance.config import load_group
+    from pairmq.appliance.config import load_group
 
     config = load_group(tmp_path / "group.toml")
     assert config.management.https and config.management.trust_file == tmp_path / "management.pem"

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.eventlog import EventLog, EventSettings, RefusalThrottle, read_events
-from appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
-from appliance.mqtt.codec import Connect, PacketReader, decode_connect
-from appliance.mqtt.properties import PropertyId, decode_properties, encode_properties
-from appliance.mqtt.wire import Cursor, PacketType, ProtocolError, ReasonCode, encode_vbi
+from pairmq.appliance.eventlog import EventLog, EventSettings, RefusalThrottle, read_events
+from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
+from pairmq.appliance.mqtt.codec import Connect, PacketReader, decode_connect
+from pairmq.appliance.mqtt.properties import PropertyId, decode_properties, encode_properties
+from pairmq.appliance.mqtt.wire import Cursor, PacketType, ProtocolError, ReasonCode, encode_vbi
 from tests.mqttraw import connect_with_properties, empty_user_properties
 
 USER = PropertyId.USER_PROPERTY

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import Group
 
 pytestmark = pytest.mark.processes

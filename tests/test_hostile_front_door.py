@@ -25,9 +25,9 @@ import time
 
 import pytest
 
-from appliance.config import Limits
-from appliance.eventlog import EventSettings
-from appliance.roles import Role
+from pairmq.appliance.config import Limits
+from pairmq.appliance.eventlog import EventSettings
+from pairmq.appliance.roles import Role
 from tests.group import Group, active_group
 from tests.mqttraw import CONNACK, PORT, PUBACK, V5, V311, WAIT_S, Raw, connect_with_properties, vbi
 

@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 import pytest
 
-from appliance.errors import RemoteProtocolError
-from appliance.mqtt.codec import PacketReader, decode_packet, parse_fixed_header
-from appliance.mqtt.properties import PropertyId, encode_properties
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, PacketType, encode_vbi
-from appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
-from configsync import exchange
-from mate_link import messages as mate
-from mate_link.secure import SecureChannel
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.mqtt.codec import PacketReader, decode_packet, parse_fixed_header
+from pairmq.appliance.mqtt.properties import PropertyId, encode_properties
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, PacketType, encode_vbi
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.configsync import exchange
+from pairmq.mate_link import messages as mate
+from pairmq.mate_link.secure import SecureChannel
 
 SCALE = 16
 CALLS_SLACK = 1.25

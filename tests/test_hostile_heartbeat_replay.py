@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from appliance.quorum import wire
-from appliance.roles import Role
+from pairmq.appliance.quorum import wire
+from pairmq.appliance.roles import Role
 from tests import http_api
 from tests.group import Group
 from tests.test_forged_heartbeats import capture_heartbeats

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from appliance.roles import Role
-from mate_link.messages import Ping, Snapshot
-from mate_link.secure import ActiveHandshake, StandbyHandshake
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.messages import Ping, Snapshot
+from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
 from tests.test_mate_link_transport import End, port_of
 
 SECRET, GROUP = b"g" * 32, "plant-7"

@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from appliance.broker.access import AccessPolicy, hash_password
-from appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, hash_password
+from pairmq.appliance.roles import Role
 from tests.group import LOOPBACK, Group
 from tests.mqttraw import CONNACK, PORT, V5, Raw, encode_props, utf8
 

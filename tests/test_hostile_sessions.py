@@ -20,8 +20,8 @@ import uuid
 
 import pytest
 
-from appliance.broker.access import AccessPolicy, Action, Effect, Rule, hash_password
-from appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, Action, Effect, Rule, hash_password
+from pairmq.appliance.roles import Role
 from tests import config_api
 from tests.group import LOOPBACK, Group
 from tests.mqttraw import CONNACK, DISCONNECT, PORT, PUBACK, PUBLISH, V5, V311, Raw, encode_props, utf8

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from appliance.roles import Role
-from appliance.broker.access import AccessPolicy, Action, Effect, Rule
-from cli.hostlist import ClientError, HostListClient, PublishRefused, parse_hosts
+from pairmq.appliance.roles import Role
+from pairmq.appliance.broker.access import AccessPolicy, Action, Effect, Rule
+from pairmq.cli.hostlist import ClientError, HostListClient, PublishRefused, parse_hosts
 from tests.group import active_group
 from tests.http_api import hand_over
 
@@ -126,7 +126,7 @@ def test_pairmq_pub_and_sub_like_mosquitto(group):
     from tests.test_cli_commands import REPO, assert_one_sentence
 
     host_list = ",".join(reversed(hosts(group)))  # the standby first: both commands follow its server reference
-    cli = [sys.executable, "-m", "cli.main"]
+    cli = [sys.executable, "-m", "pairmq.cli.main"]
     sub = subprocess.Popen([*cli, "sub", "--hosts", host_list, "-t", "cli/#", "-v", "-C", "3", "-W", "20", "-q", "2"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     time.sleep(1.5)  # subscribed

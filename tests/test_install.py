@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.admin_credential import new_credential, read_admin, write_admin
-from appliance.roles import Role
-from cli import install
+from pairmq.appliance.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.roles import Role
+from pairmq.cli import install
 from tests.group import LOOPBACK, REPO
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
@@ -70,7 +70,7 @@ def source(tmp_path) -> Path:
 
 def pairmq_install(root: Path, source: Path, *extra: str, via: str = "pairmq", role: str = "primary",
                    user: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [str(REPO / "systemd/install.sh")] if via == "install.sh" else [sys.executable, "-m", "cli.main", "install"]
+    command = [str(REPO / "systemd/install.sh")] if via == "install.sh" else [sys.executable, "-m", "pairmq.cli.main", "install"]
     argv = [*(user or []), *command, "--role", role, "--group", str(source / "group.toml"),
             "--root", str(root), "--venv", "/opt/pairmq/venv", *extra]
     return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60)
@@ -218,7 +218,7 @@ def test_refusals_are_one_sentence_and_change_nothing(root, source):
     (source / "short").chmod(0o600)
     assert "is too short" in _refused(root, source, "--secret", str(source / "short"))
     assert "--venv /opt/nothing has no executable bin/pairmq" in _refused(root, source, "--venv", "/opt/nothing")
-    done = subprocess.run([sys.executable, "-m", "cli.main", "install", "--role", "monitor", "--group",
+    done = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "install", "--role", "monitor", "--group",
                            str(source / "group.toml"), "--root", "relative/root"], capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr.strip() == (
         "error: --root relative/root must be an existing directory, given as an absolute path")
@@ -262,7 +262,7 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
     tree = tmp_path / "pairmq-src"
     shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
                                                               ".pytest_cache", ".hypothesis", "local"))
-    command = [sys.executable, "-m", "cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
+    command = [sys.executable, "-m", "pairmq.cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
                "--root", str(root), "--package", str(tree)]
     failed = subprocess.run([*command, "--pip-option=--no-index"], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1, failed.stdout
@@ -320,7 +320,7 @@ def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, s
 
 
 def test_the_management_certificate_and_key_are_installed_beside_the_group_file(root, source):
-    from appliance.management_settings import make_self_signed
+    from pairmq.appliance.management_settings import make_self_signed
 
     make_self_signed(source / "management.pem", source / "management.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "o")
     (source / "group.toml").write_text(GROUP + '[management]\ncert_file = "management.pem"\nkey_file = "management.key"\n')

@@ -14,11 +14,11 @@ import ssl
 import pytest
 import uvloop
 
-from appliance.broker.access import AccessPolicy, hash_password
-from appliance.broker.authn import Authenticator
-from appliance.config import TlsConfig
-from appliance.mqtt.listener import MqttListener
-from appliance.tls import server_context
+from pairmq.appliance.broker.access import AccessPolicy, hash_password
+from pairmq.appliance.broker.authn import Authenticator
+from pairmq.appliance.config import TlsConfig
+from pairmq.appliance.mqtt.listener import MqttListener
+from pairmq.appliance.tls import server_context
 from tests.certs import make_pki
 from tests.test_mqtt_listener import Events, FlipGate
 

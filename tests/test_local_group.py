@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.render import redundancy_table
+from pairmq.cli.render import redundancy_table
 from tests.group import fixed_ports as shared_fixed_ports
 
 pytestmark = pytest.mark.processes
@@ -26,7 +26,7 @@ ADDRESSES = {"primary": "127.0.0.1", "backup": "127.0.0.2", "monitor": "127.0.0.
 
 def pairmq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "PAIRMQ_GROUP"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=environ)
 
 
@@ -89,8 +89,8 @@ def test_up_status_down(local_dir):
     # The embedded default lets anonymous clients in, explicitly: an access file on each routing node.
     assert "anonymous MQTT clients are allowed" in up.stderr
     # And an admin password for the management API, printed once, whose scrypt record is the admin file.
-    from appliance.admin_credential import read_admin
-    from appliance.broker.access import verify_password
+    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.broker.access import verify_password
 
     [password] = [line.rsplit(": ", 1)[1] for line in up.stderr.splitlines() if "admin password" in line]
     assert verify_password(read_admin(local_dir / "admin").record, password.encode())
@@ -200,7 +200,7 @@ def test_node_logs_one_line_per_record_and_exits_0_on_sigterm(local_dir):
     assert pairmq("init", "--dir", str(local_dir), "--name", "local", "--data-dir", "data").returncode == 0
     log_path = local_dir / "monitor.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "node", "--role", "monitor",
+        proc = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "node", "--role", "monitor",
                                  "--group", str(local_dir / "group.toml")], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=log, text=True)
     try:

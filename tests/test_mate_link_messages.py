@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.spool.chain import GENESIS, ChainPoint, LogEntry, chain
-from mate_link.messages import (
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint, LogEntry, chain
+from pairmq.mate_link.messages import (
     MAX_IMAGE_CHUNK_BYTES, MAX_OP_BYTES, Ack, Catchup, Image, ImageEnd, Join, MalformedMessage, Ops, Ping, Plan,
     Pong, Snapshot, decode, encode,
 )
-from mate_link.resync import plan_resync
+from pairmq.mate_link.resync import plan_resync
 
 u64 = st.integers(0, (1 << 64) - 1)
 points = st.builds(ChainPoint, u64, u64, st.binary(min_size=16, max_size=16))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.spool.chain import GENESIS, ChainPoint, chain
-from mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
-from mate_link.messages import Ack, Catchup, Ops, Ping, Plan, decode, encode
-from mate_link.resync import plan_resync
-from mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint, chain
+from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
+from pairmq.mate_link.messages import Ack, Catchup, Ops, Ping, Plan, decode, encode
+from pairmq.mate_link.resync import plan_resync
+from pairmq.mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
 
 EPOCH = 5
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.roles import Role
-from mate_link.secure import (
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.secure import (
     MAX_FRAME_BYTES, ActiveHandshake, HandshakeFailed, SecureChannel, StandbyHandshake, Stage, TamperedFrame,
 )
 

@@ -12,11 +12,11 @@ import functools
 import os
 from pathlib import Path
 
-from appliance.roles import Role
-from appliance.spool import ops as o
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter
-from mate_link.service import ActiveReplication, StandbyReplication
+from pairmq.appliance.roles import Role
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 from tests.test_spool_store import EVERY_OP, body
 
 SECRET, GROUP = os.urandom(32), "plant-7"
@@ -151,7 +151,7 @@ class Recorder:
 
 
 def broker_port(directory: Path):
-    from appliance.broker.service import BrokerService
+    from pairmq.appliance.broker.service import BrokerService
 
     return BrokerService(directory, epoch=lambda: 4)
 
@@ -160,8 +160,8 @@ def broker_port(directory: Path):
 async def test_a_puback_waits_for_the_standbys_ack_and_the_standby_can_take_over_the_session(tmp_path):
     """The release rule on a real broker service: nothing a client is told runs ahead of the standby's ack;
     the standby's spool then rebuilds the same session (what a takeover does)."""
-    from appliance.mqtt import codec
-    from appliance.mqtt.properties import PropertyId as P
+    from pairmq.appliance.mqtt import codec
+    from pairmq.appliance.mqtt.properties import PropertyId as P
 
     ap, sp = broker_port(tmp_path / "active"), broker_port(tmp_path / "standby")
     active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=ap, epoch=lambda: 4,
@@ -252,7 +252,7 @@ async def test_a_catch_up_runs_with_a_short_gil_switch_interval_then_the_usual_o
     behind, and whatever it was before once it caught up (here the test's own, set to tell them apart)."""
     import sys
 
-    from mate_link.service import CATCHUP_SWITCH_S
+    from pairmq.mate_link.service import CATCHUP_SWITCH_S
 
     usual = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
@@ -279,7 +279,7 @@ async def test_a_standby_stopped_in_the_middle_of_a_catch_up_leaves_the_usual_sw
     """A node that takes over stops its standby end, maybe mid catch-up: it must not serve at the short interval."""
     import sys
 
-    from mate_link.service import CATCHUP_SWITCH_S
+    from pairmq.mate_link.service import CATCHUP_SWITCH_S
 
     usual = sys.getswitchinterval()
     sys.setswitchinterval(0.004)

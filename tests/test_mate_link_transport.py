@@ -6,10 +6,10 @@ import asyncio
 import functools
 import os
 
-from appliance.roles import Role
-from mate_link.messages import Ack, Ping
-from mate_link.secure import ActiveHandshake, StandbyHandshake
-from mate_link.transport import LinkCounters, MateConnection
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.messages import Ack, Ping
+from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
+from pairmq.mate_link.transport import LinkCounters, MateConnection
 
 SECRET, GROUP = b"k" * 32, "plant-7"
 
@@ -131,7 +131,7 @@ async def test_a_byte_flipped_in_transit_closes_the_link():
 
 @in_a_loop
 async def test_a_fault_raised_by_the_receiver_closes_the_link_with_its_reason():
-    from mate_link.active import LinkFault
+    from pairmq.mate_link.active import LinkFault
 
     active, standby = active_end(), standby_end()
 

@@ -5,20 +5,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.errors import RemoteProtocolError
-from appliance.mqtt.codec import (
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.mqtt.codec import (
     DEFAULT_MAX_PACKET_SIZE, V311_RETURN_CODES, Connack, Connect, Disconnect,
     FixedHeader, PacketReader, PingReq, PingResp, Will, decode_connack,
     decode_connect, decode_disconnect, decode_packet, encode_packet,
     parse_fixed_header,
 )
-from appliance.mqtt.packets import Auth, Pubrel, Subscribe, Subscription
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.properties import (
+from pairmq.appliance.mqtt.packets import Auth, Pubrel, Subscribe, Subscription
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.properties import (
     PROPERTY_TABLE, WILL, DataType, PropertyId, decode_properties,
     encode_properties,
 )
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, Cursor, MalformedPacket, MqttError, PacketType,
     ProtocolError, ReasonCode, encode_utf8, encode_vbi, parse_vbi,
 )
@@ -339,7 +339,7 @@ def test_will_rules_shared_with_publish():
 
 
 def test_every_packet_class_names_its_type():
-    import appliance.mqtt as mqtt
+    import pairmq.appliance.mqtt as mqtt
     for name in mqtt.__all__:
         cls = getattr(mqtt, name)
         if isinstance(cls, type) and hasattr(cls, "encode") and name != "PublishTemplate":

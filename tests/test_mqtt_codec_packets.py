@@ -7,17 +7,17 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     Connect, Disconnect, PacketReader, PingReq, decode_packet, encode_packet,
     parse_fixed_header,
 )
-from appliance.mqtt.packets import (
+from pairmq.appliance.mqtt.packets import (
     Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe, Subscription,
     Unsuback, Unsubscribe, decode_ack, decode_auth, decode_suback,
     decode_subscribe, decode_unsuback, decode_unsubscribe,
 )
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, MalformedPacket, MqttError, PacketType, ProtocolError,
     ReasonCode, encode_vbi,
 )

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from appliance.mqtt.codec import Connect, PacketReader, encode_packet, parse_fixed_header
-from appliance.mqtt.publish import KEEP, Publish, PublishTemplate, decode_publish
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.codec import Connect, PacketReader, encode_packet, parse_fixed_header
+from pairmq.appliance.mqtt.publish import KEEP, Publish, PublishTemplate, decode_publish
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, MalformedPacket, MqttError, ProtocolError, ReasonCode,
     encode_utf8, encode_vbi,
 )

@@ -23,13 +23,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     Connack, Connect, Disconnect, PingReq, PingResp, decode_packet,
     parse_fixed_header,
 )
-from appliance.mqtt.listener import NOT_SUPPORTED_YET, MqttListener
-from appliance.mqtt.properties import PropertyId
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_vbi
+from pairmq.appliance.mqtt.listener import NOT_SUPPORTED_YET, MqttListener
+from pairmq.appliance.mqtt.properties import PropertyId
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_vbi
 
 HOST = "127.0.0.1"
 ACTIVE = "127.0.0.2:1883"
@@ -120,7 +120,7 @@ class Broker:
 
 @pytest.fixture
 def broker(caplog):
-    caplog.set_level(logging.WARNING, logger="appliance.mqtt")
+    caplog.set_level(logging.WARNING, logger="pairmq.appliance.mqtt")
     gate, events, loop = FlipGate(), Events(), LoopThread()
     listener = MqttListener(HOST, 0, gate, on_event=events, max_packet_size=MAX_PACKET,
                             connect_timeout_s=CONNECT_TIMEOUT_S)

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.service import BrokerService
-from appliance.mqtt.codec import Connack, Connect, Disconnect, PingReq, PingResp
-from appliance.mqtt.listener import MqttListener
-from appliance.mqtt.overload import OverloadLimits
-from appliance.mqtt.packets import Puback, Subscribe, Subscription
-from appliance.mqtt.properties import PropertyId
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode
+from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.mqtt.codec import Connack, Connect, Disconnect, PingReq, PingResp
+from pairmq.appliance.mqtt.listener import MqttListener
+from pairmq.appliance.mqtt.overload import OverloadLimits
+from pairmq.appliance.mqtt.packets import Puback, Subscribe, Subscription
+from pairmq.appliance.mqtt.properties import PropertyId
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode
 from tests.test_mqtt_listener import HOST, Events, FlipGate, LoopThread, Raw
 
 R = ReasonCode
@@ -111,7 +111,7 @@ async def storm(port: int, n: int, version_of=lambda i: MQTT_3_1_1) -> list[tupl
 
 
 def _connack(data: bytes, version: int) -> Connack | None:
-    from appliance.mqtt.codec import decode_packet, parse_fixed_header
+    from pairmq.appliance.mqtt.codec import decode_packet, parse_fixed_header
 
     header = parse_fixed_header(data)
     if header is None or len(data) < header.packet_size:

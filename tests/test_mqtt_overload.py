@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.mqtt.overload import OverloadLimits, WindowPolicy
+from pairmq.appliance.mqtt.overload import OverloadLimits, WindowPolicy
 
 LIM = OverloadLimits()
 

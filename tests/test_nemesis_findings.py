@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from bench.spoolfill import fill
 from tests.netns import hosts  # noqa: F401  (fixture)
 from tests.streams import finish, streams, wait_until

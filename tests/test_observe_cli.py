@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from appliance.roles import Role
-from cli import api
-from cli.events_cmd import line
+from pairmq.appliance.roles import Role
+from pairmq.cli import api
+from pairmq.cli.events_cmd import line
 from tests.group import REPO, Group, active_group
 from tests.http_api import hand_over
 
@@ -32,7 +32,7 @@ def env() -> dict:
 
 
 def pairmq(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args], capture_output=True, text=True, timeout=60,
                           cwd=REPO, env=env())
 
 
@@ -40,7 +40,7 @@ class Tail:
     """`pairmq events follow ...` running; its stdout lines arrive on a queue."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "events", "follow", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "events", "follow", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env())
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -141,7 +141,7 @@ def test_events_tail_follows_decisions_as_they_happen_and_stops_cleanly(tmp_path
 def test_show_redundancy_watch_redraws_in_a_terminal_until_ctrl_c(tmp_path):
     with active_group(tmp_path) as g:
         leader, follower = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "show", "redundancy", "--watch",
+        proc = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--watch",
                                  "--group", str(tmp_path / "group.toml")],
                                 stdin=follower, stdout=follower, stderr=follower, cwd=REPO,
                                 env={**env(), "COLUMNS": "160", "LINES": "40", "TERM": "xterm"})

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from appliance.decision_stream import MAX_STREAMS
-from appliance.quorum.auth import REASONS
-from appliance.roles import Role
-from cli import api
+from pairmq.appliance.decision_stream import MAX_STREAMS
+from pairmq.appliance.quorum.auth import REASONS
+from pairmq.appliance.roles import Role
+from pairmq.cli import api
 from tests.group import active_group
 from tests.http_api import get, hand_over, stream
 from tests.paho_clients import client

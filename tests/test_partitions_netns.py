@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from appliance.config import Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.roles import Role
 from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
 from tests.probe import double_service

@@ -3,9 +3,9 @@ deterministic simulator: every step also checks S1, S3 and epoch monotonicity.""
 
 import pytest
 
-from appliance.config import Timers
-from appliance.errors import LocalProtocolError
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.errors import LocalProtocolError
+from pairmq.appliance.roles import Role
 from tests.simulator import Simulation
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR

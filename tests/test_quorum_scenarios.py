@@ -6,9 +6,9 @@ epoch monotonicity after every step, so each test also proves those hold.
 
 import pytest
 
-from appliance.config import Timers
-from appliance.errors import LocalProtocolError
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.errors import LocalProtocolError
+from pairmq.appliance.roles import Role
 from tests.simulator import Simulation
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR

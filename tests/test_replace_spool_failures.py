@@ -12,12 +12,12 @@ These run on real SQLite spools and a real SnapshotBuilder; the failures are rea
 
 import pytest
 
-from appliance.broker.service import BrokerService
-from appliance.spool import ops as o
-from appliance.spool.codec import encode_op
-from appliance.spool.store import FILE_NAME, SpoolCorruption
-from appliance.spool.install import SnapshotBuilder
-from appliance.spool.snapshot import snapshot_ops
+from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.store import FILE_NAME, SpoolCorruption
+from pairmq.appliance.spool.install import SnapshotBuilder
+from pairmq.appliance.spool.snapshot import snapshot_ops
 from tests.test_spool_store import EVERY_OP, load, write
 
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from appliance.config import Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.roles import Role
 from bench.spoolfill import fill
 from tests.group import Group
 from tests.netns import hosts  # noqa: F401  (fixture)

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from appliance.config import Limits, Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Limits, Timers
+from pairmq.appliance.roles import Role
 from bench.spoolfill import fill
 from tests.group import REPO, Group
 
@@ -29,7 +29,7 @@ PAYLOAD_BYTES = 4096  # an image big enough (~440 MB) that the CLI, half a secon
 
 def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
     """{role: node view}; {} when no node answers yet (allowed only with `some_node_up=False`)."""
-    out = subprocess.run([sys.executable, "-m", "cli.main", "show", "redundancy", "--json",
+    out = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--json",
                           "--group", str(g.dir / "group.toml")], capture_output=True, text=True, cwd=REPO, timeout=30)
     if out.returncode != 0 and not some_node_up and "no node of group" in out.stderr:
         return {}

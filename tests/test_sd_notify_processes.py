@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests import paho_clients
 from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
@@ -271,7 +271,7 @@ def test_routing_node_works_inside_the_units_sandbox(tmp_path):
     with Group(tmp_path / "group") as g:
         g.start(B, M)
         log = open(g.dir / "primary.log", "ab")
-        argv = sandboxed(syscalls, "-m", "cli.main", "node", "--role", "primary", "--group", str(g.dir / "group.toml"))
+        argv = sandboxed(syscalls, "-m", "pairmq.cli.main", "node", "--role", "primary", "--group", str(g.dir / "group.toml"))
         g.procs[P] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
         g.wait_for("the sandboxed primary to take activity", lambda: g.probe_once()[P] == 0, timeout_s=30)
         g.wait_for("the backup to be in sync", g.backup_in_sync, timeout_s=30)

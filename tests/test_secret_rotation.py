@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from appliance.keyring import Keyring
-from appliance.node import management_token
-from appliance.roles import Role
+from pairmq.appliance.keyring import Keyring
+from pairmq.appliance.node import management_token
+from pairmq.appliance.roles import Role
 from tests.config_api import call, change
 from tests.group import REPO, active_group
 from tests.streams import Publisher, Subscriber, check
@@ -28,12 +28,12 @@ pytestmark = pytest.mark.processes
 
 
 def cli(g, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "cli.main", "secret", *args, "--group", str(g.dir / "group.toml")]
+    argv = [sys.executable, "-m", "pairmq.cli.main", "secret", *args, "--group", str(g.dir / "group.toml")]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
 def show_secret(g, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "cli.main", "show", "secret", *args, "--group", str(g.dir / "group.toml")]
+    argv = [sys.executable, "-m", "pairmq.cli.main", "show", "secret", *args, "--group", str(g.dir / "group.toml")]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
@@ -86,7 +86,7 @@ def dial_as_standby(g, port: int, ring: Keyring, purpose: str) -> str:
     """One handshake as the backup with `ring`'s send key: "closed" if the active refuses our HELLO."""
     import socket
 
-    from mate_link.secure import StandbyHandshake
+    from pairmq.mate_link.secure import StandbyHandshake
 
     handshake = StandbyHandshake(ring, g.config.name, B, os.urandom(32), purpose)
     with socket.create_connection((g.address(P), port), timeout=5) as s:
@@ -270,7 +270,7 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
             assert file_ring(g) == ring
             assert not (g.config.node(P).data_dir / "keyring.json").exists()
 
-        from appliance.keyring import wrap
+        from pairmq.appliance.keyring import wrap
         good = wrap(os.urandom(32), key_id=1, wrapping=ring, group="test", role="primary", nonce=os.urandom(12))
         tampered = dict(good, ciphertext=good["ciphertext"][:-2] + ("00" if good["ciphertext"][-2:] != "00" else "11"))
         cases = [
@@ -356,7 +356,7 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
 
 
 def test_secret_file_format_errors_are_one_sentence(tmp_path):
-    from appliance.errors import ConfigError
+    from pairmq.appliance.errors import ConfigError
 
     for text, words in [("", "is empty"), ("zz\n", "hex digits"), ("300:" + "ab" * 32, "key id '300'"),
                         ("1:" + "ab" * 32 + "\n1:" + "cd" * 32, "key id 1 twice"), ("abcd", "too short"),
@@ -374,7 +374,7 @@ def test_secret_file_format_errors_are_one_sentence(tmp_path):
 
 
 def test_startup_keyring_persisted_wins_unless_the_secret_file_is_newer(tmp_path):
-    from appliance.keyring import startup_keyring
+    from pairmq.appliance.keyring import startup_keyring
 
     a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
     state = tmp_path / "keyring.json"
@@ -391,7 +391,7 @@ def test_startup_keyring_persisted_wins_unless_the_secret_file_is_newer(tmp_path
 
 
 def test_a_wrapped_secret_opens_only_for_its_node_group_and_key_ids():
-    from appliance.keyring import BadWrap, unwrap, wrap
+    from pairmq.appliance.keyring import BadWrap, unwrap, wrap
 
     ring = Keyring({3: b"k" * 32}, 3)
     new = os.urandom(32)
@@ -409,7 +409,7 @@ def test_a_wrapped_secret_opens_only_for_its_node_group_and_key_ids():
 
 
 def test_handshake_names_its_key_id_and_the_active_accepts_any_key_it_holds():
-    from mate_link.secure import ActiveHandshake, HandshakeFailed, Stage, StandbyHandshake
+    from pairmq.mate_link.secure import ActiveHandshake, HandshakeFailed, Stage, StandbyHandshake
 
     old, new = b"o" * 32, b"n" * 32
 
@@ -437,7 +437,7 @@ def test_handshake_names_its_key_id_and_the_active_accepts_any_key_it_holds():
 
 
 def test_a_refusal_mid_step_stops_there_and_the_group_keeps_working(tmp_path):
-    from appliance.keyring import wrap
+    from pairmq.appliance.keyring import wrap
 
     with active_group(tmp_path / "group") as g:
         ring = file_ring(g)

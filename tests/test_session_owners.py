@@ -5,12 +5,12 @@ The live-group versions of these are in tests/test_hostile_sessions.py and tests
 
 from __future__ import annotations
 
-from appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
-from appliance.broker.login_throttle import LoginThrottle
-from appliance.mqtt import codec
-from appliance.mqtt.wire import ReasonCode as RC
-from appliance.spool import ops
-from appliance.spool.state import StateModel
+from pairmq.appliance.broker.core import BrokerCore, Close, Limits, Persist, Send, restore
+from pairmq.appliance.broker.login_throttle import LoginThrottle
+from pairmq.appliance.mqtt import codec
+from pairmq.appliance.mqtt.wire import ReasonCode as RC
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.state import StateModel
 
 NOW = 1_700_000_000_000
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.roles import Role
+from pairmq.appliance.roles import Role
 from tests.group import active_group
 
 pytestmark = pytest.mark.processes

@@ -21,15 +21,15 @@ import threading
 
 import pytest
 
-from appliance.roles import Role
-from appliance.spool import ops as o
-from appliance.spool.codec import encode_op
-from appliance.spool.install import SnapshotBuilder
+from pairmq.appliance.roles import Role
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.install import SnapshotBuilder
 from tests.group import LOOPBACK, REPO, active_group
 from tests.test_mate_link_service import Port, SECRET, GROUP, in_a_loop, stop, until, write
 from tests.test_spool_store import EVERY_OP, body
 
-from mate_link.service import ActiveReplication, StandbyReplication
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 
 INSTALLS = 20  # and as many cuts inside a snapshot: the nemesis saw 8 installs in 1.8 s
 

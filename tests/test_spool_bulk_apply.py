@@ -13,12 +13,12 @@ import sqlite3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.spool import ops as o
-from appliance.spool.chain import GENESIS, chain
-from appliance.spool.codec import encode_op
-from appliance.spool.sql import SqlApplier
-from appliance.spool.store import FILE_NAME, Spool, connect
-from appliance.spool.writer import SpoolWriter
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.sql import SqlApplier
+from pairmq.appliance.spool.store import FILE_NAME, Spool, connect
+from pairmq.appliance.spool.writer import SpoolWriter
 from tests.test_spool_store import EVERY_OP, body, load
 
 CLIENTS = ("a", "b", "gone")  # "gone" never has a session

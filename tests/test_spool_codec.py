@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.spool import ops as o
-from appliance.spool.chain import GENESIS, LogEntry, chain, checksum, verify_chain
-from appliance.spool.codec import FORMAT, MAX_INT, decode_op, decode_uints, encode_op, encode_uints
-from appliance.spool.errors import ChainError, OpCodecError
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, LogEntry, chain, checksum, verify_chain
+from pairmq.appliance.spool.codec import FORMAT, MAX_INT, decode_op, decode_uints, encode_op, encode_uints
+from pairmq.appliance.spool.errors import ChainError, OpCodecError
 
 KIND_STRATEGIES = {
     "int": st.one_of(st.integers(0, 300), st.integers(0, MAX_INT)),
@@ -161,7 +161,7 @@ def test_a_chain_verified_from_the_wrong_predecessor_is_refused():
 def test_a_value_encoded_again_gives_the_same_bytes(values):
     # codec._put_varint keeps the last large value's bytes (a read's PUBLISHes share one timestamp): a repeat, an
     # alternation and a run must all encode as the first time, and decode back.
-    from appliance.spool.codec import _put_varint, _varint
+    from pairmq.appliance.spool.codec import _put_varint, _varint
     for value in [v for v in values for _ in range(2)] + values:
         out = bytearray(b"\x01")
         _put_varint(out, value)

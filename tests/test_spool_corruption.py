@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from appliance.errors import SpoolCorruption
-from appliance.spool import ops as o
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter
+from pairmq.appliance.errors import SpoolCorruption
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
 
 MARKER = b"MARKER-only-in-the-op-log-"
 N_OPS = 40

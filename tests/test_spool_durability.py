@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from appliance.spool import ops as o
-from appliance.spool.errors import SpoolFull
-from appliance.spool.state import StateModel
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.errors import SpoolFull
+from pairmq.appliance.spool.state import StateModel
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
 
 from tests.tmpfs import small_disks
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = textwrap.dedent("""
     import sys, threading
-    from appliance.spool import ops as o
-    from appliance.spool.store import Spool
-    from appliance.spool.writer import SpoolWriter
+    from pairmq.appliance.spool import ops as o
+    from pairmq.appliance.spool.store import Spool
+    from pairmq.appliance.spool.writer import SpoolWriter
 
     directory, first_msg_id, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     writer = SpoolWriter(Spool.open(directory))

@@ -16,19 +16,19 @@ import sqlite3
 
 import pytest
 
-from appliance.spool import ops as o
-from appliance.spool.chain import ChainPoint, chain
-from appliance.spool.codec import encode_op
-from appliance.spool.image import (ImageReceiver, ImageRefused, SpoolImage, check_pages, image_dir, make_image,
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import ChainPoint, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.image import (ImageReceiver, ImageRefused, SpoolImage, check_pages, image_dir, make_image,
                                    read_chunks)
-from appliance.spool.store import FILE_NAME, Spool
-from appliance.spool.writer import SpoolWriter
-from appliance.errors import SpoolCorruption
-from appliance.roles import Role
-from mate_link.active import LinkFault
-from mate_link.messages import Catchup, Image, ImageEnd, Plan, Snapshot
-from mate_link.service import ActiveReplication, StandbyReplication
-from mate_link.standby import ImageChunk, ImageDone, StandbyLink
+from pairmq.appliance.spool.store import FILE_NAME, Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+from pairmq.appliance.errors import SpoolCorruption
+from pairmq.appliance.roles import Role
+from pairmq.mate_link.active import LinkFault
+from pairmq.mate_link.messages import Catchup, Image, ImageEnd, Plan, Snapshot
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
+from pairmq.mate_link.standby import ImageChunk, ImageDone, StandbyLink
 from tests.group import LOOPBACK
 from tests.test_mate_link_service import GROUP, SECRET, Port, state_of, stop, until, write
 from tests.test_spool_store import EVERY_OP, body, load
@@ -406,7 +406,7 @@ def page_size(directory) -> int:
 
 
 def test_an_image_carries_the_actives_page_size_and_an_existing_spool_keeps_its_own(tmp_path, monkeypatch):
-    from appliance.spool import sql
+    from pairmq.appliance.spool import sql
     monkeypatch.setattr(sql, "PAGE_SIZE", 4096)  # a standby whose spool predates the larger pages
     before = stale_standby(tmp_path)
     assert page_size(tmp_path / "standby") == 4096
@@ -424,6 +424,6 @@ def test_an_image_carries_the_actives_page_size_and_an_existing_spool_keeps_its_
 
 
 def test_a_new_spool_has_the_configured_page_size(tmp_path):
-    from appliance.spool import sql
+    from pairmq.appliance.spool import sql
     Spool.open(tmp_path / "s").close()
     assert page_size(tmp_path / "s") == sql.PAGE_SIZE

@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from appliance.spool.sql import _ROWS_PER_INSERT, insert_rows
+from pairmq.appliance.spool.sql import _ROWS_PER_INSERT, insert_rows
 
 
 def _table() -> sqlite3.Connection:

@@ -5,9 +5,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.spool import ops as o
-from appliance.spool.snapshot import snapshot_ops, snapshot_seq
-from appliance.spool.state import StateModel
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
+from pairmq.appliance.spool.state import StateModel
 from tests.test_spool_store import EVERY_OP, RANDOM_OP, body, model_of
 
 
@@ -80,11 +80,11 @@ def test_any_history_survives_a_snapshot(submissions):
 
 def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_log(tmp_path):
     """The standby's full resync on real files: build beside, swap in, then live ops chain on."""
-    from appliance.spool.chain import chain
-    from appliance.spool.codec import encode_op
-    from appliance.spool.install import SnapshotBuilder
-    from appliance.spool.store import Spool
-    from appliance.spool.writer import SpoolWriter
+    from pairmq.appliance.spool.chain import chain
+    from pairmq.appliance.spool.codec import encode_op
+    from pairmq.appliance.spool.install import SnapshotBuilder
+    from pairmq.appliance.spool.store import Spool
+    from pairmq.appliance.spool.writer import SpoolWriter
     from tests.test_spool_store import load, write
 
     write(tmp_path / "active", EVERY_OP, epoch=4)
@@ -112,9 +112,9 @@ def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_lo
 def test_a_malformed_snapshot_batch_is_refused_whole(tmp_path):
     import pytest
 
-    from appliance.spool.codec import encode_op
-    from appliance.spool.errors import OpCodecError
-    from appliance.spool.install import SnapshotBuilder
+    from pairmq.appliance.spool.codec import encode_op
+    from pairmq.appliance.spool.errors import OpCodecError
+    from pairmq.appliance.spool.install import SnapshotBuilder
 
     builder = SnapshotBuilder(tmp_path / "incoming")
     with pytest.raises(OpCodecError):
@@ -125,9 +125,9 @@ def test_a_malformed_snapshot_batch_is_refused_whole(tmp_path):
 
 
 def test_the_mate_links_taps_see_every_entry_in_seq_order_and_the_log_answers_points(tmp_path):
-    from appliance.spool.chain import GENESIS
-    from appliance.spool.store import Spool
-    from appliance.spool.writer import SpoolWriter
+    from pairmq.appliance.spool.chain import GENESIS
+    from pairmq.appliance.spool.store import Spool
+    from pairmq.appliance.spool.writer import SpoolWriter
 
     seen = []
     with Spool.open(tmp_path) as spool, SpoolWriter(spool) as writer:

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.spool import ops as o
-from appliance.spool.chain import GENESIS, verify_chain
-from appliance.spool.codec import encode_op
-from appliance.spool.errors import SpoolLocked
-from appliance.spool.state import QueueEntry, StateModel
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter, WriterLimits
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, verify_chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.errors import SpoolLocked
+from pairmq.appliance.spool.state import QueueEntry, StateModel
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
 
 def write(directory, submissions, epoch=1, limits=WriterLimits()):

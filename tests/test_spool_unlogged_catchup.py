@@ -18,11 +18,11 @@ import subprocess
 import sys
 import time
 
-from appliance.spool import ops as o
-from appliance.spool.chain import GENESIS, chain
-from appliance.spool.codec import encode_op
-from appliance.spool.store import FILE_NAME, Spool
-from appliance.spool.writer import SpoolWriter, WriterLimits
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.store import FILE_NAME, Spool
+from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 from tests.test_mate_link_service import state_of, stop, until, write
 from tests.test_spool_image import image_group
 from tests.test_spool_store import body, load

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from appliance.errors import LocalProtocolError
-from appliance.spool import ops as o
-from appliance.spool.chain import GENESIS, verify_chain
-from appliance.spool.codec import decode_op, encode_op
-from appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, SpoolFull
-from appliance.spool.state import StateModel
-from appliance.spool.store import Spool
-from appliance.spool.writer import SpoolWriter, WriterLimits
+from pairmq.appliance.errors import LocalProtocolError
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, verify_chain
+from pairmq.appliance.spool.codec import decode_op, encode_op
+from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, SpoolFull
+from pairmq.appliance.spool.state import StateModel
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.roles import Role
-from cli import api
+from pairmq.appliance.roles import Role
+from pairmq.cli import api
 from tests.group import active_group
 from tests.http_api import admin_basic, get, hand_over
 

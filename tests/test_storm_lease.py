@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from appliance.config import Timers
-from appliance.roles import Role
+from pairmq.appliance.config import Timers
+from pairmq.appliance.roles import Role
 from tests.group import REPO, Group
 
 P, B = Role.PRIMARY, Role.BACKUP

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from appliance.broker.retained import RetainedIndex
-from appliance.broker.topics import (
+from pairmq.appliance.broker.retained import RetainedIndex
+from pairmq.appliance.broker.topics import (
     Delivery, Match, SubscriptionIndex, TopicError, collapse_per_client,
     parse_shared, validate_topic_filter, validate_topic_name,
 )
-from appliance.errors import RemoteProtocolError
-from appliance.mqtt.wire import MqttError, ReasonCode
+from pairmq.appliance.errors import RemoteProtocolError
+from pairmq.appliance.mqtt.wire import MqttError, ReasonCode
 
 R = ReasonCode
 
@@ -585,7 +585,7 @@ def test_shared_answers_are_never_kept():
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    from appliance.broker import topics
+    from pairmq.appliance.broker import topics
     monkeypatch.setattr(topics, "MATCH_CACHE_TOPICS", 8)
     index = SubscriptionIndex()
     index.subscribe("c1", "#", Opts(qos=1))

@@ -8,9 +8,9 @@ import tomllib
 
 import pytest
 
-from appliance.config import VipConfig, parse_group, render_group
-from appliance.errors import ConfigError
-from appliance.roles import Role
+from pairmq.appliance.config import VipConfig, parse_group, render_group
+from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.roles import Role
 from tests.group import REPO
 
 P, B = Role.PRIMARY, Role.BACKUP
@@ -113,7 +113,7 @@ def test_vip_must_be_a_table():
 
 def test_a_node_refuses_to_start_with_a_bad_vip_table(tmp_path):
     (tmp_path / "group.toml").write_text(NODES + '[vip]\naddress = "10.77.0.1/24"\ninterface = "eth0"\n')
-    out = subprocess.run([sys.executable, "-m", "cli.main", "node", "--role", "primary",
+    out = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "node", "--role", "primary",
                           "--group", str(tmp_path / "group.toml")], capture_output=True, text=True, cwd=REPO,
                          timeout=60)
     assert out.returncode != 0

@@ -30,8 +30,8 @@ import time
 import pytest
 from pyroute2 import IPRoute
 
-from appliance.config import Timers, VipConfig
-from appliance.roles import Role
+from pairmq.appliance.config import Timers, VipConfig
+from pairmq.appliance.roles import Role
 from tests.group import REPO, Group
 from tests.netns import hosts  # noqa: F401  (fixture)
 
@@ -279,7 +279,7 @@ def test_a_handover_moves_the_vip_without_overlap(group, hosts, how):  # noqa: F
             group.signal(P, signal.SIGTERM)
             assert group.procs.pop(P).wait(20) == 0, group.logs_tail(20)
         else:
-            out = hosts.run("client", [sys.executable, "-m", "cli.main", "redundancy", "release-activity",
+            out = hosts.run("client", [sys.executable, "-m", "pairmq.cli.main", "redundancy", "release-activity",
                                        "--group", str(group.dir / "group.toml")],
                             capture_output=True, text=True, cwd=REPO, timeout=30)
             assert out.returncode == 0, out.stderr + group.logs_tail(20)
@@ -355,7 +355,7 @@ def test_vip_failures_are_one_sentence_and_the_broker_still_serves(hosts, tmp_pa
 
 
 def show_redundancy(group: Group, hosts) -> dict[Role, dict]:  # noqa: F811
-    out = hosts.run("client", [sys.executable, "-m", "cli.main", "show", "redundancy", "--json",
+    out = hosts.run("client", [sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--json",
                                "--group", str(group.dir / "group.toml")], capture_output=True, text=True, cwd=REPO,
                     timeout=30)
     assert out.returncode == 0, out.stderr
@@ -368,10 +368,10 @@ def host_holds(hosts, host: str) -> bool:  # noqa: F811
 
 
 def test_release_command_removes_a_leftover_vip(hosts, tmp_path):  # noqa: F811
-    """`python -m appliance.vip release` (systemd's ExecStopPost) removes what a killed node left."""
+    """`python -m pairmq.appliance.vip release` (systemd's ExecStopPost) removes what a killed node left."""
     addresses = {r: hosts.address(r.value) for r in Role}
     group = Group(tmp_path / "group", addresses, hosts=hosts, vip=VIP_CONFIG)  # the file only: no node runs
-    argv = [sys.executable, "-m", "appliance.vip", "release", "--role", "primary",
+    argv = [sys.executable, "-m", "pairmq.appliance.vip", "release", "--role", "primary",
             "--group", str(group.dir / "group.toml")]
     hosts.run("primary", ["ip", "addr", "add", f"{VIP}/24", "dev", "eth0"], check=True)
     assert host_holds(hosts, "primary")
@@ -388,7 +388,7 @@ def test_release_command_removes_a_leftover_vip(hosts, tmp_path):  # noqa: F811
 def test_mqtt_over_tls_through_the_vip(hosts, tmp_path):  # noqa: F811
     """With [tls], port 8883 answers on the VIP too: mosquitto_pub in the client host verifies the VIP
     (an IP SAN of the certificate) and gets its QoS 1 publish acknowledged by the active."""
-    from appliance.config import TlsConfig
+    from pairmq.appliance.config import TlsConfig
     from tests.certs import make_pki
 
     pki = make_pki(tmp_path / "pki", (VIP, hosts.address("primary"), hosts.address("backup")))

@@ -4,7 +4,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from cli.render import vip_table
+from pairmq.cli.render import vip_table
 
 NO_CAP = "cannot add virtual IP 10.0.0.100/24 on eth0: operation not permitted (the node needs CAP_NET_ADMIN)"
 

@@ -57,8 +57,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from appliance.broker.retained import RetainedIndex, descend_creating
-from appliance.mqtt.wire import STRING_MAX_BYTES, MqttError, ReasonCode
+from pairmq.appliance.broker.retained import RetainedIndex, descend_creating
+from pairmq.appliance.mqtt.wire import STRING_MAX_BYTES, MqttError, ReasonCode
 
 __all__ = [
     "SHARE_PREFIX", "Delivery", "DeliveryOptions", "Match", "RetainedIndex",

@@ -8,18 +8,18 @@ the listener from its module (`appliance.mqtt.listener`) so that codec users
 never pull in asyncio.
 """
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     DEFAULT_MAX_PACKET_SIZE, Connack, Connect, Disconnect, FixedHeader, Packet,
     PacketReader, PingReq, PingResp, Will, decode_packet, encode_packet,
     parse_fixed_header,
 )
-from appliance.mqtt.packets import (
+from pairmq.appliance.mqtt.packets import (
     Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe, Subscription,
     Unsuback, Unsubscribe,
 )
-from appliance.mqtt.properties import WILL, PropertyId
-from appliance.mqtt.publish import KEEP, Publish, PublishTemplate
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.properties import WILL, PropertyId
+from pairmq.appliance.mqtt.publish import KEEP, Publish, PublishTemplate
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, MalformedPacket, MqttError, PacketType, ProtocolError,
     ReasonCode,
 )

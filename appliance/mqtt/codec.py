@@ -52,18 +52,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from appliance.mqtt.packets import (
+from pairmq.appliance.mqtt.packets import (
     ACK_CLASSES, Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
     Subscription, Unsuback, Unsubscribe, decode_ack, decode_auth, decode_suback,
     decode_subscribe, decode_unsuback, decode_unsubscribe,
 )
-from appliance.mqtt.properties import (
+from pairmq.appliance.mqtt.properties import (
     WILL, Properties, PropertyId, decode_properties, encode_properties,
 )
-from appliance.mqtt.publish import (
+from pairmq.appliance.mqtt.publish import (
     Publish, PublishTemplate, check_response_topic, decode_publish,
 )
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, SUPPORTED_VERSIONS, VBI_MAX, Cursor, MqttError,
     PacketType, ProtocolError, ReasonCode, check_topic_name, check_version,
     encode_binary, encode_u8, encode_u16, encode_utf8, fixed_header, is_utf8,

@@ -20,19 +20,19 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, V311_RETURN_CODES, Connack, Connect, Disconnect,
     Packet, PacketReader, PingReq, PingResp, encode_packet,
 )
-from appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
-from appliance.mqtt.properties import PropertyId
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
+from pairmq.appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
+from pairmq.appliance.mqtt.properties import PropertyId
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
 
 if TYPE_CHECKING:
-    from appliance.mqtt.listener import MqttListener
+    from pairmq.appliance.mqtt.listener import MqttListener
 
-log = logging.getLogger("appliance.mqtt.listener")
+log = logging.getLogger("pairmq.appliance.mqtt.listener")
 
 REASON_STRING_MAX_CHARS = 200
 NOT_SUPPORTED_YET = "not supported by this node yet"

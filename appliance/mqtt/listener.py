@@ -73,17 +73,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from appliance.mqtt.codec import (
+from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
-from appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
-from appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
-from appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
-from appliance.mqtt.publish import Publish
-from appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
+from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
+from pairmq.appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
+from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
+from pairmq.appliance.mqtt.publish import Publish
+from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
 
 if TYPE_CHECKING:
-    from appliance.broker.service import BrokerService
+    from pairmq.appliance.broker.service import BrokerService
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class MqttListener:
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
         if ssl is not None:
-            from appliance.tls import report_handshake_failures
+            from pairmq.appliance.tls import report_handshake_failures
 
             report_handshake_failures(ssl, self._tls_handshake_failed)
         self._gate = gate

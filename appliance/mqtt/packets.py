@@ -33,11 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from appliance.frozen import fast_init
-from appliance.mqtt.properties import (
+from pairmq.appliance.frozen import fast_init
+from pairmq.appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties,
 )
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, Cursor, PacketType, ReasonCode, check_version,
     encode_u16, encode_utf8, fixed_header, malformed, protocol_error,
 )

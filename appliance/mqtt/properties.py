@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.wire import (
     VBI_MAX, Cursor, PacketType, ReasonCode, encode_binary, encode_u8, encode_u16,
     encode_u32, encode_utf8, encode_vbi, malformed, protocol_error,
 )

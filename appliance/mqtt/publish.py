@@ -29,11 +29,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from appliance.frozen import fast_init
-from appliance.mqtt.properties import (
+from pairmq.appliance.frozen import fast_init
+from pairmq.appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties, encode_property,
 )
-from appliance.mqtt.wire import (
+from pairmq.appliance.mqtt.wire import (
     MQTT_3_1_1, MQTT_5, VBI_MAX, Cursor, PacketType, ProtocolError, ReasonCode,
     check_version, encode_utf8, encode_vbi, is_utf8, malformed, protocol_error,
 )

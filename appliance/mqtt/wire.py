@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import struct
 
-from appliance.errors import RemoteProtocolError
+from pairmq.appliance.errors import RemoteProtocolError
 
 MQTT_3_1_1 = 4
 MQTT_5 = 5
