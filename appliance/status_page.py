@@ -30,7 +30,7 @@ from .roles import Role
 
 PEER_TIMEOUT_S = 0.8
 GROUP_CACHE_S = 0.5
-STATIC = resources.files("appliance") / "static"
+STATIC = resources.files("pairmq.appliance") / "static"
 STATIC_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
 
 

@@ -277,7 +277,7 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
     assert built.returncode == 0, built.stderr
     assert f"built: /opt/pairmq/venv with {tree}" in built.stdout.splitlines()
     venv = root / "opt/pairmq/venv"
-    installed = subprocess.run([str(venv / "bin/python"), "-c", "import appliance.config as c; print(c.__file__)"],
+    installed = subprocess.run([str(venv / "bin/python"), "-c", "import pairmq.appliance.config as c; print(c.__file__)"],
                                capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert installed.stdout.startswith(str(venv / "lib")), installed  # a copy in the venv, not this work tree
     assert os.access(venv / "bin/pairmq", os.X_OK)

@@ -67,7 +67,7 @@ class Node:
 
 @pytest.fixture(params=["asyncio", "uvloop"])
 def node_factory(request, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="appliance")
+    caplog.set_level(logging.WARNING, logger="pairmq.appliance")
     made: list[Node] = []
 
     def make(**kw) -> Node:
