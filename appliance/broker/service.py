@@ -159,6 +159,11 @@ class BrokerService:
         self.execute(self.core.connect(conn_id, packet, wall_ms(), username=username))
         return conn_id
 
+    def client_id(self, conn_id: int) -> str | None:
+        """The client id the core gave `conn_id` (assigned when its CONNECT had none); None once it is gone."""
+        conn = self.core.connections.get(conn_id)
+        return conn.client_id if conn is not None else None
+
     def packet(self, conn_id: int, packet) -> asyncio.Future | None:
         """Run the packet's effects. Returns a future that resolves once those waiting for a commit have run,
         or None when nothing waits: the listener's in-flight window counts the packet until then."""

@@ -1,15 +1,15 @@
-"""One client connection as an asyncio Protocol; the rules it follows are in listener.py's docstring.
+"""One client connection as an asyncio Protocol: reads, writes and timers around an MqttSession (session.py).
 
-Theory of operation: `data_received` feeds the PacketReader and handles
-whole packets until the reader runs dry or reading is paused. Reading is
-paused for any of four reasons (bits of `_paused`): the CONNECT waits in the
-listener's queue, the in-flight window is full, our output to the client
-backs up, or this callback has used its PACKETS_PER_TURN. Packets already buffered stay in the reader until every reason is
-gone. One timer handle per connection serves the connect timeout and the
-keep alive (it is re-armed lazily from the time of the last read, not per
-packet); a second one exists only while output is stalled or a close is in
-progress. Output goes through `_write`, which the listener flushes once per
-loop turn.
+Theory of operation: `data_received` feeds the session and hands its packets
+on (a CONNECT to the listener's queue, the rest to the broker) until it has
+none or reading is paused. Reading is paused for any of the reasons in
+`_paused`; packets already buffered stay in the session until every reason
+is gone. One timer handle serves the session's deadline (connect timeout,
+keep alive), re-armed only when the session's phase changes or it fires; a
+second one exists only while output is stalled or a close is in progress.
+After every call into the session, `_transmit` queues what it wrote and
+closes the transport once it is closing. Output goes through `_write`, which
+the listener flushes once per loop turn.
 """
 
 from __future__ import annotations
@@ -20,23 +20,17 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from pairmq.appliance.mqtt.codec import (
-    CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, V311_RETURN_CODES, Connack, Connect, Disconnect,
-    Packet, PacketReader, PingReq, PingResp, encode_packet,
-)
+from pairmq.appliance.mqtt.codec import Connect, Disconnect, Packet
 from pairmq.appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
-from pairmq.appliance.mqtt.properties import PropertyId
 from pairmq.appliance.mqtt.publish import Publish
-from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
+from pairmq.appliance.mqtt.session import HANDLED, NOT_SUPPORTED_YET, MqttSession  # noqa: F401  (re-exported)
+from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
     from pairmq.appliance.mqtt.listener import MqttListener
 
 log = logging.getLogger("pairmq.appliance.mqtt.listener")
 
-REASON_STRING_MAX_CHARS = 200
-NOT_SUPPORTED_YET = "not supported by this node yet"
-WILL_TOPIC_RESERVED = "will topics starting with $ are reserved"
 _WINDOWED = frozenset((Publish, Subscribe, Unsubscribe))
 
 # Why reading is paused (bits of MqttConnection._paused).
@@ -46,105 +40,131 @@ _OUTPUT = 4
 _TURN = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
 _HANDOVER = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
 _MATE = 32  # a publisher held while the mate link's backlog is over max_lag (overload.MateBackpressure)
-# One 256 KiB read holds ~2,500 small PUBLISHes (~40 ms of work): other clients, timers and heartbeats get the loop
-# back after this many.
+# One 256 KiB read holds ~2,500 small PUBLISHes: other clients, timers and heartbeats get the loop back after this many.
 PACKETS_PER_TURN = 256
+
+
+def _new_client_id() -> str:
+    return "pairmq-" + secrets.token_hex(8)
 
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_l", "_loop", "transport", "_packets", "peer", "accepted", "connacked", "accepted_at", "closing", "close_reason",
-        "client_id", "keep_alive_s", "peer_max_packet_size", "conn_id", "inflight", "username", "_paused", "_out", "_written",
-        "_timer", "_last_read", "_aux_timer", "_stall_mark", "_closed_emitted", "_gate_ok", "_preauth_addr", "_held")
+        "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
+        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
         self._loop = listener._loop
         self.transport: asyncio.Transport | None = None
-        preauth = listener.budget.limits
-        self._packets = PacketReader(max_packet_size=listener.max_packet_size,
-                                     max_connect_size=preauth.max_connect_bytes,
-                                     max_connect_properties=preauth.max_connect_properties)
+        self.session: MqttSession | None = None  # from connection_made
         self.peer = "?"
-        self.accepted = False
-        self.connacked = False  # a CONNACK went out: a refusal from here on is a DISCONNECT, before it a CONNACK
         self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
-        self.closing = False
-        self.close_reason = ""
-        self.client_id: str | None = None
-        self.username: str | None = None  # once accepted: config-sync drops a deleted user's clients
-        self.keep_alive_s = 0
-        self.peer_max_packet_size: int | None = None
         self.conn_id: int | None = None  # the broker's name for this connection once accepted
         self.inflight = 0  # windowed packets whose effects are not complete yet
         self._paused = 0
         self._out: list[bytes] | None = None
         self._written = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._last_read = 0.0
         self._aux_timer: asyncio.TimerHandle | None = None  # output stall or close abort
         self._stall_mark = 0
-        self._closed_emitted = False
-        self._gate_ok: bool | None = None  # the gate's answer for the read being handled (see _run)
+        self._shut = False  # the transport is closed or closing
         self._preauth_addr: str | None = None  # counted by the listener's PreAuthBudget until admitted or gone
         self._held = 0  # bytes buffered while pre-auth, as the budget counts them
 
+    # --- what the listener, the broker and the management API read --------------------------
+
     @property
     def protocol_version(self) -> int | None:
-        return self._packets.protocol_version
+        return self.session.protocol_version
+
+    @property
+    def accepted(self) -> bool:
+        return self.session.accepted
+
+    @property
+    def closing(self) -> bool:
+        return self.session.closing
+
+    @property
+    def close_reason(self) -> str:
+        return self.session.close_reason
+
+    @property
+    def client_id(self) -> str | None:
+        return self.session.client_id
+
+    @property
+    def username(self) -> str | None:
+        return self.session.username
+
+    @property
+    def keep_alive_s(self) -> int:
+        return self.session.keep_alive_s
+
+    def _now_ms(self) -> int:
+        return round(self._loop.time() * 1000)
 
     # --- transport callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         # No TCP_NODELAY here: asyncio and uvloop both set it on every TCP transport, and uvloop's
-        # get_extra_info("socket") alone costs ~25 us per connection in a storm.
+        # get_extra_info("socket") is costly per connection in a storm.
         peername = transport.get_extra_info("peername")
         self.peer = _format_peer(peername)
-        self._l.opened(self)
+        listener = self._l
+        preauth = listener.budget.limits
+        self.session = MqttSession(
+            self.peer, self._now_ms(), max_packet_size=listener.max_packet_size,
+            max_connect_bytes=preauth.max_connect_bytes, max_connect_properties=preauth.max_connect_properties,
+            connect_timeout_s=listener.connect_timeout_s, may_serve=listener.gate_allows,
+            server_reference=listener.server_reference, emit=listener.emit, new_client_id=_new_client_id,
+            open_session=self._open_in_broker if listener.broker is not None else None)
+        listener.opened(self)
         address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
-        why = self._l.budget.open(address)
+        why = listener.budget.open(address)
         if why is not None:
-            self._l.emit("connection_refused", {"peer": self.peer, "reason": why})
+            listener.emit("connection_refused", {"peer": self.peer, "reason": why})
             self.abort(f"refused before CONNECT: {why}")
             return
         self._preauth_addr = address
-        self._last_read = self._loop.time()
-        self._timer = self._loop.call_at(self._last_read + self._l.connect_timeout_s, self._on_timer)
+        self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        session = self.session
+        if session.closing:
             return
-        self._last_read = self._loop.time()
-        self._packets.feed(data)
+        session.receive_data(data, self._now_ms())
         self._run()
-        if self._preauth_addr is not None and not self.closing:
-            held = self._packets.buffered_bytes
+        if self._preauth_addr is not None and not session.closing:
+            held = session.buffered_bytes
             delta, self._held = held - self._held, held
             if not self._l.budget.hold(delta):
                 self.abort(f"pre-authentication buffers are full ({self._l.budget.limits.max_bytes} bytes in total)")
 
     def eof_received(self) -> bool:
-        self._close("peer closed the connection")
+        self.session.close("peer closed the connection")
+        self._transmit()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closing:
-            self.closing = True
-            self.close_reason = f"connection error: {exc}" if exc else "peer closed the connection"
+        session = self.session
+        session.close(f"connection error: {exc}" if exc else "peer closed the connection")
+        self._shut = True
         for timer in (self._timer, self._aux_timer):
             if timer is not None:
                 timer.cancel()
         self._out = None
         self._release_preauth()
-        if self.accepted:
+        if session.accepted:
             self._l.accepted_count -= 1
         self._l.closed(self)
         try:
             self.broker_lost()
         except Exception:
             log.exception("the broker failed on losing %s", self.peer)
-        self.emit_closed()
+        session.report_closed()
 
     def pause_writing(self) -> None:
         self._pause(_OUTPUT)
@@ -152,82 +172,60 @@ class MqttConnection(asyncio.Protocol):
         self._arm_aux(self._l.write_timeout_s, self._check_stall)
 
     def resume_writing(self) -> None:
-        if self._aux_timer is not None and not self.closing:
+        if self._aux_timer is not None and not self.session.closing:
             self._aux_timer.cancel()
             self._aux_timer = None
         self._resume(_OUTPUT)
 
-    # --- reading and handling ----------------------------------------------------------------
+    # --- reading and handing on --------------------------------------------------------------
 
     def _run(self) -> None:
-        """Handle buffered packets until none is left, or reading is paused."""
+        """Hand buffered packets on until none is left, or reading is paused."""
+        session = self.session
         try:
-            packets = self._packets
             budget = PACKETS_PER_TURN
-            # The gate is asked once per read, not per packet (~1 us each): one read's packets arrived together.
-            self._gate_ok = None
-            while not self.closing and not self._paused:
+            session.begin_turn()
+            while not session.closing and not self._paused:
                 if not budget:
                     self._pause(_TURN)
                     self._loop.call_soon(self._resume, _TURN)
-                    return
+                    break
                 budget -= 1
-                try:
-                    packet = packets.next_packet()
-                except MqttError as err:
-                    self._on_bad_packet(err)
-                    return
+                packet = session.next_event()
                 if packet is None:
-                    return
-                self._handle(packet)
+                    break
+                if packet is HANDLED:
+                    continue
+                if self.conn_id is None:
+                    self._connect_arrived(packet)
+                else:
+                    self._to_broker(packet)
+            self._transmit()
         except Exception:
             log.exception("MQTT connection %s failed", self.peer)
             self.abort("internal error")
 
-    def _ask_gate(self) -> bool:
-        self._gate_ok = ok = self._l.gate_allows()
-        return ok
+    def _connect_arrived(self, packet: Connect) -> None:
+        self._arm_timer()
+        self._pause(_CONNECTING)
+        self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
+        self._l.connect_arrived(self, packet)
 
-    def _handle(self, packet: Packet) -> None:
-        if self.conn_id is not None:
-            kind = type(packet)  # the codec makes exactly these classes (no subclasses): `is` tests
-            if kind is Disconnect:
-                self.broker_lost(packet)
-                self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
-            elif not (self._gate_ok if self._gate_ok is not None else self._ask_gate()):
-                self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN), "this node may no longer serve")
-            else:
-                pending = self._l.broker.packet(self.conn_id, packet)
-                if pending is not None and kind in _WINDOWED:
-                    self.inflight += 1
-                    pending.add_done_callback(self._completed)
-                    if self.inflight >= self._l.window:
-                        self._throttle()
-                if kind is Publish:
-                    self._l.messages_in += 1
-                    if packet.qos and self._l.hold_for_mate(self):
-                        self._pause(_MATE)
+    def _to_broker(self, packet: Packet) -> None:
+        kind = type(packet)
+        if kind is Disconnect:
+            self.broker_lost(packet)
             return
-        if isinstance(packet, Connect):
-            if self.accepted:  # the codec refuses a second CONNECT; this is a belt for the braces
-                self._answer_and_close(Disconnect(ReasonCode.PROTOCOL_ERROR), "a second CONNECT")
-                return
-            if self._timer is not None:
-                self._timer.cancel()
-            self._pause(_CONNECTING)
-            self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
-            self._l.connect_arrived(self, packet)
-        elif isinstance(packet, Disconnect):
-            self._close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
-        elif not self._l.gate_allows():
-            self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN), "this node may no longer serve")
-        elif isinstance(packet, PingReq):
-            self._send(PingResp())
-        else:
-            name = packet.packet_type.name
-            self._answer_and_close(
-                Disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, {PropertyId.REASON_STRING: NOT_SUPPORTED_YET}),
-                f"{name} is {NOT_SUPPORTED_YET}")
+        pending = self._l.broker.packet(self.conn_id, packet)
+        if pending is not None and kind in _WINDOWED:
+            self.inflight += 1
+            pending.add_done_callback(self._completed)
+            if self.inflight >= self._l.window:
+                self._throttle()
+        if kind is Publish:
+            self._l.messages_in += 1
+            if packet.qos and self._l.hold_for_mate(self):
+                self._pause(_MATE)
 
     # --- the in-flight window ----------------------------------------------------------------
 
@@ -251,7 +249,7 @@ class MqttConnection(asyncio.Protocol):
             self._resume(_WINDOW)
 
     def _pause(self, why: int) -> None:
-        if not self._paused and not self.closing:
+        if not self._paused and not self.session.closing:
             self.transport.pause_reading()
         self._paused |= why
 
@@ -259,7 +257,7 @@ class MqttConnection(asyncio.Protocol):
         if not self._paused & why:
             return
         self._paused &= ~why
-        if not self._paused and not self.closing:
+        if not self._paused and not self.session.closing:
             self.transport.resume_reading()
             self._run()  # what was read before the pause
 
@@ -267,62 +265,33 @@ class MqttConnection(asyncio.Protocol):
 
     def precheck(self, c: Connect) -> bool:
         """The checks before credentials; False when the CONNECT was refused."""
-        v5 = c.protocol_version == MQTT_5
-        if v5:
-            self.peer_max_packet_size = c.properties.get(PropertyId.MAXIMUM_PACKET_SIZE)  # type: ignore[assignment]
-        if not self._l.gate_allows():
-            reference = self._l.server_reference()
-            if v5 and reference:
-                self.refuse(c, ReasonCode.USE_ANOTHER_SERVER, f"not active; active is {reference}",
-                            {PropertyId.SERVER_REFERENCE: reference})
-            else:
-                self.refuse(c, ReasonCode.SERVER_UNAVAILABLE, "not active; active unknown")
-            return False
-        if not v5 and not c.client_id and not c.clean_start:
-            self.refuse(c, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty client id without clean session")
-            return False
-        if v5 and PropertyId.AUTHENTICATION_METHOD in c.properties:
-            self.refuse(c, ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
-            return False
-        if c.will is not None and c.will.topic.startswith("$"):
-            # A will is published for the client: the broker's rule for PUBLISH holds for it too.
-            if v5:
-                self.refuse(c, ReasonCode.TOPIC_NAME_INVALID, WILL_TOPIC_RESERVED)
-            else:
-                self._close(f"refused: {WILL_TOPIC_RESERVED}")  # 3.1.1 has no return code for it
-            return False
-        return True
+        ok = self.session.check_connect(c)
+        self._transmit()
+        return ok
 
     def admit(self, c: Connect) -> None:
-        """CONNACK success (from the broker, or here without one), then read the client's packets."""
-        self.keep_alive_s = c.keep_alive_s
+        """CONNACK success (from the broker, or the session without one), then read the client's packets."""
         self._release_preauth()
-        self.accepted = True  # before any write: a drop_clients from here on must DISCONNECT
         self.accepted_at = time.time()
-        self.username = c.username
         self._l.accepted_count += 1
-        broker = self._l.broker
-        if broker is not None:
-            self.conn_id = broker.connect(self, c, c.username)
-            core_conn = broker.core.connections.get(self.conn_id)
-            self.client_id = core_conn.client_id if core_conn else c.client_id
-        else:
-            self.client_id = c.client_id or "pairmq-" + secrets.token_hex(8)
-            props: dict[PropertyId, object] = {}
-            if c.protocol_version == MQTT_5:
-                props[PropertyId.MAXIMUM_PACKET_SIZE] = self._l.max_packet_size
-                if not c.client_id:
-                    props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = self.client_id
-            self._send(Connack(ReasonCode.SUCCESS, False, props))
-        self._l.emit("client_accepted", {
-            "client_id": self.client_id, "protocol_version": c.protocol_version, "peer": self.peer,
-            "keep_alive_s": c.keep_alive_s, "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
-        if self.closing:
+        self.session.accept(c, self._now_ms())
+        self._transmit()
+        if self.session.closing:
             return
-        self._last_read = self._loop.time()
-        if self.keep_alive_s:
-            self._timer = self._loop.call_at(self._last_read + 1.5 * self.keep_alive_s, self._on_timer)
+        self._arm_timer()
         self._resume(_CONNECTING)
+
+    def _open_in_broker(self, c: Connect) -> str | None:
+        broker = self._l.broker
+        self.conn_id = broker.connect(self, c, c.username)
+        return broker.client_id(self.conn_id)
+
+    def refuse_busy(self, c: Connect, why: str) -> None:
+        self.refuse(c, ReasonCode.SERVER_BUSY, why)
+
+    def refuse(self, c: Connect, reason: ReasonCode, why: str) -> None:
+        self.session.refuse(c, reason, why)
+        self._transmit()
 
     def _release_preauth(self) -> None:
         address, self._preauth_addr = self._preauth_addr, None
@@ -330,65 +299,28 @@ class MqttConnection(asyncio.Protocol):
             self._l.budget.close(address, self._held)
             self._held = 0
 
-    def refuse_busy(self, c: Connect, why: str) -> None:
-        self.refuse(c, ReasonCode.SERVER_BUSY, why)
-
-    def refuse(self, c: Connect, reason: ReasonCode, why: str, extra: dict[PropertyId, object] | None = None) -> None:
-        fields: dict[str, object] = {
-            "client_id": c.client_id, "protocol_version": c.protocol_version,
-            "peer": self.peer, "reason_code": int(reason), "reason": why}
-        if c.protocol_version == MQTT_3_1_1:
-            fields["return_code"] = V311_RETURN_CODES[reason]
-        else:
-            fields.update({k.name.lower(): v for k, v in (extra or {}).items()})
-        self.client_id = c.client_id or None
-        self._l.emit("client_refused", fields)
-        props = {PropertyId.REASON_STRING: why, **(extra or {})} if c.protocol_version == MQTT_5 else {}
-        self._send(Connack(reason, False, props), c.protocol_version)
-        self._close(f"refused 0x{reason:02X}: {why}")
-
-    def _on_bad_packet(self, err: MqttError) -> None:
-        version = err.protocol_version
-        self._l.emit("bad_packet", {
-            "peer": self.peer, "client_id": self.client_id, "protocol_version": version,
-            "reason_code": int(err.reason_code), "reason": err.message})
-        why = err.message[:REASON_STRING_MAX_CHARS]
-        if not self.accepted:
-            if err.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-                self._send(Connack(err.reason_code), MQTT_3_1_1)
-            elif version == MQTT_5:
-                code = err.reason_code if err.reason_code in CONNACK_REASON_CODES else ReasonCode.UNSPECIFIED_ERROR
-                self._send(Connack(code, False, {PropertyId.REASON_STRING: why}), MQTT_5)
-        elif version == MQTT_5:
-            code = err.reason_code if err.reason_code in DISCONNECT_REASON_CODES else ReasonCode.PROTOCOL_ERROR
-            self._send(Disconnect(code, {PropertyId.REASON_STRING: why}))
-        self._close(f"bad packet: {err.message}")
-
     # --- timers ------------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline_ms = self.session.get_timer()
+        if deadline_ms is not None:
+            self._timer = self._loop.call_at(deadline_ms / 1000, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self.closing:
+        if self.session.closing:
             return
         try:
-            self._timer_due()
+            self.session.handle_timer(self._now_ms(), unread=bool(self._paused))
+            self._transmit()
+            if not self.session.closing:
+                self._arm_timer()
         except Exception:
             log.exception("MQTT connection %s: timer failed", self.peer)
             self.abort("internal error")
-
-    def _timer_due(self) -> None:
-        if not self.accepted:
-            if not self._paused & _CONNECTING:
-                self._close(f"no CONNECT within {self._l.connect_timeout_s} s")
-            return
-        now = self._loop.time()
-        due = self._last_read + 1.5 * self.keep_alive_s
-        if self._paused or now < due:  # a client we do not read cannot be late
-            self._timer = self._loop.call_at(max(due, now + 1.5 * self.keep_alive_s) if self._paused else due,
-                                             self._on_timer)
-            return
-        self._answer_and_close(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT),
-                               f"no packet within 1.5 x keep alive {self.keep_alive_s} s")
 
     def _arm_aux(self, delay_s: float, callback) -> None:
         if self._aux_timer is not None:
@@ -400,7 +332,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _check_stall(self) -> None:
         self._aux_timer = None
-        if self.closing:
+        if self.session.closing:
             return
         sent = self._sent()
         if sent == self._stall_mark:
@@ -410,6 +342,14 @@ class MqttConnection(asyncio.Protocol):
             self._arm_aux(self._l.write_timeout_s, self._check_stall)
 
     # --- output and closing --------------------------------------------------------------------
+
+    def _transmit(self) -> None:
+        """What the session wrote goes out with this turn's output; a closing session closes the transport."""
+        session = self.session
+        for data in session.data_to_send():
+            self._write(data)
+        if session.closing and not self._shut:
+            self._shut_down()
 
     def _write(self, data: bytes) -> None:
         out = self._out
@@ -430,53 +370,52 @@ class MqttConnection(asyncio.Protocol):
             self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
             self.abort(f"more than {self._l.max_output_bytes} bytes wait for the client to read them")
 
-    def _send(self, packet: Packet, version: int | None = None) -> None:
-        if self.closing:
+    def _shut_down(self) -> None:
+        """Flush what is queued, then FIN; abort if that stalls."""
+        self._shut = True
+        self.flush()
+        if self.transport.is_closing():
             return
-        if type(packet) is Connack:
-            self.connacked = True
-        data = encode_packet(packet, version or self.protocol_version or MQTT_3_1_1,
-                             max_packet_size=self.peer_max_packet_size)
-        if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
-            self._write(data)
+        self.transport.close()
+        self._arm_aux(self._l.write_timeout_s, self.transport.abort)
 
-    def _answer_and_close(self, v5_answer: Disconnect, why: str) -> None:
-        if self.protocol_version == MQTT_5:
-            self._send(v5_answer)
-        self._close(why)
+    def abort(self, why: str) -> None:
+        self.session.close(why)
+        self.session.data_to_send()  # lost with the connection
+        self._shut = True
+        self._out = None
+        self.transport.abort()
 
     # --- the broker's side (BrokerService calls these) -----------------------------
 
     def send_nowait(self, packet: Packet) -> None:
-        if type(packet) is Puback and not packet.reason_code and not packet.properties and not self.closing:
-            # What `Puback.encode` makes in 3.1.1 and 5.0 (v5 omits reason 0 without properties), minus ~2 us a
-            # packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
-            if self.peer_max_packet_size is None or self.peer_max_packet_size >= 4:
+        session = self.session
+        if session.closing:
+            return
+        limit = session.peer_max_packet_size
+        if type(packet) is Puback and not packet.reason_code and not packet.properties:
+            # What `Puback.encode` makes in 3.1.1 and 5.0 (v5 omits reason 0 without properties), without the
+            # encoder's cost per packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
+            if limit is None or limit >= 4:
                 self._write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
             return
-        if type(packet) is Publish and not self.closing:
+        if type(packet) is Publish:
             self._l.messages_out += 1
-        if type(packet) is Publish and not packet.properties and not self.closing:
-            data = self._l.encode_plain_publish(packet, self.protocol_version)
-            if data is not None:
-                if self.peer_max_packet_size is None or len(data) <= self.peer_max_packet_size:
-                    self._write(data)
-                return  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
-        self._send(packet)
+            if not packet.properties:
+                data = self._l.encode_plain_publish(packet, session.protocol_version)
+                if data is not None:
+                    if limit is None or len(data) <= limit:
+                        self._write(data)
+                    return  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
+        session.send(packet)
+        self._transmit()
 
     def close_with(self, reason: int, why: str) -> None:
-        if self.closing:
+        if self.session.closing:
             return
-        if self.protocol_version == MQTT_5 and reason:
-            props = {PropertyId.REASON_STRING: why[:REASON_STRING_MAX_CHARS]} if why else {}
-            if not self.connacked and reason in CONNACK_REASON_CODES:
-                # Its CONNECT waited for a commit that failed (a full disk): a DISCONNECT before the CONNACK
-                # breaks the protocol (paho reports 0x80); the CONNACK carries the refusal instead.
-                self._send(Connack(ReasonCode(reason), False, props))
-            else:
-                self._send(Disconnect(ReasonCode(reason), props))
+        self.session.close_with(reason, why)
         self.conn_id = None  # the broker already knows
-        self._close(f"closed by the broker (0x{reason:02X}): {why}")
+        self._transmit()
 
     def broker_lost(self, disconnect: Disconnect | None = None) -> None:
         conn_id, self.conn_id = self.conn_id, None
@@ -492,40 +431,9 @@ class MqttConnection(asyncio.Protocol):
 
     def drop(self, reason: ReasonCode, server_reference: str | None) -> bool:
         """Called by drop_clients."""
-        if self.closing:
-            return False
-        if self.accepted and self.protocol_version == MQTT_5:
-            props = {PropertyId.SERVER_REFERENCE: server_reference} if server_reference else {}
-            self._send(Disconnect(reason, props))
-        self._close(f"dropped by this node (0x{reason:02X})")
-        return True
-
-    def _close(self, why: str) -> None:
-        """Flush what is queued, then FIN; abort if that stalls."""
-        if self.closing:
-            return
-        self.flush()
-        self.closing = True
-        self.close_reason = why
-        if self.transport.is_closing():
-            return
-        self.transport.close()
-        self._arm_aux(self._l.write_timeout_s, self.transport.abort)
-
-    def abort(self, why: str) -> None:
-        if not self.closing:
-            self.closing = True
-            self.close_reason = why
-        self._out = None
-        self.transport.abort()
-
-    def emit_closed(self) -> None:
-        if self._closed_emitted:
-            return
-        self._closed_emitted = True
-        self._l.emit("client_closed", {
-            "client_id": self.client_id, "protocol_version": self.protocol_version,
-            "peer": self.peer, "was_accepted": self.accepted, "reason": self.close_reason})
+        dropped = self.session.drop(reason, server_reference)
+        self._transmit()
+        return dropped
 
 
 def _format_peer(peername: object) -> str:
@@ -533,4 +441,3 @@ def _format_peer(peername: object) -> str:
         host, port = peername[0], peername[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(peername)
-

@@ -1,55 +1,35 @@
 """The MQTT listener: a thin asyncio adapter that the redundancy core gates.
 
-Rules:
+Rules (each connection's own are in session.py):
 
-- CONNECT with `gate.may_serve()` true: CONNACK success. v5: an empty client
-  id gets one (Assigned Client Identifier); our Maximum Packet Size is
-  advertised. 3.1.1: an empty client id without clean session is refused
-  (return code 2). v5 CONNECT with enhanced authentication: 0x8C. A will
-  topic starting with `$` (reserved, as for PUBLISH): v5 0x90, 3.1.1 close.
-- CONNECT with the gate false: v5 CONNACK 0x9C "Use another server" with
-  Server Reference when the gate knows the active, else 0x88 "Server
-  unavailable"; 3.1.1 return code 3. Then close.
 - Overload (DESIGN §5): a complete CONNECT joins a bounded queue
   (`connect_queue_size`), processed at most `connect_batch` and at most
   `connect_budget_ms` of work per loop turn (at least one), so a storm cannot
-  hold the loop for long; the socket is not read while its CONNECT waits. Queue full, or `max_connections` clients connected or
-  waiting: v5 CONNACK 0x89 "Server busy" with a reason string, 3.1.1 return
-  code 3, a "client_refused" event with the reason, and a counter. The
-  optional async credential check runs between the checks above and the
-  broker, at most `max_connect_checks` at once and within
+  hold the loop for long; the socket is not read while its CONNECT waits.
+  Queue full, or `max_connections` clients connected or waiting: v5 CONNACK
+  0x89 "Server busy" with a reason string, 3.1.1 return code 3, a
+  "client_refused" event with the reason, and a counter.
+- The optional async credential check runs between the session's CONNECT
+  checks and the broker, at most `max_connect_checks` at once and within
   `connect_timeout_s` (a timeout refuses with 0x88 / return code 3); it
-  answers None, or a CONNACK error code with or without a reason string,
-  and the gate is asked again after it (the check can take a while).
+  answers None, or a CONNACK error code with or without a reason string, and
+  the checks run again after it (the gate may have closed meanwhile).
 - TLS (`ssl`, the 8883 listener): asyncio runs the handshake (TLS >= 1.2 is
   the context's business). A handshake that fails at the TLS level (plain
   MQTT bytes, an old TLS version) is counted in `tls_handshake_failures`,
   reported as a "tls_handshake_failed" event and closed (asyncio would drop
   it silently: see `appliance.tls.report_handshake_failures`).
-- Every later packet asks the gate again first: a node resumed after SIGSTOP
-  must not serve one packet past its lease. False: v5 DISCONNECT 0x8B, 3.1.1
-  close. A client's DISCONNECT is simply honoured (nothing is sent).
 - In-flight window (overload.py): a client's PUBLISH/SUBSCRIBE/UNSUBSCRIBE
   whose effects wait for a spool commit count until the commit is done; while
   the count has reached the window its socket is not read. A client whose
   output passes the transport's high-water mark is not read either.
-- Without a broker (the front door alone): PINGREQ gets PINGRESP; any other
-  packet v5 DISCONNECT 0x83 "not supported by this node yet", 3.1.1 close.
-- Bad input (MqttError from the codec): while connecting, v5 CONNACK with the
-  error's reason code, 3.1.1/unknown a plain close, and an unsupported
-  protocol level a 3.1.1-format CONNACK return code 1; after CONNACK, v5
-  DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
-  CONNECT is answered with CONNACK, never DISCONNECT.)
 - Pre-auth budget (budget.py): a connection over the per-address or total
   cap of connections that have not finished CONNECT is closed unread at
   accept ("connection_refused" event); one whose buffered bytes pass the
   total pre-auth byte cap is aborted. The codec refuses a CONNECT over
   `max_connect_bytes` from its fixed header and one with too many properties
   (0x95), so nothing unauthenticated is buffered or decoded at length.
-- Timers (loop.call_at, none per packet): no complete CONNECT within
-  `connect_timeout_s`: close. Keep alive k > 0: no packet within 1.5 k: v5
-  DISCONNECT 0x8D, close (a client we stopped reading is not timed out).
-  Output that makes no progress for `write_timeout_s`, output past
+- Output that makes no progress for `write_timeout_s`, output past
   `max_output_bytes`, or a close that does not finish within
   `write_timeout_s`: abort.
 - A connection handles at most PACKETS_PER_TURN packets per loop turn; the
@@ -59,7 +39,6 @@ Rules:
 - Nothing the peer sends can raise out of here; a bug in this package or in
   the gate is logged with its traceback and the connection is closed (the
   gate failing counts as "may not serve").
-- Every connection ends with exactly one "client_closed" event.
 """
 
 from __future__ import annotations
@@ -77,7 +56,8 @@ from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
 from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
-from pairmq.appliance.mqtt.connection import NOT_SUPPORTED_YET, MqttConnection  # noqa: F401  (re-exported)
+from pairmq.appliance.mqtt.connection import MqttConnection
+from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-exported)
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
