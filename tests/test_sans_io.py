@@ -10,7 +10,7 @@ FORBIDDEN = {"asyncio", "socket", "time", "random", "sqlite3", "aiohttp", "threa
 CORES = [f"appliance/{name}" for name in (
     "quorum/wire.py", "quorum/auth.py", "quorum/core.py", "quorum/insync.py",
     "mqtt/wire.py", "mqtt/properties.py", "mqtt/codec.py", "mqtt/publish.py", "mqtt/packets.py", "mqtt/__init__.py",
-    "mqtt/overload.py", "mqtt/session.py",
+    "mqtt/overload.py", "mqtt/session.py", "mqtt/plain_publish.py",
     "broker/topics.py", "broker/retained.py", "broker/session.py", "broker/core.py", "broker/routing.py",
     "broker/access.py",
     "spool/ops.py", "spool/codec.py", "spool/chain.py", "spool/state.py", "spool/snapshot.py",

@@ -44,6 +44,10 @@ _MATE = 32  # a publisher held while the mate link's backlog is over max_lag (ov
 PACKETS_PER_TURN = 256
 
 
+def _of_session(name: str) -> property:
+    return property(lambda self: getattr(self.session, name), doc=f"The session's `{name}`.")
+
+
 def _new_client_id() -> str:
     return "pairmq-" + secrets.token_hex(8)
 
@@ -74,33 +78,13 @@ class MqttConnection(asyncio.Protocol):
 
     # --- what the listener, the broker and the management API read --------------------------
 
-    @property
-    def protocol_version(self) -> int | None:
-        return self.session.protocol_version
-
-    @property
-    def accepted(self) -> bool:
-        return self.session.accepted
-
-    @property
-    def closing(self) -> bool:
-        return self.session.closing
-
-    @property
-    def close_reason(self) -> str:
-        return self.session.close_reason
-
-    @property
-    def client_id(self) -> str | None:
-        return self.session.client_id
-
-    @property
-    def username(self) -> str | None:
-        return self.session.username
-
-    @property
-    def keep_alive_s(self) -> int:
-        return self.session.keep_alive_s
+    protocol_version = _of_session("protocol_version")
+    accepted = _of_session("accepted")
+    closing = _of_session("closing")
+    close_reason = _of_session("close_reason")
+    client_id = _of_session("client_id")
+    username = _of_session("username")  # config-sync drops a deleted user's clients
+    keep_alive_s = _of_session("keep_alive_s")
 
     def _now_ms(self) -> int:
         return round(self._loop.time() * 1000)
@@ -209,7 +193,7 @@ class MqttConnection(asyncio.Protocol):
         self._arm_timer()
         self._pause(_CONNECTING)
         self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
-        self._l.connect_arrived(self, packet)
+        self._l.connects.arrived(self, packet)
 
     def _to_broker(self, packet: Packet) -> None:
         kind = type(packet)

@@ -2,18 +2,8 @@
 
 Rules (each connection's own are in session.py):
 
-- Overload (DESIGN §5): a complete CONNECT joins a bounded queue
-  (`connect_queue_size`), processed at most `connect_batch` and at most
-  `connect_budget_ms` of work per loop turn (at least one), so a storm cannot
-  hold the loop for long; the socket is not read while its CONNECT waits.
-  Queue full, or `max_connections` clients connected or waiting: v5 CONNACK
-  0x89 "Server busy" with a reason string, 3.1.1 return code 3, a
-  "client_refused" event with the reason, and a counter.
-- The optional async credential check runs between the session's CONNECT
-  checks and the broker, at most `max_connect_checks` at once and within
-  `connect_timeout_s` (a timeout refuses with 0x88 / return code 3); it
-  answers None, or a CONNACK error code with or without a reason string, and
-  the checks run again after it (the gate may have closed meanwhile).
+- Overload (DESIGN §5): the CONNECT queue and credential checks are in
+  connects.py; the in-flight window and mate backpressure in overload.py.
 - TLS (`ssl`, the 8883 listener): asyncio runs the handshake (TLS >= 1.2 is
   the context's business). A handshake that fails at the TLS level (plain
   MQTT bytes, an old TLS version) is counted in `tls_handshake_failures`,
@@ -44,23 +34,21 @@ Rules (each connection's own are in session.py):
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import ssl as _ssl
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pairmq.appliance.mqtt.codec import (
-    CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
-)
+from pairmq.appliance.mqtt.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, PacketReader
 from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
 from pairmq.appliance.mqtt.connection import MqttConnection
+from pairmq.appliance.mqtt.connects import ConnectPipeline, CredentialCheck
 from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-exported)
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
-from pairmq.appliance.mqtt.publish import Publish
-from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_utf8, encode_vbi
+from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
+from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
     from pairmq.appliance.broker.service import BrokerService
@@ -75,8 +63,6 @@ LAG_SAMPLE_S = 0.05
 # A subscriber that stops reading is dropped once this much output waits for it (its QoS 1/2 messages stay
 # queued in its session; QoS 0 ones are lost with the connection): a few seconds of a fast stream, not 64 MiB.
 DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
-TOPIC_CACHE_MAX = 4096  # encoded topic fields kept for deliveries; cleared whole when full
-_PUBLISH_FIRST_BYTE = tuple(bytes([0x30 | flags]) for flags in range(16))
 
 
 class Gate(Protocol):
@@ -88,8 +74,6 @@ class Gate(Protocol):
 
 
 EventSink = Callable[[str, dict[str, object]], None]
-# (CONNECT, peer) -> None to go on, or a CONNACK reason code (e.g. 0x86, 0x87), alone or with a reason string.
-CredentialCheck = Callable[[Connect, str], Awaitable["int | tuple[int, str] | None"]]
 
 
 def now_ms() -> int:
@@ -129,16 +113,14 @@ class MqttListener:
         self.max_packet_size = max_packet_size
         self.connect_timeout_s = connect_timeout_s
         self.write_timeout_s = write_timeout_s
-        self.max_connections = max_connections
-        self.connect_queue_size = connect_queue_size
-        self.connect_batch = connect_batch
         if not connect_budget_ms > 0:
             raise ValueError(f"connect_budget_ms must be positive, got {connect_budget_ms!r}")
-        self.connect_budget_s = connect_budget_ms / 1000
-        self.max_connect_checks = max_connect_checks
+        self.connects = ConnectPipeline(
+            queue_size=connect_queue_size, batch=connect_batch, budget_s=connect_budget_ms / 1000,
+            max_checks=max_connect_checks, max_connections=max_connections, check=credential_check,
+            check_timeout_s=connect_timeout_s, accepted=lambda: self.accepted_count)
         self.max_output_bytes = max_output_bytes
         self.budget = PreAuthBudget(preauth)
-        self.credential_check = credential_check
         self._ssl = ssl
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
@@ -152,8 +134,6 @@ class MqttListener:
         self.policy = WindowPolicy(overload)
         self.window = self.policy.window  # read by every connection on every packet
         self.loop_lag_ms = 0.0
-        self.busy_refusals = 0  # CONNECT queue full
-        self.limit_refusals = 0  # max_connections reached
         self.output_overflows = 0  # connections dropped with more than max_output_bytes unread
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
         self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
@@ -165,11 +145,8 @@ class MqttListener:
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[MqttConnection] = set()
-        self._connects: collections.deque[tuple[MqttConnection, Connect]] = collections.deque()
-        self._connects_scheduled = False
-        self._checks_running = 0
         self._dirty: list[MqttConnection] = []
-        self._topic_fields: dict[str, bytes] = {}
+        self.encode_plain_publish = PlainPublishEncoder().encode  # shared by this listener's connections
         self._lag_timer: asyncio.TimerHandle | None = None
         self._all_closed: asyncio.Event | None = None
 
@@ -191,11 +168,11 @@ class MqttListener:
     def stats(self) -> dict[str, object]:
         """For the management API."""
         return {"clients": self.accepted_count, "connections": len(self._conns),
-                "connect_queue": len(self._connects), "connect_queue_size": self.connect_queue_size,
-                "max_connections": self.max_connections, "window": self.window,
+                "connect_queue": len(self.connects), "connect_queue_size": self.connects.queue_size,
+                "max_connections": self.connects.max_connections, "window": self.window,
                 "load": round(self.policy.load, 3), "loop_lag_ms": round(self.loop_lag_ms, 1),
                 "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
-                "busy_refusals": self.busy_refusals, "limit_refusals": self.limit_refusals,
+                "busy_refusals": self.connects.busy_refusals, "limit_refusals": self.connects.limit_refusals,
                 "messages_in": self.messages_in, "messages_out": self.messages_out,
                 "max_output_bytes": self.max_output_bytes, "output_overflows": self.output_overflows,
                 **self.budget.view()}
@@ -256,7 +233,7 @@ class MqttListener:
         if only is not None:
             return sum(conn.drop(ReasonCode(reason_code), None) for conn in list(self._conns)
                        if conn.accepted and only(conn))
-        self._connects.clear()  # their connections are in _conns and are closed below
+        self.connects.clear()  # their connections are in _conns and are closed below
         return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
 
     def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int) -> None:
@@ -314,102 +291,10 @@ class MqttListener:
         for conn in dirty:
             conn.flush()
 
-    def encode_plain_publish(self, packet: Publish, version: int | None) -> bytes | None:
-        """A PUBLISH without properties (the common delivery), byte for byte what `Publish.encode` makes, in a
-        fifth of the time: its topic field is encoded once (validated by the full encoder on first use) and
-        kept. None: not cached yet; use the full encoder."""
-        field = self._topic_fields.get(packet.topic)
-        if field is None:
-            packet.encode(version or MQTT_3_1_1)  # validates, and raises on our own bug as always
-            if len(self._topic_fields) >= TOPIC_CACHE_MAX:
-                self._topic_fields.clear()
-            self._topic_fields[packet.topic] = encode_utf8(packet.topic)
-            return None
-        qos = packet.qos
-        pid = packet.packet_id.to_bytes(2, "big") if qos else b""
-        props = b"\x00" if version == MQTT_5 else b""
-        payload = packet.payload
-        return b"".join((_PUBLISH_FIRST_BYTE[qos << 1 | packet.retain | packet.dup << 3],
-                         encode_vbi(len(field) + len(pid) + len(props) + len(payload)), field, pid, props, payload))
-
-    # --- the CONNECT pipeline ------------------------------------------------------------
-
-    def connect_arrived(self, conn: MqttConnection, packet: Connect) -> None:
-        """Queue a decoded CONNECT, or refuse it with "server busy" at once."""
-        waiting = len(self._connects) + self._checks_running
-        if len(self._connects) >= self.connect_queue_size:
-            self.busy_refusals += 1
-            conn.refuse_busy(packet, f"server busy: {len(self._connects)} CONNECTs waiting (limit "
-                                     f"{self.connect_queue_size}); retry later")
-            return
-        if self.accepted_count + waiting >= self.max_connections:
-            self.limit_refusals += 1
-            conn.refuse_busy(packet, f"server busy: connection limit {self.max_connections} reached")
-            return
-        self._connects.append((conn, packet))
-        self._schedule_connects()
-
-    def _schedule_connects(self) -> None:
-        if not self._connects_scheduled and self._connects:
-            self._connects_scheduled = True
-            self._loop.call_soon(self._process_connects)
-
     def _tls_handshake_failed(self, reason: str) -> None:
         self.tls_handshake_failures += 1
         self.last_tls_handshake_failure = reason
         self.emit("tls_handshake_failed", {"reason": reason[:200]})
-
-    def _process_connects(self) -> None:
-        self._connects_scheduled = False
-        queue = self._connects
-        clock = self._loop.time
-        deadline = clock() + self.connect_budget_s
-        for _ in range(self.connect_batch):
-            if not queue or self._checks_running >= self.max_connect_checks or clock() > deadline:
-                break
-            conn, packet = queue.popleft()
-            if conn.closing:
-                continue
-            try:
-                if conn.precheck(packet):
-                    if self.credential_check is None:
-                        conn.admit(packet)
-                    else:
-                        self._checks_running += 1
-                        self._loop.create_task(self._check(conn, packet))
-            except Exception:
-                log.exception("CONNECT from %s failed", conn.peer)
-                conn.abort("internal error")
-        self._schedule_connects()
-
-    async def _check(self, conn: MqttConnection, packet: Connect) -> None:
-        why = "credentials refused"
-        try:
-            verdict = await asyncio.wait_for(self.credential_check(packet, conn.peer), self.connect_timeout_s)
-        except TimeoutError:
-            verdict, why = ReasonCode.SERVER_UNAVAILABLE, f"no credential check answer within {self.connect_timeout_s} s"
-        except Exception:
-            log.exception("the credential check failed for %s", conn.peer)
-            verdict, why = ReasonCode.SERVER_UNAVAILABLE, "the credential check failed"
-        finally:
-            self._checks_running -= 1
-            self._schedule_connects()
-        if isinstance(verdict, tuple):
-            verdict, why = verdict
-        if verdict is not None and (verdict not in CONNACK_REASON_CODES or verdict < 0x80):
-            log.error("the credential check answered %r, not None or a CONNACK error code", verdict)
-            verdict, why = ReasonCode.UNSPECIFIED_ERROR, "the credential check failed"
-        if conn.closing:
-            return
-        try:
-            if verdict is None:
-                if conn.precheck(packet):  # the gate may have closed while the check ran
-                    conn.admit(packet)
-            else:
-                conn.refuse(packet, ReasonCode(verdict), why)
-        except Exception:
-            log.exception("CONNECT from %s failed", conn.peer)
-            conn.abort("internal error")
 
     # --- load and the in-flight window ----------------------------------------------------
 
