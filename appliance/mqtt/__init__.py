@@ -1,11 +1,13 @@
-"""PairMQ's MQTT front door: a sans-I/O codec and the asyncio listener.
+"""PairMQ's MQTT front door: a sans-I/O codec and session, and the asyncio listener.
 
 `codec` frames and decodes packets with no I/O (PUBLISH lives in `publish`,
-the acknowledgements, subscriptions and AUTH in `packets`); `listener` is the
-thin asyncio adapter that the redundancy core gates, with one `connection`
-Protocol per socket and the overload policy in `overload` (no I/O). Import
-the listener from its module (`appliance.mqtt.listener`) so that codec users
-never pull in asyncio.
+the acknowledgements, subscriptions and AUTH in `packets`); `session` is one
+connection's rules with no I/O (CONNECT checks, refusals, bad-packet answers,
+keep alive); `listener` is the thin asyncio adapter that the redundancy core
+gates, with one `connection` Protocol per socket around its session, the
+CONNECT queue in `connects` and the overload policy in `overload` (no I/O).
+Import the listener from its module (`appliance.mqtt.listener`) so that codec
+users never pull in asyncio.
 """
 
 from pairmq.appliance.mqtt.codec import (
