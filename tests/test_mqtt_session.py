@@ -324,3 +324,10 @@ def test_exactly_one_closed_event_with_the_first_reason():
     h.session.report_closed()
     assert h.events == [("client_closed", {"client_id": None, "protocol_version": None, "peer": "192.0.2.7:50000",
                                            "was_accepted": False, "reason": "peer closed the connection"})]
+
+
+def test_an_illegal_transition_raises_and_leaves_the_phase():
+    h = Harness()
+    with pytest.raises(AssertionError, match="await_connect -> accepted"):
+        h.session.accept(Connect(MQTT_5, "c"), T0)
+    assert h.session.phase is Phase.AWAIT_CONNECT and h.session.keep_alive_s == 0 and h.events == []

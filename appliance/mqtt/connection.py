@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from pairmq.appliance.mqtt.codec import Connect, Disconnect, Packet
 from pairmq.appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
 from pairmq.appliance.mqtt.publish import Publish
-from pairmq.appliance.mqtt.session import HANDLED, NOT_SUPPORTED_YET, MqttSession  # noqa: F401  (re-exported)
+from pairmq.appliance.mqtt.session import HANDLED, MqttSession
 from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:

@@ -45,7 +45,7 @@ read, so reading packets moves no timer.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, V311_RETURN_CODES, Connack, Connect, Disconnect,
@@ -70,6 +70,14 @@ class Phase(enum.Enum):
     AWAIT_CONNECT = "await_connect"  # nothing complete read yet; the connect timeout runs
     CONNECTING = "connecting"  # the CONNECT waits for the listener's checks; nothing more is read
     ACCEPTED = "accepted"  # CONNACK success is out (or the broker's to send)
+
+
+# The only moves; closing is a flag beside the phase (a close can come in any phase).
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.AWAIT_CONNECT: frozenset({Phase.CONNECTING}),
+    Phase.CONNECTING: frozenset({Phase.ACCEPTED}),
+    Phase.ACCEPTED: frozenset(),
+}
 
 
 class MqttSession:
@@ -205,8 +213,8 @@ class MqttSession:
 
     def accept(self, c: Connect, now_ms: int) -> None:
         """CONNACK success (from the broker, or here without one); the keep alive runs from now."""
+        self._enter(Phase.ACCEPTED)  # before any write: a drop from here on must DISCONNECT
         self.keep_alive_s = c.keep_alive_s
-        self.phase = Phase.ACCEPTED  # before any write: a drop from here on must DISCONNECT
         self.username = c.username
         if self._open_session is not None:
             given = self._open_session(c)
@@ -290,8 +298,12 @@ class MqttSession:
         if data is not None:  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
             self._to_send.append(data)
 
-    def data_to_send(self) -> list[bytes]:
-        out, self._to_send = self._to_send, []
+    def data_to_send(self) -> Sequence[bytes]:
+        """The bytes to write, in order."""
+        out = self._to_send
+        if not out:
+            return ()  # the usual case once accepted: nothing allocated
+        self._to_send = []
         return out
 
     def get_timer(self) -> int | None:
@@ -309,6 +321,11 @@ class MqttSession:
 
     # --- internals ---------------------------------------------------------------------------
 
+    def _enter(self, phase: Phase) -> None:
+        if phase not in TRANSITIONS[self.phase]:  # our own bug: the adapter aborts the connection
+            raise AssertionError(f"session {self.peer}: {self.phase.value} -> {phase.value} is not a transition")
+        self.phase = phase
+
     def _ask_gate(self) -> bool:
         self._gate_ok = ok = self._may_serve()
         return ok
@@ -319,7 +336,7 @@ class MqttSession:
             if self.accepted:  # the codec refuses a second CONNECT; this is a belt for the braces
                 self._answer_and_close(Disconnect(ReasonCode.PROTOCOL_ERROR), "a second CONNECT")
                 return False
-            self.phase = Phase.CONNECTING
+            self._enter(Phase.CONNECTING)
             self._deadline_ms = None  # the listener's checks have their own bounds
             return True
         if isinstance(packet, Disconnect):
