@@ -10,7 +10,9 @@ from pairmq.appliance.mqtt.codec import (
 from pairmq.appliance.mqtt.packets import Subscribe, Subscription
 from pairmq.appliance.mqtt.properties import PropertyId as P
 from pairmq.appliance.mqtt.publish import Publish
-from pairmq.appliance.mqtt.session import HANDLED, NOT_SUPPORTED_YET, WILL_TOPIC_RESERVED, MqttSession, Phase
+from pairmq.appliance.mqtt.session import (
+    HANDLED, NOT_SUPPORTED_YET, WILL_TOPIC_RESERVED, FrontDoor, MqttSession, Phase, SessionLimits,
+)
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode as R
 
 T0 = 1_000_000  # any monotonic instant, in ms
@@ -27,11 +29,12 @@ class Harness:
         self.gate_asks = 0
         self.events: list[tuple[str, dict]] = []
         self.opened: list[Connect] = []
-        self.session = MqttSession(
-            "192.0.2.7:50000", T0, max_packet_size=65536, max_connect_bytes=4096, max_connect_properties=64,
-            connect_timeout_s=CONNECT_TIMEOUT_S, may_serve=self._may_serve, server_reference=lambda: self.reference,
-            emit=lambda kind, fields: self.events.append((kind, fields)), new_client_id=lambda: "pairmq-assigned",
-            open_session=self._open if broker else None)
+        limits = SessionLimits(max_packet_size=65536, max_connect_bytes=4096, max_connect_properties=64,
+                               connect_timeout_s=CONNECT_TIMEOUT_S)
+        door = FrontDoor(may_serve=self._may_serve, server_reference=lambda: self.reference,
+                         emit=lambda kind, fields: self.events.append((kind, fields)),
+                         new_client_id=lambda: "pairmq-assigned")
+        self.session = MqttSession("192.0.2.7:50000", T0, limits, door, self._open if broker else None)
 
     def _may_serve(self) -> bool:
         self.gate_asks += 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from typing import TYPE_CHECKING
 
@@ -46,10 +45,6 @@ PACKETS_PER_TURN = 256
 
 def _of_session(name: str) -> property:
     return property(lambda self: getattr(self.session, name), doc=f"The session's `{name}`.")
-
-
-def _new_client_id() -> str:
-    return "pairmq-" + secrets.token_hex(8)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -98,13 +93,8 @@ class MqttConnection(asyncio.Protocol):
         peername = transport.get_extra_info("peername")
         self.peer = _format_peer(peername)
         listener = self._l
-        preauth = listener.budget.limits
-        self.session = MqttSession(
-            self.peer, self._now_ms(), max_packet_size=listener.max_packet_size,
-            max_connect_bytes=preauth.max_connect_bytes, max_connect_properties=preauth.max_connect_properties,
-            connect_timeout_s=listener.connect_timeout_s, may_serve=listener.gate_allows,
-            server_reference=listener.server_reference, emit=listener.emit, new_client_id=_new_client_id,
-            open_session=self._open_in_broker if listener.broker is not None else None)
+        self.session = MqttSession(self.peer, self._now_ms(), listener.session_limits, listener.front_door,
+                                   self._open_in_broker if listener.broker is not None else None)
         listener.opened(self)
         address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
         why = listener.budget.open(address)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -36,16 +37,20 @@ log = logging.getLogger("pairmq.appliance.mqtt.listener")
 CredentialCheck = Callable[[Connect, str], Awaitable["int | tuple[int, str] | None"]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConnectLimits:
+    queue_size: int
+    batch: int  # CONNECTs handled per loop turn at most
+    budget_s: float  # work per loop turn at most (at least one CONNECT)
+    max_checks: int  # credential checks running at once
+    max_connections: int  # clients connected or waiting
+    check_timeout_s: float
+
+
 class ConnectPipeline:
-    def __init__(self, *, queue_size: int, batch: int, budget_s: float, max_checks: int, max_connections: int,
-                 check: CredentialCheck | None, check_timeout_s: float, accepted: Callable[[], int]) -> None:
-        self.queue_size = queue_size
-        self.max_connections = max_connections
-        self._batch = batch
-        self._budget_s = budget_s
-        self._max_checks = max_checks
+    def __init__(self, limits: ConnectLimits, check: CredentialCheck | None, *, accepted: Callable[[], int]) -> None:
+        self.limits = limits
         self._check = check
-        self._check_timeout_s = check_timeout_s
         self._accepted = accepted  # clients with CONNACK success still connected
         self.busy_refusals = 0  # queue full
         self.limit_refusals = 0  # max_connections reached
@@ -62,15 +67,16 @@ class ConnectPipeline:
 
     def arrived(self, conn: MqttConnection, packet: Connect) -> None:
         """Queue a decoded CONNECT, or refuse it with "server busy" at once."""
+        limits = self.limits
         waiting = len(self._queue) + self._checks_running
-        if len(self._queue) >= self.queue_size:
+        if len(self._queue) >= limits.queue_size:
             self.busy_refusals += 1
             conn.refuse_busy(packet, f"server busy: {len(self._queue)} CONNECTs waiting (limit "
-                                     f"{self.queue_size}); retry later")
+                                     f"{limits.queue_size}); retry later")
             return
-        if self._accepted() + waiting >= self.max_connections:
+        if self._accepted() + waiting >= limits.max_connections:
             self.limit_refusals += 1
-            conn.refuse_busy(packet, f"server busy: connection limit {self.max_connections} reached")
+            conn.refuse_busy(packet, f"server busy: connection limit {limits.max_connections} reached")
             return
         self._queue.append((conn, packet))
         self._schedule()
@@ -82,11 +88,11 @@ class ConnectPipeline:
 
     def _process(self) -> None:
         self._scheduled = False
-        queue = self._queue
+        queue, limits = self._queue, self.limits
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._budget_s
-        for _ in range(self._batch):
-            if not queue or self._checks_running >= self._max_checks or loop.time() > deadline:
+        deadline = loop.time() + limits.budget_s
+        for _ in range(limits.batch):
+            if not queue or self._checks_running >= limits.max_checks or loop.time() > deadline:
                 break
             conn, packet = queue.popleft()
             if conn.closing:
@@ -105,10 +111,11 @@ class ConnectPipeline:
 
     async def _checked(self, conn: MqttConnection, packet: Connect) -> None:
         why = "credentials refused"
+        timeout_s = self.limits.check_timeout_s
         try:
-            verdict = await asyncio.wait_for(self._check(packet, conn.peer), self._check_timeout_s)
+            verdict = await asyncio.wait_for(self._check(packet, conn.peer), timeout_s)
         except TimeoutError:
-            verdict, why = ReasonCode.SERVER_UNAVAILABLE, f"no credential check answer within {self._check_timeout_s} s"
+            verdict, why = ReasonCode.SERVER_UNAVAILABLE, f"no credential check answer within {timeout_s} s"
         except Exception:
             log.exception("the credential check failed for %s", conn.peer)
             verdict, why = ReasonCode.SERVER_UNAVAILABLE, "the credential check failed"

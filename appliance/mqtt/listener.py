@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -44,8 +45,9 @@ from typing import TYPE_CHECKING, Protocol
 from pairmq.appliance.mqtt.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, PacketReader
 from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
 from pairmq.appliance.mqtt.connection import MqttConnection
-from pairmq.appliance.mqtt.connects import ConnectPipeline, CredentialCheck
+from pairmq.appliance.mqtt.connects import ConnectLimits, ConnectPipeline, CredentialCheck
 from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-exported)
+from pairmq.appliance.mqtt.session import FrontDoor, SessionLimits
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
 from pairmq.appliance.mqtt.wire import ReasonCode
@@ -78,6 +80,10 @@ EventSink = Callable[[str, dict[str, object]], None]
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _new_client_id() -> str:
+    return "pairmq-" + secrets.token_hex(8)
 
 
 class MqttListener:
@@ -115,12 +121,13 @@ class MqttListener:
         self.write_timeout_s = write_timeout_s
         if not connect_budget_ms > 0:
             raise ValueError(f"connect_budget_ms must be positive, got {connect_budget_ms!r}")
-        self.connects = ConnectPipeline(
+        self.connects = ConnectPipeline(ConnectLimits(
             queue_size=connect_queue_size, batch=connect_batch, budget_s=connect_budget_ms / 1000,
-            max_checks=max_connect_checks, max_connections=max_connections, check=credential_check,
-            check_timeout_s=connect_timeout_s, accepted=lambda: self.accepted_count)
+            max_checks=max_connect_checks, max_connections=max_connections, check_timeout_s=connect_timeout_s),
+            credential_check, accepted=lambda: self.accepted_count)
         self.max_output_bytes = max_output_bytes
         self.budget = PreAuthBudget(preauth)
+        self.session_limits = self._session_limits()
         self._ssl = ssl
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
@@ -130,6 +137,8 @@ class MqttListener:
             report_handshake_failures(ssl, self._tls_handshake_failed)
         self._gate = gate
         self._on_event = on_event
+        self.front_door = FrontDoor(may_serve=self.gate_allows, server_reference=self.server_reference, emit=self.emit,
+                                    new_client_id=_new_client_id)
         self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
         self.policy = WindowPolicy(overload)
         self.window = self.policy.window  # read by every connection on every packet
@@ -168,8 +177,8 @@ class MqttListener:
     def stats(self) -> dict[str, object]:
         """For the management API."""
         return {"clients": self.accepted_count, "connections": len(self._conns),
-                "connect_queue": len(self.connects), "connect_queue_size": self.connects.queue_size,
-                "max_connections": self.connects.max_connections, "window": self.window,
+                "connect_queue": len(self.connects), "connect_queue_size": self.connects.limits.queue_size,
+                "max_connections": self.connects.limits.max_connections, "window": self.window,
                 "load": round(self.policy.load, 3), "loop_lag_ms": round(self.loop_lag_ms, 1),
                 "throttled_clients": len(self.throttled), "throttle_events": self.throttle_events,
                 "busy_refusals": self.connects.busy_refusals, "limit_refusals": self.connects.limit_refusals,
@@ -239,7 +248,14 @@ class MqttListener:
     def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int) -> None:
         """New front-door limits (config-sync): for connections accepted from now on; output at once."""
         self.budget.limits = preauth
+        self.session_limits = self._session_limits()
         self.max_output_bytes = max_output_bytes
+
+    def _session_limits(self) -> SessionLimits:
+        preauth = self.budget.limits
+        return SessionLimits(max_packet_size=self.max_packet_size, max_connect_bytes=preauth.max_connect_bytes,
+                             max_connect_properties=preauth.max_connect_properties,
+                             connect_timeout_s=self.connect_timeout_s)
 
     def set_overload(self, overload: OverloadLimits) -> None:
         """New overload settings (config-sync): the window restarts from the new maximum."""

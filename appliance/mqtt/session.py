@@ -44,6 +44,7 @@ read, so reading packets moves no timer.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
@@ -66,6 +67,23 @@ EventSink = Callable[[str, dict[str, object]], None]
 OpenSession = Callable[[Connect], "str | None"]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_packet_size: int
+    max_connect_bytes: int  # the codec refuses a larger CONNECT from its fixed header
+    max_connect_properties: int
+    connect_timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrontDoor:
+    """What every session of one listener asks of it."""
+    may_serve: Callable[[], bool]  # the gate: True only while this node holds a live activity lease
+    server_reference: Callable[[], "str | None"]  # "host:port" of the active node, if known
+    emit: EventSink
+    new_client_id: Callable[[], str]  # for a v5 client that sent none, when there is no broker to assign one
+
+
 class Phase(enum.Enum):
     AWAIT_CONNECT = "await_connect"  # nothing complete read yet; the connect timeout runs
     CONNECTING = "connecting"  # the CONNECT waits for the listener's checks; nothing more is read
@@ -83,13 +101,10 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 class MqttSession:
     __slots__ = (
         "peer", "phase", "closing", "close_reason", "connacked", "client_id", "username", "keep_alive_s",
-        "peer_max_packet_size", "_reader", "_max_packet_size", "_connect_timeout_s", "_may_serve",
-        "_server_reference", "_emit", "_open_session", "_new_client_id", "_forwarding", "_gate_ok", "_last_read_ms",
-        "_deadline_ms", "_to_send", "_closed_reported")
+        "peer_max_packet_size", "_reader", "_limits", "_door", "_open_session", "_forwarding", "_gate_ok",
+        "_last_read_ms", "_deadline_ms", "_to_send", "_closed_reported")
 
-    def __init__(self, peer: str, now_ms: int, *, max_packet_size: int, max_connect_bytes: int,
-                 max_connect_properties: int, connect_timeout_s: float, may_serve: Callable[[], bool],
-                 server_reference: Callable[[], "str | None"], emit: EventSink, new_client_id: Callable[[], str],
+    def __init__(self, peer: str, now_ms: int, limits: SessionLimits, door: FrontDoor,
                  open_session: OpenSession | None = None) -> None:
         self.peer = peer
         self.phase = Phase.AWAIT_CONNECT
@@ -100,19 +115,15 @@ class MqttSession:
         self.username: str | None = None
         self.keep_alive_s = 0
         self.peer_max_packet_size: int | None = None
-        self._reader = PacketReader(max_packet_size=max_packet_size, max_connect_size=max_connect_bytes,
-                                    max_connect_properties=max_connect_properties)
-        self._max_packet_size = max_packet_size
-        self._connect_timeout_s = connect_timeout_s
-        self._may_serve = may_serve
-        self._server_reference = server_reference
-        self._emit = emit
+        self._reader = PacketReader(max_packet_size=limits.max_packet_size, max_connect_size=limits.max_connect_bytes,
+                                    max_connect_properties=limits.max_connect_properties)
+        self._limits = limits
+        self._door = door
         self._open_session = open_session
-        self._new_client_id = new_client_id
         self._forwarding = False  # accepted with a broker: its packets are the broker's
         self._gate_ok: bool | None = None  # the gate's answer for this turn (see begin_turn)
         self._last_read_ms = now_ms
-        self._deadline_ms: int | None = now_ms + round(connect_timeout_s * 1000)
+        self._deadline_ms: int | None = now_ms + round(limits.connect_timeout_s * 1000)
         self._to_send: list[bytes] = []
         self._closed_reported = False
 
@@ -170,7 +181,7 @@ class MqttSession:
             return
         if self.phase is not Phase.ACCEPTED:
             if now_ms >= deadline:
-                self.close(f"no CONNECT within {self._connect_timeout_s} s")
+                self.close(f"no CONNECT within {self._limits.connect_timeout_s} s")
             return
         grace_ms = round(KEEP_ALIVE_GRACE * self.keep_alive_s * 1000)
         due = self._last_read_ms + grace_ms
@@ -188,8 +199,8 @@ class MqttSession:
         v5 = c.protocol_version == MQTT_5
         if v5:
             self.peer_max_packet_size = c.properties.get(PropertyId.MAXIMUM_PACKET_SIZE)  # type: ignore[assignment]
-        if not self._may_serve():
-            reference = self._server_reference()
+        if not self._door.may_serve():
+            reference = self._door.server_reference()
             if v5 and reference:
                 self.refuse(c, ReasonCode.USE_ANOTHER_SERVER, f"not active; active is {reference}",
                             {PropertyId.SERVER_REFERENCE: reference})
@@ -221,14 +232,14 @@ class MqttSession:
             self.client_id = given if given is not None else c.client_id
             self._forwarding = not self.closing
         else:
-            self.client_id = c.client_id or self._new_client_id()
+            self.client_id = c.client_id or self._door.new_client_id()
             props: dict[PropertyId, object] = {}
             if c.protocol_version == MQTT_5:
-                props[PropertyId.MAXIMUM_PACKET_SIZE] = self._max_packet_size
+                props[PropertyId.MAXIMUM_PACKET_SIZE] = self._limits.max_packet_size
                 if not c.client_id:
                     props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = self.client_id
             self.send(Connack(ReasonCode.SUCCESS, False, props))
-        self._emit("client_accepted", {
+        self._door.emit("client_accepted", {
             "client_id": self.client_id, "protocol_version": c.protocol_version, "peer": self.peer,
             "keep_alive_s": c.keep_alive_s, "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
         if self.closing:
@@ -245,7 +256,7 @@ class MqttSession:
         else:
             fields.update({k.name.lower(): v for k, v in (extra or {}).items()})
         self.client_id = c.client_id or None
-        self._emit("client_refused", fields)
+        self._door.emit("client_refused", fields)
         props = {PropertyId.REASON_STRING: why, **(extra or {})} if c.protocol_version == MQTT_5 else {}
         self.send(Connack(reason, False, props), c.protocol_version)
         self.close(f"refused 0x{reason:02X}: {why}")
@@ -315,7 +326,7 @@ class MqttSession:
         if self._closed_reported:
             return
         self._closed_reported = True
-        self._emit("client_closed", {
+        self._door.emit("client_closed", {
             "client_id": self.client_id, "protocol_version": self.protocol_version,
             "peer": self.peer, "was_accepted": self.accepted, "reason": self.close_reason})
 
@@ -327,7 +338,7 @@ class MqttSession:
         self.phase = phase
 
     def _ask_gate(self) -> bool:
-        self._gate_ok = ok = self._may_serve()
+        self._gate_ok = ok = self._door.may_serve()
         return ok
 
     def _handle_alone(self, packet: Packet) -> bool:
@@ -341,7 +352,7 @@ class MqttSession:
             return True
         if isinstance(packet, Disconnect):
             self.close(f"client sent DISCONNECT 0x{packet.reason_code:02X}")
-        elif not self._may_serve():
+        elif not self._door.may_serve():
             self._answer_and_close(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN), "this node may no longer serve")
         elif isinstance(packet, PingReq):
             self.send(PingResp())
@@ -354,7 +365,7 @@ class MqttSession:
 
     def _bad_packet(self, err: MqttError) -> None:
         version = err.protocol_version
-        self._emit("bad_packet", {
+        self._door.emit("bad_packet", {
             "peer": self.peer, "client_id": self.client_id, "protocol_version": version,
             "reason_code": int(err.reason_code), "reason": err.message})
         why = err.message[:REASON_STRING_MAX_CHARS]
