@@ -247,8 +247,11 @@ class MqttConnection(asyncio.Protocol):
         """CONNACK success (from the broker, or the session without one), then read the client's packets."""
         self._release_preauth()
         self.accepted_at = time.time()
-        self._l.accepted_count += 1
-        self.session.accept(c, self._now_ms())
+        try:
+            self.session.accept(c, self._now_ms())
+        finally:
+            if self.session.accepted:  # connection_lost counts it out again
+                self._l.accepted_count += 1
         self._transmit()
         if self.session.closing:
             return
