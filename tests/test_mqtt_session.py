@@ -334,3 +334,19 @@ def test_an_illegal_transition_raises_and_leaves_the_phase():
     with pytest.raises(AssertionError, match="await_connect -> accepted"):
         h.session.accept(Connect(MQTT_5, "c"), T0)
     assert h.session.phase is Phase.AWAIT_CONNECT and h.session.keep_alive_s == 0 and h.events == []
+
+
+def test_a_packet_before_connect_is_a_bad_packet():
+    h = Harness()
+    assert h.feed(b"\xe0\x00") == []  # DISCONNECT as the first packet: the codec wants a CONNECT first
+    assert h.session.closing and h.kinds() == ["bad_packet"] and h.sent(None) == []
+
+
+def test_alone_a_second_connect_is_a_protocol_error():
+    h = Harness()
+    h.connect(Connect(MQTT_5, "c"))
+    h.sent(MQTT_5)
+    assert h.feed(Connect(MQTT_5, "c").encode()) == []
+    (answer,) = h.sent(MQTT_5)
+    assert type(answer) is Disconnect and answer.reason_code == R.PROTOCOL_ERROR
+    assert h.session.closing
