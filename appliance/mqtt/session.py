@@ -183,7 +183,7 @@ class MqttSession:
             if now_ms >= deadline:
                 self.close(f"no CONNECT within {self._limits.connect_timeout_s} s")
             return
-        grace_ms = round(KEEP_ALIVE_GRACE * self.keep_alive_s * 1000)
+        grace_ms = self._grace_ms()
         due = self._last_read_ms + grace_ms
         if unread or now_ms < due:
             self._deadline_ms = max(due, now_ms + grace_ms) if unread else due
@@ -245,7 +245,7 @@ class MqttSession:
         if self.closing:
             return
         self._last_read_ms = now_ms
-        self._deadline_ms = now_ms + round(KEEP_ALIVE_GRACE * self.keep_alive_s * 1000) if self.keep_alive_s else None
+        self._deadline_ms = now_ms + self._grace_ms() if self.keep_alive_s else None
 
     def refuse(self, c: Connect, reason: ReasonCode, why: str, extra: dict[PropertyId, object] | None = None) -> None:
         fields: dict[str, object] = {
@@ -331,6 +331,9 @@ class MqttSession:
             "peer": self.peer, "was_accepted": self.accepted, "reason": self.close_reason})
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _grace_ms(self) -> int:
+        return round(KEEP_ALIVE_GRACE * self.keep_alive_s * 1000)
 
     def _enter(self, phase: Phase) -> None:
         if phase not in TRANSITIONS[self.phase]:  # our own bug: the adapter aborts the connection
