@@ -1,4 +1,4 @@
-"""A full disk under the broker (docs/reliability.md, findings 2 and 5), on real tmpfs file systems.
+"""A full disk under the broker (docs/reliability.md, "Findings"), on real tmpfs file systems.
 
 - Order: a QoS 2 PUBLISH the broker reads after the spool writer rolled a full-disk batch back, but before
   the broker loop has heard of the rollback, must not be stored ahead of the rolled-back earlier message
@@ -188,7 +188,7 @@ def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_cra
     assert sim.nodes[failing].store.load().voted_epoch >= 2
 
 
-# --- finding 4: a resync storm (a full disk on the active) crashed the standby in SQLite --------------------
+# --- a resync storm (a full disk on the active) must not crash the standby in SQLite --------------------
 
 ABANDON_MID_BATCH = textwrap.dedent("""
     import sys, threading, time

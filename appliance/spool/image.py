@@ -12,9 +12,8 @@ Rules:
   - else (a commit after our snapshot began, or an older reader holding frames back) a copy by SQLite's
     online backup API (`make_image`) in one step, into `image_dir(spool)`: memory (/dev/shm) when it
     has room, else beside the spool. A GB written beside the spool makes every fsync of the node's own
-    (quorum state, spool commits) wait behind its writeback: the active's loop stalled for seconds
-    (1,000,000 messages). The GIL is free meanwhile (`Connection.serialize` holds it: a 1.5 GB spool
-    froze the active's loop for 12 s). The copy is streamed, then removed.
+    (quorum state, spool commits) wait behind its writeback, stalling the active's loop for seconds. The GIL is free meanwhile
+    (`Connection.serialize` would hold it for the whole copy, freezing the active's loop). The copy is streamed, then removed.
   Either is streamed (`SpoolImage.chunks`) with its SHA-256 taken on the way.
 - The active checks the image's pages and its op log (`SpoolImage.check`: `PRAGMA quick_check`, then the
   log's chain from its base to the recorded head; on the copy opened immutable so nothing writes it, or
