@@ -76,7 +76,8 @@ def measure(workdir: Path, kind: str, messages: int, payload_bytes: int) -> dict
                     spool_max_bytes=1 << 42)
     # The primary rebuilds its broker core from the whole spool when it takes activity, on its event loop
     # (seconds per 100,000 messages): past broker_stall_ms (5 s by default) it would give activity up, and with
-    # a million messages on a busy machine the default lease can expire during the rebuild. What is measured here is the resync after that, so both get room.
+    # a million messages on a busy machine the default lease can expire during the rebuild. What is measured
+    # here is the resync after that, so both get room.
     g = Group(directory, limits=limits, timers=TIMERS)
     t = time.monotonic()
     if kind == "incremental":
