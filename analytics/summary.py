@@ -42,7 +42,8 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10,
 def _interpreted(spark):
     """Evaluate expressions without generating code. The reports' inputs are the state's small tables, so a summary
     runs small jobs whose time would go into compiling the code Spark generates for each, more than into running
-    them. Ingest, the big scan, runs before with the session's setting (and so do the reports of a run without --out, which read every row)."""
+    them. Ingest, the big scan, runs before with the session's setting (and so do the reports of a run without
+    --out, which read every row)."""
     return settings(spark, {"spark.sql.codegen.wholeStage": "false",
                                    "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
 

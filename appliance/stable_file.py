@@ -6,8 +6,9 @@ Rules:
   in one `renameat2(RENAME_EXCHANGE)`, then the directory is fsynced. A
   crash leaves either the old record or the new one under `quorum.json`.
 - A save allocates nothing, so a full disk cannot stop it (a vote that
-  cannot be saved for ENOSPC would stop the node; docs/reliability.md). Both files are kept at `RECORD_BYTES` (the JSON padded with
-  spaces, which JSON allows) and rewritten in place; the swap moves names,
+  cannot be saved for ENOSPC would stop the node; docs/reliability.md).
+  Both files are kept at `RECORD_BYTES` (the JSON padded with spaces,
+  which JSON allows) and rewritten in place; the swap moves names,
   not data, so after it the spare is the previous record's file, already
   allocated. Space is taken once, at the first save of a boot (the core's
   start-up save), when the disk is not full or the node does not start.

@@ -1,4 +1,5 @@
-"""The nemesis: applies a seeded fault schedule (tests/nemesis_schedule.py) to a real group in namespaces (docs/reliability.md).
+"""The nemesis: applies a seeded fault schedule (tests/nemesis_schedule.py) to a real group in namespaces
+(docs/reliability.md).
 
 Rules:
 1. One run = one seed = a fresh group (tests/group.py) on fresh hosts (tests/netns.py), QoS 1 and QoS 2
@@ -56,7 +57,8 @@ PROBE_CHUNK_S = 30.0
 PUBLISH_INTERVAL_S = 0.02
 HTTP_TIMEOUT_S = 20.0
 # At the end the resumed subscriber drains the whole run's backlog, which a heavily loaded machine makes slow
-# enough to look like a lost tail: wait while it makes progress; only SETTLE_STALL_S without a single arrival ends the wait early.
+# enough to look like a lost tail: wait while it makes progress; only SETTLE_STALL_S without a single arrival
+# ends the wait early.
 SETTLE_MAX_S = 600.0
 SETTLE_STALL_S = 15.0
 
