@@ -57,7 +57,7 @@ def _snapshot_batch(n: int) -> list[bytes]:
 
 
 def test_abandoning_a_snapshot_waits_for_a_running_batch_and_a_later_batch_is_refused_clearly(tmp_path):
-    """The builder's own guard (the mate link no longer abandons under a batch; nothing else may either)."""
+    """The builder's own guard (the mate link never abandons under a batch; nothing else may either)."""
     bodies = _snapshot_batch(4_000)
     outcomes = []
     for attempt in range(10):
