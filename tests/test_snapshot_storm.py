@@ -31,7 +31,7 @@ from tests.test_spool_store import EVERY_OP, body
 
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 
-INSTALLS = 20  # and as many cuts inside a snapshot: the nemesis saw 8 installs in 1.8 s
+INSTALLS = 20  # and as many cuts inside a snapshot: more than a full-disk active causes in a burst
 
 
 @pytest.mark.processes
