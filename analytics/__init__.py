@@ -1,4 +1,4 @@
-"""Spark summaries of the nodes' spooled event logs (issue 7, docs/events.md).
+"""Spark summaries of the nodes' spooled event logs (docs/events.md).
 
 schema.py     the event log's schema as Spark types (explicit: never inferred)
 spark.py      the SparkSession: local[2] by default, UI off, quiet

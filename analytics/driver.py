@@ -327,7 +327,7 @@ def unlogged(small: list[dict]) -> list[dict]:
 
 def write_report(name: str, rows: list[dict], where: str) -> None:
     """A report's rows as one Parquet file with its schema in `where` (a directory Hadoop qualified), replacing what
-    was there: pyarrow on the driver, not a Spark job per report (ten of them took ~1.3 s of a summary)."""
+    was there: pyarrow on the driver, not a Spark job per report, which costs far more than its few rows."""
     schema = arrow_schema(T.DataType.fromDDL(SCHEMAS[name]))
     # As PySpark's Rows carry them: a naive timestamp is local time.
     local = [{k: v.astimezone(datetime.timezone.utc) if isinstance(v, datetime.datetime) else v

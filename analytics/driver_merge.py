@@ -15,10 +15,9 @@ Rules:
 - A kind is stored as one Parquet file in its directory (`part-00000.parquet`),
   written through pyarrow's filesystems as the tasks write theirs; Spark and
   pyarrow read it, and a Spark-written state, alike.
-- Why: after the tasks, Spark spent 7-8 s of the bench's first summary on
-  eight small jobs that merged and wrote a few thousand rows, and ~2.5 s on
-  collecting them again for the reports and writing those (docs/benchmarks.md,
-  session 14).
+- Why: a few thousand rows do not pay for Spark's small jobs (one per kind to
+  merge and write, then more to collect them for the reports and write those),
+  which cost a first summary seconds (docs/benchmarks.md, "Analytics").
 """
 
 from __future__ import annotations

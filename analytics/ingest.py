@@ -116,7 +116,7 @@ class TaskRows:
 def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, keys: str | None = None) -> TaskRows:
     """One task per segment of `paths` (segment_task.py), run now. With `table`, each task also writes its segment's
     rows there; with `keys` (an empty scratch directory), its per-delivery keys there."""
-    # Parsed, not made into empty DataFrames: eight of those took 2-3 s of a cold session.
+    # Parsed, not made into empty DataFrames: those cost a cold session seconds.
     kinds = {kind: T.DataType.fromDDL(ddl) if isinstance(ddl, str) else ddl
              for kind, ddl in segment_task_schemas().items()}
     arrow = {k: arrow_schema(s) for k, s in kinds.items()}

@@ -8,9 +8,8 @@ Rules:
   (Spark's and pyarrow's) skip names that start with `.` or `_`.
 - An ingest appends a file, never rewrites one; the files Spark's writer
   appended before (part files) read the same.
-- pyarrow through the same filesystems as the tasks, on the driver. Why: the
-  Spark write of a few rows started a Python worker daemon of its own and
-  took ~1.9 s of the bench's first summary (docs/benchmarks.md, session 14).
+- pyarrow through the same filesystems as the tasks, on the driver. Why: a
+  Spark write of a few rows starts a Python worker daemon of its own.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ Rules:
   after the segment's path, `file_name`, so a retried task overwrites its
   own files) and returns the segment's partials: the columns
   partials.reduce computes in Spark, settled within the segment. Spark merges them (partials.merge) as it merges
-  stored states. Why: compiled parsing and grouping with no JVM warm-up; the
-  bench's first summary took 60-62 s against 75-78 s with Spark's reader and
-  Spark's reduce, alternated (docs/benchmarks.md, session 12).
+  stored states. Why: compiled parsing and grouping with no JVM warm-up, faster
+  than Spark's reader and reduce (docs/benchmarks.md, "Analytics").
 - What a line is, is schema.py's: parsed with the explicit schema, unknown
   fields ignored. A line that is not a JSON object with the documented types,
   or lacks ts, node or event, is malformed: counted, never fatal, whichever
@@ -66,9 +65,8 @@ def file_name(path: str) -> str:
 
 
 def system_allocator() -> None:
-    """pyarrow's buffers from malloc in this worker, not from its default mimalloc: mimalloc's first segment of a
-    process cost ~1 s more CPU than the next (a worker's first task), malloc's ~0.3 s, and the next ones as fast
-    (measured on the bench's 64 MiB segments, docs/benchmarks.md, session 14)."""
+    """pyarrow's buffers from malloc in this worker, not from its default mimalloc: mimalloc makes a worker's first
+    segment cost far more CPU than the next ones, malloc much less (docs/benchmarks.md, "Analytics")."""
     if pa.default_memory_pool().backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
 
@@ -304,7 +302,7 @@ def _timestamp(seconds) -> pa.ChunkedArray:
 def reduce_rows(rows: pa.Table) -> dict[str, pa.Table]:
     # Most segments have no malformed line, and the filter copies every column of every row.
     valid = rows.filter(pc.invert(rows["malformed"])) if pc.any(rows["malformed"]).as_py() else rows
-    # A segment is one node's: as a dictionary, the node costs the groupings an integer (per_message 4x faster).
+    # A segment is one node's: as a dictionary, the node costs the groupings an integer, not a string.
     valid = valid.set_column(valid.schema.get_field_index("node"), "node",
                              pc.dictionary_encode(valid["node"]).combine_chunks())
     messages = per_message(valid)

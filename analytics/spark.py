@@ -4,7 +4,7 @@ Local mode by default (`local[2]`: this machine has two cores), any master
 URL for a cluster. The UI is off, shuffles use few partitions (the inputs are
 a few million rows, not billions) and the JVM logs errors only. The driver
 (the whole job in local mode) has 2 GiB: 8 GiB and the parallel collector
-were no faster in the bench (docs/benchmarks.md, session 11), and the job
+were no faster (docs/benchmarks.md, "Analytics"), and the job
 shares its host with a broker node. The segments are parsed by Python tasks
 (segment_task.py), in this interpreter unless PYSPARK_PYTHON names another.
 """

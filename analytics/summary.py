@@ -41,9 +41,9 @@ def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10,
 
 def _interpreted(spark):
     """Evaluate expressions without generating code. The reports' inputs are the state's small tables, so a summary
-    runs small jobs whose time goes into compiling the code Spark generates for each (measured on two loaded cores,
-    the same re-run with a few dozen report jobs: 50 s with code generation, 25 s without). Ingest, the big scan,
-    runs before with the session's setting (and so do the reports of a run without --out, which read every row)."""
+    runs small jobs whose time would go into compiling the code Spark generates for each, more than into running
+    them. Ingest, the big scan, runs before with the session's setting (and so do the reports of a run without
+    --out, which read every row)."""
     return settings(spark, {"spark.sql.codegen.wholeStage": "false",
                                    "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
 

@@ -7,7 +7,7 @@ Rules:
   `F.xxhash64(topic)` gives for a non-null topic. A test compares it with
   Spark's on strings of every length class (0-3, 4-7, 8-31, 32 and more
   bytes) and outside ASCII.
-- Called once per distinct topic, never per row: pure Python is ~10 µs a topic.
+- Called once per distinct topic, never per row: pure Python is slow per call.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class Timers:
     @property
     def expected_failover_ms(self) -> int:
         """An upper estimate of crash -> takeover: the survivor waits lease + margin after the
-        last claim it heard, which came up to one heartbeat before the crash (measured ~0.59 s)."""
+        last claim it heard, which came up to one heartbeat before the crash."""
         return self.lease_ms + self.takeover_margin_ms + self.heartbeat_interval_ms
 
     def validate(self) -> None:

@@ -6,10 +6,9 @@ Rules:
   them), with the same signature, defaults and default factories, and its
   `__post_init__` still runs.
 - Why: a frozen dataclass's generated `__init__` sets each field through
-  `object.__setattr__`, looked up per field, ~0.15 us a field. The durable QoS 1
-  path makes ~10 such objects per message (the PUBLISH and PUBACK packets, the
-  spool ops, the broker's effects): several us per message (session 8,
-  docs/benchmarks.md). Calling each slot's own descriptor costs half of that.
+  `object.__setattr__`, looked up per field, which the durable QoS 1 path pays
+  for ~10 objects per message (the PUBLISH and PUBACK packets, the spool ops,
+  the broker's effects); calling each slot's own descriptor costs half of that.
 - Use it on slotted classes only (there is no descriptor to call otherwise),
   applied after (above) `@dataclass`.
 """

@@ -5,10 +5,10 @@ Rules:
   to a spare file and fsynced, then the spare and `quorum.json` swap names
   in one `renameat2(RENAME_EXCHANGE)`, then the directory is fsynced. A
   crash leaves either the old record or the new one under `quorum.json`.
-- A save allocates nothing, so a full disk cannot stop it (docs/reliability.md,
-  finding 5: the heartbeat thread's save of a vote hit ENOSPC and the node
-  stopped). Both files are kept at `RECORD_BYTES` (the JSON padded with
-  spaces, which JSON allows) and rewritten in place; the swap moves names,
+- A save allocates nothing, so a full disk cannot stop it (a vote that
+  cannot be saved for ENOSPC would stop the node; docs/reliability.md).
+  Both files are kept at `RECORD_BYTES` (the JSON padded with spaces,
+  which JSON allows) and rewritten in place; the swap moves names,
   not data, so after it the spare is the previous record's file, already
   allocated. Space is taken once, at the first save of a boot (the core's
   start-up save), when the disk is not full or the node does not start.

@@ -29,7 +29,7 @@ Theory of operation
 Steps 2-4 and DuckDB's are repeated `--rounds` times (3), the two sides
 alternated, and the report shows each measure's median and every round's
 ratios: a single run's ratio moved by 30% with the shared machine's load.
-Goals (issue 7): first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
+Goals: first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
 """
 
 from __future__ import annotations

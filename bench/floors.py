@@ -1,4 +1,5 @@
-"""Floors of CPU per message in one process, without I/O: what the speed goals of issues 3 and 4 leave room for.
+"""Floors of CPU per message in one process, without I/O: what the broker's and the mate link's speed goals leave
+room for.
 
     python bench/floors.py [--messages 50000] [--catchup-messages 100000]
 

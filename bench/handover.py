@@ -11,7 +11,7 @@ Reference of a DISCONNECT 0x9C) sends a sequence-numbered stream, one message at
 handovers alternate release-activity (primary → backup) and revert-activity (backup → primary)
 through the management API, each once the mate stands by in sync again. Unavailability, as the
 client sees it: the last PUBACK from the old active → the first CONNACK 0 from the new one
-(CLOCK_MONOTONIC, one process). Goal (issue 4): ≤ 200 ms. Nearest-rank percentiles.
+(CLOCK_MONOTONIC, one process). Goal: ≤ 200 ms. Nearest-rank percentiles.
 """
 
 from __future__ import annotations

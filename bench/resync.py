@@ -75,9 +75,9 @@ def measure(workdir: Path, kind: str, messages: int, payload_bytes: int) -> dict
     limits = Limits(session_queue_max_messages=max(messages, 100_000), session_queue_max_bytes=1 << 40,
                     spool_max_bytes=1 << 42)
     # The primary rebuilds its broker core from the whole spool when it takes activity, on its event loop
-    # (~4 s per 150,000 messages here, 23 s for 1,000,000): past broker_stall_ms (5 s by default) it would give
-    # activity up, and with a million messages on a busy machine its 500 ms lease expired during the rebuild,
-    # over and over. What is measured here is the resync after that, so both get room.
+    # (seconds per 100,000 messages): past broker_stall_ms (5 s by default) it would give activity up, and with
+    # a million messages on a busy machine the default lease can expire during the rebuild. What is measured
+    # here is the resync after that, so both get room.
     g = Group(directory, limits=limits, timers=TIMERS)
     t = time.monotonic()
     if kind == "incremental":

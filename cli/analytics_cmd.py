@@ -60,7 +60,7 @@ def _cmd_summarize(args, term: Terminal) -> int:
         out = str(Path(out).resolve())
     from pairmq.analytics import render, spark, summary
 
-    # Spark stops (its JVM, mostly waiting) while the charts are drawn (Python): ~0.6 s each.
+    # Spark stops (its JVM, mostly waiting) while the charts are drawn (Python): the two overlap.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-stop") as stopping:
         with term.status("starting Spark") as status:
             session = spark.session(args.master)

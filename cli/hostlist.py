@@ -1,4 +1,4 @@
-"""A host-list MQTT client for PairMQ groups (issue 6): an application sees no error across a failover.
+"""A host-list MQTT client for PairMQ groups: an application sees no error across a failover.
 
     from pairmq.cli.hostlist import HostListClient
 

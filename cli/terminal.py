@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 # Rich is imported when something is printed, and the consoles are made then: `pairmq node` (every node start)
-# prints nothing unless it fails, and importing Rich cost it ~25 ms of CPU.
+# prints nothing unless it fails, and should not pay for importing Rich.
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live

@@ -1,1 +1,10 @@
-"""The mate link (TCP 8301): spool replication, resync and handover. Not built yet (issue 4). So far: secure.py (handshake, sealed frames), messages.py (what the frames carry), resync.py (how a joining standby catches up), active.py and standby.py (the two ends, sans-I/O), transport.py (one connection) and service.py (the active's server and the standby's dialler on real spools). Not wired into the node yet."""
+"""The mate link (TCP 8301): spool replication, resync and handover (docs/mate_link.md).
+
+secure.py     handshake, sealed frames
+messages.py   what the frames carry
+resync.py     how a joining standby catches up
+active.py     the active's end, sans-I/O
+standby.py    the standby's end, sans-I/O
+transport.py  one connection
+service.py    the active's server and the standby's dialler on real spools
+"""

@@ -218,8 +218,8 @@ class ActiveLink(Endpoint):
         """A failed commit took the writer's head back: the standby may hold ops that no longer exist.
         Nothing of them was acknowledged; the link must restart so the standby resyncs. The rolled-back ops
         leave `_recent` too: a catch-up still to come would otherwise bridge with them, and the next
-        submission, which reuses their seqs, would follow ops that no longer exist (seen in the nemesis's
-        full-disk runs: the assertion in `local_submitted`)."""
+        submission, which reuses their seqs, would follow ops that no longer exist (and fail the assertion in
+        `local_submitted`)."""
         self.head = head
         while self._recent and self._recent[-1].seq > head.seq:
             self._recent.pop()

@@ -212,7 +212,7 @@ class Group:
             return json.load(response)
 
     def config_in_sync(self, active: Role = Role.PRIMARY) -> bool:
-        """The active's config-sync view says its standby holds its configuration (issue 5)."""
+        """The active's config-sync view says its standby holds its configuration (docs/config_sync.md)."""
         try:
             return self.api(active, "/api/v1/config-sync", timeout_s=2)["status"] == "In-Sync"
         except (OSError, ValueError, KeyError):

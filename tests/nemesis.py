@@ -1,4 +1,5 @@
-"""The nemesis: applies a seeded fault schedule (tests/nemesis_schedule.py) to a real group in namespaces (issue 8).
+"""The nemesis: applies a seeded fault schedule (tests/nemesis_schedule.py) to a real group in namespaces
+(docs/reliability.md).
 
 Rules:
 1. One run = one seed = a fresh group (tests/group.py) on fresh hosts (tests/netns.py), QoS 1 and QoS 2
@@ -55,9 +56,9 @@ PROBE_MS = 50
 PROBE_CHUNK_S = 30.0
 PUBLISH_INTERVAL_S = 0.02
 HTTP_TIMEOUT_S = 20.0
-# At the end the resumed subscriber drains the whole run's backlog (5,000-10,000 messages); under a load
-# average of 19 that took over 30 s (soak seed 1780867311 was first reported as losing its tail). Wait
-# while it makes progress; only SETTLE_STALL_S without a single arrival ends the wait early.
+# At the end the resumed subscriber drains the whole run's backlog, which a heavily loaded machine makes slow
+# enough to look like a lost tail: wait while it makes progress; only SETTLE_STALL_S without a single arrival
+# ends the wait early.
 SETTLE_MAX_S = 600.0
 SETTLE_STALL_S = 15.0
 
@@ -476,8 +477,8 @@ class Run:
         serving = [r for r, v in views.items() if v.get("serving")]
         if len(serving) != 1 or not views[serving[0].mate()].get("in_sync"):
             return False
-        # Every peer seen by both routing nodes: a restarted monitor still booting does not count (soak seed
-        # 1338060222 went on while it booted, and the next step's kill of the standby cost the lease).
+        # Every peer seen by both routing nodes: a restarted monitor still booting does not count (killing the
+        # standby then would cost the active its lease).
         if not all(peer.get("seen") for v in views.values() for peer in v.get("peers", [{}])):
             return False
         codes = self.group.probe_once()

@@ -1,4 +1,4 @@
-"""The nemesis's plan: which fault, on what, for how long -- drawn from a seed, no I/O (issue 8).
+"""The nemesis's plan: which fault, on what, for how long -- drawn from a seed, no I/O.
 
 Rules:
 1. A schedule is a pure function of (seed, length, mode): `random.Random(seed)` draws every choice,

@@ -117,7 +117,7 @@ class ReplicatedSim(BrokerSim):
         only) AND B acknowledged every op whose effects were released. (LIVE alone only means everything
         was shipped: an op released on local durability while B was out may still be on its way, and a
         failover then would lose it; and a submission split across catch-up batches left B, at a failover,
-        with a QoS 2 message queued but not its dedupe record. Both found by this simulator.)"""
+        with a QoS 2 message queued but not its dedupe record.)"""
         return (self.link is not None and not self.failovers and self.link.caught_up(self.now)
                 and self.b_acked >= self.released_seq)
 

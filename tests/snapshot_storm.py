@@ -1,8 +1,8 @@
 """A standby's snapshot storm, run as its own process: `python -m tests.snapshot_storm DIR INSTALLS SEED`.
 
-What the nemesis saw (docs/reliability.md, finding 4): with the active's disk full, its failed commits
-kept restarting the mate link and the standby installed a full snapshot eight times in 1.8 s, then died
-with SIGSEGV in libsqlite3. This replays that load in one process, on real SQLite spools and loopback
+The load (docs/reliability.md, "Findings"): with the active's disk full, its failed commits keep
+restarting the mate link and the standby installs full snapshots back to back, which must not end in
+SIGSEGV in libsqlite3. This replays that load in one process, on real SQLite spools and loopback
 sockets: an active (a spool and its writer) and a standby that is a real `BrokerService` (its
 `replace_spool`, writer taps and all). The link is cut at random moments -- inside a snapshot batch,
 between batches, during the install -- and the standby is made to diverge again after each install

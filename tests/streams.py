@@ -53,7 +53,7 @@ _CLONE_NEWNET = 0x40000000
 
 
 class _PahoClient(mqtt.Client):
-    """paho-mqtt 2.2's client with one QoS 2 sender bug fixed (found by these tests).
+    """paho-mqtt 2.2's client with one QoS 2 sender bug fixed (these tests need it).
 
     On every reconnect attempt paho resets its outgoing messages: a QoS 2 message waiting for
     PUBCOMP becomes "resend PUBREL", and anything else becomes "resend PUBLISH". A second attempt

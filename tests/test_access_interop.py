@@ -517,7 +517,7 @@ def test_a_reconnect_storm_costs_one_scrypt_and_does_not_block_the_loop(group):
 def test_a_storm_of_wrong_passwords_runs_every_scrypt_off_the_loop(group):
     """Failures are not cached: distinct wrong guesses cost one scrypt each, queued on 2 threads, while a
     connected client's pings keep being answered; past the address's budget (limits.
-    login_checks_per_address_per_min, 30) the rest are refused at once with "server unavailable" (issue 21)."""
+    login_checks_per_address_per_min, 30) the rest are refused at once with "server unavailable"."""
     before = node_view(group)["mqtt"]["access"]
     start = time.monotonic()
     codes, pings = asyncio.run(_storm(total=60, concurrency=30, password="guess"))

@@ -184,7 +184,7 @@ def test_subscribe_needs_an_allow_rule_that_subsumes_the_filter():
 
 
 def test_a_deny_rule_refuses_the_subscriptions_it_covers_and_withholds_the_rest_at_delivery():
-    # Issue 21 point 3: before, a deny rule refused every filter it overlapped (`#`, `+/x`).
+    # A deny rule refuses only the filters it covers; one it merely overlaps (`#`, `+/x`) is withheld at delivery.
     p = policy(("deny", "subscribe", "secret/#", "all"), ("allow", "subscribe", "#", "all"))
     assert p.authorize("alice", "subscribe", "#")
     assert p.authorize("alice", "subscribe", "+/x")

@@ -136,7 +136,7 @@ def test_the_job_reconstructs_a_kill_9_failover_and_the_exact_counts(tmp_path):
     assert (tmp_path / "report" / "reports" / "incidents").is_dir()
     assert view["inputs"]["segments_ingested_now"] >= len(rotated) and view["inputs"]["segments_from_table"] == 0
     # A re-run over the ingested segments (ingested once, the same reports from the stored partials) is
-    # test_analytics_job.py's and test_analytics_transforms.py's: here it cost a second JVM, ~30 s.
+    # test_analytics_job.py's and test_analytics_transforms.py's: here it would cost a second JVM.
 
 
 def test_a_full_disk_stops_event_logging_not_the_node(tmp_path):

@@ -1,4 +1,4 @@
-"""The management API on a real group of node processes (issue 6): credentials on every route, the
+"""The management API on a real group of node processes: credentials on every route, the
 bound address, the read endpoints behind `pairmq show clients|sessions|subscriptions` and
 `pairmq events tail` with real paho-mqtt clients, 400s for bad queries, 409s with the active's address
 for changes sent to a standby, and the per-address limit on failed attempts.

@@ -1,4 +1,4 @@
-"""Bad-input sweep (issue 8): garbage, truncated and oversized input on every TCP port of a live
+"""Bad-input sweep (docs/reliability.md): garbage, truncated and oversized input on every TCP port of a live
 group, and damaged stores at start-up.
 
 Rules the sweep holds every node to:

@@ -399,8 +399,8 @@ class _CountingQueue(list):
 
 
 def test_message_expiry_walks_the_queues_only_when_a_message_is_due(h):
-    """A tick used to walk every queued entry (a second's work of the event loop with a million queued): now only
-    on a tick where some stored message fell due."""
+    """A tick walks the queued entries (a second's work of the event loop with a million queued) only on a tick
+    where some stored message fell due."""
     h.connect(1, "s", clean=False, props={P.SESSION_EXPIRY_INTERVAL: 600})
     h.subscribe(1, "t")
     h.lose(1)

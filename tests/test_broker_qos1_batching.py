@@ -1,4 +1,4 @@
-"""The durable QoS 1 path's batching (session 8, docs/benchmarks.md): what it must still do exactly.
+"""The durable QoS 1 path's batching (docs/broker.md): what it must still do exactly.
 
 A real BrokerService and MqttListener on an event loop in a background thread, raw MQTT clients over real
 sockets. Checked here:

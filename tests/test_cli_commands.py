@@ -318,7 +318,7 @@ def test_watch_and_json_do_not_mix(stand_in):
 
 def test_force_activity_is_signed_and_sends_the_acknowledgement(stand_in):
     """The request is signed with the group's management key over its method, host, path and body; the key
-    itself (formerly sent as a bearer token) is nowhere in what went over the wire."""
+    itself is nowhere in what went over the wire."""
     from pairmq.appliance.request_signing import Verifier, management_key
 
     code, out, err = run_main("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",

@@ -1,4 +1,4 @@
-"""A failover driven only through the CLI (issue 6): every step and every check is a `pairmq` subprocess
+"""A failover driven only through the CLI: every step and every check is a `pairmq` subprocess
 (`show redundancy --json`, `redundancy release-activity|revert-activity`, `show clients --json`), against a
 real loopback group of `pairmq node` processes; the one thing not done with `pairmq` is the crash itself
 (kill -9 of the active). Also the CLI's one-sentence errors met on the way: nothing running, a bad group

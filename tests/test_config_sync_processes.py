@@ -1,4 +1,4 @@
-"""Config-sync with real node processes (issue 5): changes on the active reach the standby at once, survive
+"""Config-sync with real node processes (docs/config_sync.md): changes on the active reach the standby at once, survive
 a failover and are enforced by the new active on real paho-mqtt clients; a standby refuses changes and names
 the active; a bad change is refused whole; a node that was down catches up; concurrent changes keep one order."""
 

@@ -1,4 +1,4 @@
-"""A damaged store stops a node at start-up (issue 8's bad-input sweep, the on-disk half).
+"""A damaged store stops a node at start-up (the bad-input sweep's on-disk half, docs/reliability.md).
 
 Rules: a damaged spool, config store or quorum state file stops the node before it serves, with
 one sentence on stderr that names the file (no traceback), and the file is left byte for byte as

@@ -1,4 +1,4 @@
-"""A full disk under the broker (docs/reliability.md, findings 2 and 5), on real tmpfs file systems.
+"""A full disk under the broker (docs/reliability.md, "Findings"), on real tmpfs file systems.
 
 - Order: a QoS 2 PUBLISH the broker reads after the spool writer rolled a full-disk batch back, but before
   the broker loop has heard of the rollback, must not be stored ahead of the rolled-back earlier message
@@ -188,7 +188,7 @@ def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_cra
     assert sim.nodes[failing].store.load().voted_epoch >= 2
 
 
-# --- finding 4: a resync storm (a full disk on the active) crashed the standby in SQLite --------------------
+# --- a resync storm (a full disk on the active) must not crash the standby in SQLite --------------------
 
 ABANDON_MID_BATCH = textwrap.dedent("""
     import sys, threading, time
@@ -222,20 +222,20 @@ ABANDON_MID_BATCH = textwrap.dedent("""
 def test_abandoning_a_snapshot_build_while_a_thread_adds_a_batch_does_not_crash(tmp_path):
     """The standby's mate link adds snapshot batches in a worker thread and abandons the build when the link
     breaks; a full disk on the active breaks it over and over. Closing the connection under a running batch
-    was a segfault (reproduced by this test 1 time of 1 before the fix)."""
+    would be a segfault, which this test reproduces."""
     child = subprocess.run([sys.executable, "-c", ABANDON_MID_BATCH, str(tmp_path)], capture_output=True, text=True,
                            cwd=REPO, timeout=300)
     assert child.returncode == 0, f"the builder crashed (rc {child.returncode}):\n{child.stderr[-2000:]}"
     assert "added" in child.stdout, child.stdout  # some batches finished before the abandon
 
 
-# --- the mate link after a rollback (seen in the nemesis's full-disk runs) -------------------------------------
+# --- the mate link after a rollback (a full disk on the active) -------------------------------------
 
 def test_a_catch_up_after_a_rollback_does_not_ship_the_rolled_back_ops():
     """The standby is ahead (its tail diverged), so the active plans a snapshot; while the snapshot is read a
     submission gets seq 4 and its commit fails on the full disk (rolled back to op 3). The catch-up after
     the snapshot must not bridge with the rolled-back op 4, and the next submission, which reuses seq 4,
-    must ship. Before the fix the stale op 4 was shipped and `local_submitted` failed its assertion (4, 4)."""
+    must ship; shipping the stale op 4 would fail `local_submitted`'s assertion (4, 4)."""
     from pairmq.appliance.spool.chain import GENESIS, chain
     from pairmq.mate_link.active import ActiveLink, MakeSnapshot, Phase, PlanNeeded
     from pairmq.mate_link.messages import Ops, decode, encode

@@ -1,4 +1,4 @@
-"""A node whose data file system is full keeps running (docs/reliability.md, finding 5), with real node processes.
+"""A node whose data file system is full keeps running (docs/reliability.md, "Findings"), with real node processes.
 
 The routing nodes' data directories (spool, quorum state, event log) are small tmpfs mounts. The backup's is
 filled to the last byte while it stands by in sync; then the active primary is killed. The backup must save

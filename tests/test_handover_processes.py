@@ -1,4 +1,4 @@
-"""Planned handover with real node processes and paho-mqtt clients (issue 4, "Handover").
+"""Planned handover with real node processes and paho-mqtt clients (docs/mate_link.md).
 
 A host-list QoS 1 publisher (tests/hostlist.py) sends a sequence-numbered stream while activity moves
 (release-activity and revert-activity through the CLI, SIGTERM, auto-revert); a persistent QoS 1

@@ -1,4 +1,4 @@
-"""The management API against a hostile network (issue 21, points 6-11), on one live group of node
+"""The management API against a hostile network (docs/security.md), on one live group of node
 processes serving the API over HTTPS with the self-signed certificate `pairmq init --management-tls`
 makes: connections that never finish a request head, too many connections from one address, a
 cross-site POST riding a browser's cached admin login, captured/forged/tampered signed requests, a
@@ -109,7 +109,7 @@ def pairmq(g, *args: str) -> subprocess.CompletedProcess:
                           env={k: v for k, v in os.environ.items() if k != "PAIRMQ_TOKEN"})
 
 
-# --- point 6: connections that never finish a request head, and too many from one address ------------------
+# --- connections that never finish a request head, and too many from one address ------------------
 
 
 def test_silent_and_slowloris_connections_are_closed_while_the_operator_gets_in(group):
@@ -166,7 +166,7 @@ def test_connections_past_the_per_address_cap_are_reset_and_others_still_served(
             sock.close()
 
 
-# --- point 7: a cross-site POST riding the browser's cached admin login ---------------------------------
+# --- a cross-site POST riding the browser's cached admin login ---------------------------------
 
 
 def test_a_cross_site_text_plain_post_with_basic_is_refused_and_changes_nothing(group):
@@ -186,7 +186,7 @@ def test_a_cross_site_text_plain_post_with_basic_is_refused_and_changes_nothing(
     assert status == 200 and doc["version"] == before + 1
 
 
-# --- point 8: signed requests; replayed, forged, tampered, sent to another node ------------------------
+# --- signed requests; replayed, forged, tampered, sent to another node ------------------------
 
 
 def test_signed_requests_cannot_be_replayed_forged_tampered_or_redirected(group):
@@ -246,7 +246,7 @@ def test_the_cli_works_end_to_end_over_https_and_refuses_another_certificate(gro
     assert done.returncode != 0 and "certificate verify failed" in done.stderr, done.stderr
 
 
-# --- points 10 and 11: bad bytes; what the browser admin may not do -----------------------------------
+# --- bad bytes; what the browser admin may not do -----------------------------------
 
 
 def test_a_credential_with_a_byte_that_is_not_ascii_is_a_counted_401_and_no_traceback(group):

@@ -1,4 +1,4 @@
-"""Hostile clients against the MQTT front door of a real group (issue 21, points 1, 4, 13, 14, 17).
+"""Hostile clients against the MQTT front door of a real group (docs/security.md).
 
 One group for the module. Its [limits] make each budget small enough to reach
 quickly: a CONNECT may be as large as any packet (1 MiB) so that the 80,000
@@ -93,7 +93,7 @@ def vm_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
-# --- point 1: the 391 KiB CONNECT with 80,000 User Properties --------------------------------
+# --- the 391 KiB CONNECT with 80,000 User Properties --------------------------------
 
 def send_property_flood(source: str, host: str) -> int | None:
     """The attack CONNECT (no credentials): the CONNACK's reason code, or None if closed without one."""
@@ -131,7 +131,7 @@ def test_the_80000_property_connect_is_refused_and_moves_no_activity(group):
     client.close()
 
 
-# --- point 4: memory before login ----------------------------------------------------------
+# --- memory before login ----------------------------------------------------------
 
 def test_the_per_address_cap_refuses_the_extras_and_a_legitimate_client_still_connects(group):
     primary = group.address(Role.PRIMARY)
@@ -187,7 +187,7 @@ def test_unfinished_connects_keep_rss_bounded(group):
     group.wait_for("the pre-auth slots to be free", lambda: mqtt_view(group)["preauth_connections"] == 0)
 
 
-# --- point 13: subscriptions per client and filters per SUBSCRIBE ----------------------------
+# --- subscriptions per client and filters per SUBSCRIBE ----------------------------
 
 def test_subscription_caps_answer_quota_exceeded_per_filter(group):
     sub = RawFrom(legit(group), group.address(Role.PRIMARY))
@@ -217,7 +217,7 @@ def test_a_subscribe_with_twelve_thousand_filters_gets_its_suback(group):
     sub.close()
 
 
-# --- point 17: a slow consumer's output -------------------------------------------------------
+# --- a slow consumer's output -------------------------------------------------------
 
 def test_a_subscriber_that_stops_reading_is_dropped_at_the_output_cap_and_keeps_its_qos1(group):
     primary = group.address(Role.PRIMARY)
@@ -272,7 +272,7 @@ def test_a_subscriber_that_stops_reading_is_dropped_at_the_output_cap_and_keeps_
     pub.close()
 
 
-# --- point 14: a refusal flood in the event log -------------------------------------------
+# --- a refusal flood in the event log -------------------------------------------
 
 def test_a_refusal_flood_leaves_the_useful_events_and_counts_the_rest(group):
     backup = group.address(Role.BACKUP)

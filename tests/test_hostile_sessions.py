@@ -124,7 +124,7 @@ def offline_alice_with_a_queued_message(host: str, client_id: str, version: int)
     publish("alice/inbox", host)
 
 
-# --- point 2: sessions owned by their user ----------------------------------------------------------------
+# --- sessions owned by their user ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", [V311, V5], ids=["v311", "v5"])
@@ -171,7 +171,7 @@ def test_by_the_switch_another_user_gets_a_clean_session_never_the_old_one(group
         config_api.change(group, P, {"kind": "limits.set", "name": "session_other_user_clean_start", "value": None})
 
 
-# --- point 3: the ACL at delivery ---------------------------------------------------------------------------
+# --- the ACL at delivery ---------------------------------------------------------------------------
 
 
 def test_a_wildcard_overlapping_a_deny_rule_is_granted_and_the_denied_topic_withheld(group):

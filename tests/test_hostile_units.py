@@ -1,4 +1,4 @@
-"""The systemd units cap what one node may take from its host (issue 21, point 4): memory and tasks.
+"""The systemd units cap what one node may take from its host (docs/security.md): memory and tasks.
 
 `systemd-analyze verify` of the installed units is in tests/test_install.py; here, that each unit has
 both caps in its [Service] section, so a leak or a flood ends in a restart and a failover, not a starved host.

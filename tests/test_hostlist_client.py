@@ -1,4 +1,4 @@
-"""The host-list client across kill -9 and release-activity of the active (issue 6): the application sees
+"""The host-list client across kill -9 and release-activity of the active: the application sees
 no error, every message it published is acknowledged, a persistent subscriber on the same client gets every
 one (QoS 2 exactly once) in order; a refused publish is an error; and bad host lists are clear errors."""
 

@@ -1,4 +1,4 @@
-"""The fault-injection suite, end to end (issue 8; docs/reliability.md): the nemesis against a real group.
+"""The fault-injection suite, end to end (docs/reliability.md): the nemesis against a real group.
 
 By default this is the bounded CI run: fixed seeds, each a "cover" schedule that injects every fault
 kind once in a seeded order. `--soak MINUTES` instead runs random seeds (fresh group each) until the

@@ -1,4 +1,4 @@
-"""Regressions for what the nemesis found (issue 8; docs/reliability.md "Findings"), as focused process tests.
+"""Regressions for what the nemesis found (docs/reliability.md "Findings"), as focused process tests.
 
 Each replays, with real nodes in namespaces, the shortest fault sequence that showed the bug.
 """

@@ -13,7 +13,7 @@ import pytest
 
 from tests.simulator import random_schedule
 
-# 1,000 by default: they come on top of test_quorum_random_schedules.py's 2,000 (issue 2's floor), and CI's
+# 1,000 by default: they come on top of test_quorum_random_schedules.py's 2,000, and CI's
 # 15-minute budget is shared. PAIRMQ_SIM_SCHEDULES=N runs N here too, for a longer soak.
 SCHEDULES = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("PAIRMQ_SIM_FIRST_SEED", "0"))

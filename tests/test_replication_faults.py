@@ -1,4 +1,4 @@
-"""S2 with real node processes and paho-mqtt streams across faults of the active (issue 4).
+"""S2 with real node processes and paho-mqtt streams across faults of the active (docs/mate_link.md).
 
 Every host (primary, backup, monitor, clients) is its own network namespace (tests/netns.py), so
 these tests need no loopback port lock and a fault can cut one port of one link.

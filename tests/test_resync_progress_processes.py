@@ -38,7 +38,7 @@ def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
 
 
 def test_a_snapshot_resync_shows_its_progress_then_redundancy_up(tmp_path):
-    # Taking activity, the primary rebuilds its broker core from 100,000 messages on its event loop (~4 s on a
+    # Taking activity, the primary rebuilds its broker core from 100,000 messages on its event loop (seconds on a
     # busy machine): not this test's subject, so the loop-stall watchdog gets room (docs/redundancy.md).
     g = Group(tmp_path / "group", limits=Limits(session_queue_max_messages=MESSAGES),
               timers=Timers(broker_stall_ms=30_000))

@@ -1,9 +1,9 @@
 """SIGTERM to all three nodes at once (a whole group shut down, as `systemctl stop` on every host does):
 every node exits by itself, with status 0 and its "stopped" line.
 
-The active hands activity over to a backup that is stopping too; the backup used to take that handover
-while its config-sync follower task outlived the node's stop (a cancel lost in 3.11's wait_for), so
-asyncio never finished and the process hung until killed."""
+The active hands activity over to a backup that is stopping too; if the backup took that handover while
+its config-sync follower task outlived the node's stop (a cancel lost in 3.11's wait_for), asyncio would
+never finish and the process would hang until killed."""
 
 from __future__ import annotations
 

@@ -226,7 +226,7 @@ def test_the_active_checks_its_images_pages_and_refuses_a_damaged_one(tmp_path):
 
 
 def test_the_active_walks_its_images_log_and_refuses_a_broken_chain(tmp_path):
-    # Sound pages, one op's body changed: only the chain walk finds it. The standby no longer walks it (the active
+    # Sound pages, one op's body changed: only the chain walk finds it. The standby does not walk it (the active
     # did, on these very bytes), so this check is the only one.
     info, _, _ = image_of(tmp_path)
     conn = sqlite3.connect(info.path)

@@ -555,7 +555,7 @@ def test_hundred_thousand_subscriptions_match_by_walk_not_scan():
     assert len(index) == 4
 
 
-# --- the match cache (session 8) ------------------------------------------------------
+# --- the match cache ------------------------------------------------------
 
 
 def test_a_cached_answer_follows_every_change():

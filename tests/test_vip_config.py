@@ -1,4 +1,4 @@
-"""The [vip] table of the group file: what is accepted, and one sentence for each mistake (issue 6)."""
+"""The [vip] table of the group file: what is accepted, and one sentence for each mistake."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The virtual IP with real node processes in network namespaces (issue 6).
+"""The virtual IP with real node processes in network namespaces.
 
 Each node is its own host (tests/netns.py); the VIP 10.77.0.100/24 lives on eth0 of whichever
 routing host is active. A paho client in the client host knows only the VIP (tests/vip_client.py).

@@ -1,4 +1,4 @@
-"""`pairmq show redundancy`'s virtual IP table: exact output from a captured console (issue 6)."""
+"""`pairmq show redundancy`'s virtual IP table: exact output from a captured console."""
 
 from io import StringIO
 

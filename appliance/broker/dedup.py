@@ -1,8 +1,8 @@
-"""Duplicate suppression by publisher-assigned message id (issue 4, BlazingMQ's GUID history). Sans-I/O.
+"""Duplicate suppression by publisher-assigned message id (BlazingMQ's GUID history). Sans-I/O.
 
 Rules:
 - The id is the MQTT 5 user property `pairmq-msg-id` (PROPERTY) of a QoS 1 or QoS 2 PUBLISH; the
-  host-list client of issue 6 sets it. QoS 0 and 3.1.1 publishes (no properties) are never checked.
+  host-list client (cli/hostlist.py) sets it. QoS 0 and 3.1.1 publishes (no properties) are never checked.
 - The same message is the same (publishing client id, message id): ids need be unique only per
   publisher, and one client can never suppress another's messages by reusing its ids.
 - An id is 1..MAX_ID_BYTES bytes of UTF-8 and appears at most once; otherwise the PUBLISH is refused

@@ -8,14 +8,14 @@ Rules:
     stays so while the transaction is held (SQLite never checkpoints a frame past an active reader's
     mark into the file), so its first page_count pages are the image, streamed straight from it. The
     transaction is held until the image has gone out (checkpoints meanwhile stop at our mark: the WAL
-    grows instead). Nothing is copied first: the 2.6-2.9 s of reading 1.2 GB into a copy before the
-    first byte went out (session 15) now overlap the stream.
+    grows instead). Nothing is copied first, so reading the file overlaps the stream instead of delaying
+    its first byte.
   - else (a commit after our snapshot began, or an older reader holding frames back) a copy by SQLite's
     online backup API (`make_image`) in one step, into `image_dir(spool)`: memory (/dev/shm) when it
     has room, else beside the spool. A GB written beside the spool makes every fsync of the node's own
-    (quorum state, spool commits) wait behind its writeback: the active's loop stalled for seconds
-    (1,000,000 messages). The GIL is free meanwhile (`Connection.serialize` holds it: a 1.5 GB spool
-    froze the active's loop for 12 s). The copy is streamed, then removed.
+    (quorum state, spool commits) wait behind its writeback, stalling the active's loop for seconds. The
+    GIL is free meanwhile (`Connection.serialize` would hold it for the whole copy, freezing the active's
+    loop). The copy is streamed, then removed.
   Either is streamed (`SpoolImage.chunks`) with its SHA-256 taken on the way.
 - The active checks the image's pages and its op log (`SpoolImage.check`: `PRAGMA quick_check`, then the
   log's chain from its base to the recorded head; on the copy opened immutable so nothing writes it, or
@@ -28,9 +28,9 @@ Rules:
   `finish`, which checks, in order: the size announced, the digest announced, then the file's
   schema, journal mode and meta (`Spool.open(check_pages=False)`) and that its head is the point
   announced. Not its pages nor its log's chain again: the active checked both on this very image,
-  and the SHA-256, checked first, proves these are those bytes (store.py, `check_pages`; session 9
-  moved the chain walk, ~0.65 s of a 1.2 GB image, off the standby's critical path). Any failure is `ImageRefused` with what was wrong (the active's
-  fault, or damage on the way: the link closes and the standby resyncs); the file is removed.
+  and the SHA-256, checked first, proves these are those bytes (store.py, `check_pages`), which keeps
+  the chain walk off the standby's critical path. Any failure is `ImageRefused` with what was wrong (the
+  active's fault, or damage on the way: the link closes and the standby resyncs); the file is removed.
 - A refused or abandoned image never touches the live spool: `swap_into` (as `SnapshotBuilder`'s)
   needs the live spool closed, fsyncs the file, renames it over `spool.db`, fsyncs the directory.
 - The image carries the active's op log (what its writer keeps) and meta (head and base): after

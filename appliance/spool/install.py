@@ -14,8 +14,8 @@ Rules:
 - `swap_into(spool_dir)` needs the live spool closed; it replaces the file atomically
   (os.replace, then an fsync of the directory) and removes the incoming directory.
 - The builder's connection is used under its lock: `add` and `finish` run in worker threads and
-  `abandon` may come from another thread; closing the connection under a running batch crashed
-  the process in libsqlite3 (finding 4 of docs/reliability.md). The mate link waits for the batch's
+  `abandon` may come from another thread; closing the connection under a running batch crashes
+  the process in libsqlite3. The mate link waits for the batch's
   thread before it abandons (mate_link/service.py); the lock makes any other caller wait too, and a
   batch after `abandon` gets a clear error instead of a closed connection.
 """

@@ -2,7 +2,7 @@
 
 Rules:
 - The broker core emits ops; the spool applies them in order, durably, in one
-  SQLite transaction per group commit; the mate link (issue 4) ships the same
+  SQLite transaction per group commit; the mate link ships the same
   ops to the standby. Replaying the op log from empty rebuilds the state.
 - Ops are frozen, slotted dataclasses with plain fields (str, bytes, int, bool,
   tuples of int). Message bodies are stored once (`MessageStored`) and
@@ -183,7 +183,7 @@ class WillCleared:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageIdSeen:
-    """Duplicate suppression across failover (issue 4, appliance/broker/dedup.py): the message id a
+    """Duplicate suppression across failover (appliance/broker/dedup.py): the message id a
     publisher assigned was accepted from that client. Committed with the message it names. (Its
     client_id was added before any broker emitted this op, so no spool holds the older layout.)"""
 

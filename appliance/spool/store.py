@@ -21,10 +21,10 @@ Rules:
   incremental resync; older ops are dropped by the writer (`base` moves up).
 - `vouch(path)`: a file this process just opened, verified and closed (a received spool image,
   spool/image.py) is not checked page by page a second time when it is opened again under its new
-  name (same device, inode, size and modification time; once). The cheap checks still run. A GB
-  image was otherwise `quick_check`ed and its log's chain walked twice in a row (~1 s per 360 MB).
-- `Spool.open(check_pages=False)` skips the deep checks, `quick_check` (~3 s for a 1.5 GB file) and the log's
-  chain walk (~0.65 s for 100,000 ops), for a received spool image only: the active ran both on the very image
+  name (same device, inode, size and modification time; once). The cheap checks still run. Otherwise a
+  GB image would be `quick_check`ed and its log's chain walked twice in a row.
+- `Spool.open(check_pages=False)` skips the deep checks, `quick_check` and the log's
+  chain walk (seconds for a GB file), for a received spool image only: the active ran both on the very image
   it sent, while sending (spool/image.py), and the image's SHA-256 proves the standby holds those bytes. The
   cheap checks (schema, journal mode, meta) still run, and the receiver checks the head it was announced.
 """
