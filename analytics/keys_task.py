@@ -15,10 +15,9 @@ Rules:
 - One Spark task per bucket reads those files, sums the counts per key with
   pyarrow, writes the new state's bucket and returns its redeliveries (the
   deliveries beyond the first of each key) and its number of keys.
-- Why not Spark's groupBy: converted into Spark, shuffled and aggregated,
-  the bench's 3.3 M keys took 5-12 s of the first summary's merge on two
-  cores; the bucket tasks take ~2.4 s in all, reading and writing included,
-  beside the other kinds' writes (docs/benchmarks.md, session 13).
+- Why not Spark's groupBy: converting, shuffling and aggregating the keys in
+  Spark costs several times what the bucket tasks do, reading and writing
+  included (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .segment_task import filesystem, system_allocator
+from .arrow_io import filesystem, system_allocator
 
 BUCKETS = 8  # a power of two; changing it needs a new --out DIR (the stored buckets would not match)
 KEYS = pa.schema([("client", pa.string()), ("msg_id", pa.int64()), ("deliveries", pa.int64())])

@@ -8,9 +8,8 @@ Rules:
   after the segment's path, `file_name`, so a retried task overwrites its
   own files) and returns the segment's partials: the columns
   partials.reduce computes in Spark, settled within the segment. Spark merges them (partials.merge) as it merges
-  stored states. Why: compiled parsing and grouping with no JVM warm-up; the
-  bench's first summary took 60-62 s against 75-78 s with Spark's reader and
-  Spark's reduce, alternated (docs/benchmarks.md, session 12).
+  stored states. Why: compiled parsing and grouping with no JVM warm-up, faster
+  than Spark's reader and reduce (docs/benchmarks.md).
 - What a line is, is schema.py's: parsed with the explicit schema, unknown
   fields ignored. A line that is not a JSON object with the documented types,
   or lacks ts, node or event, is malformed: counted, never fatal, whichever
@@ -48,6 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from . import keys_task
+from .arrow_io import filesystem, system_allocator
+
 PUBLISHED = "message_published"
 STAGES = ("spooled", "replicated", "delivered", "acknowledged")
 STAGE_EVENTS = tuple(f"message_{s}" for s in STAGES)
@@ -65,25 +67,9 @@ def file_name(path: str) -> str:
     return path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
-def system_allocator() -> None:
-    """pyarrow's buffers from malloc in this worker, not from its default mimalloc: mimalloc's first segment of a
-    process cost ~1 s more CPU than the next (a worker's first task), malloc's ~0.3 s, and the next ones as fast
-    (measured on the bench's 64 MiB segments, docs/benchmarks.md, session 14)."""
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
-
-
 def node_of_segment(path: str) -> str | None:
     m = _NAME.search(path)
     return (m.group(1) or m.group(2)) if m else None
-
-
-def filesystem(uri: str):
-    """(pyarrow filesystem, path) of a path Hadoop qualified (`file:`, `hdfs://`, `s3a://`, which pyarrow calls
-    `s3://`)."""
-    from pyarrow import fs
-
-    return fs.FileSystem.from_uri("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
 
 
 class Reducer:
@@ -238,7 +224,6 @@ class Reducer:
 
     def write_keys(self, deliveries: pa.Table, path: str) -> None:
         """The segment's per-delivery keys, bucketed (keys_task.py)."""
-        from . import keys_task  # it uses this module's filesystem()
 
         keys_task.write_segment_keys(deliveries, self.keys_dir, file_name(path))
 

@@ -24,9 +24,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 
+from pairmq.appliance.clock import now_ms, wall_ms
 from pairmq.appliance.errors import PairMQError, RemoteProtocolError
 from pairmq.appliance.roles import Role
 from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
@@ -41,10 +41,6 @@ log = logging.getLogger("pairmq.configsync")
 PURPOSE = "config-sync"
 TICK_S = 0.05
 REDIAL_S = 0.1
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class NotActive(PairMQError):
@@ -103,7 +99,7 @@ class ConfigSync:
     def apply(self, change: dict) -> Entry:
         if not self._is_active():
             raise NotActive(self._active_name())
-        entry = self.store.apply(change, int(time.time() * 1000))
+        entry = self.store.apply(change, wall_ms())
         self._event("config_change", {"version": entry.version, "kind": change["kind"], "what": describe(change),
                                       "digest": self.store.head.digest})
         self._on_changed(describe(change))

@@ -217,7 +217,7 @@ class StandbyLink(Endpoint):
     def _on_ops(self, m: Ops) -> None:
         if self._in_snapshot:
             raise LinkFault("OPS before the snapshot ended")
-        self.head = _continue_chain(m.entries, self.head, m.epoch)
+        self.head = continue_chain(m.entries, self.head, m.epoch)
         if m.entries:
             self._requests.append(Apply(tuple(m.entries)))
 
@@ -264,7 +264,7 @@ class StandbyLink(Endpoint):
 
 
 
-def _continue_chain(entries: tuple[LogEntry, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
+def continue_chain(entries: tuple[LogEntry, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
     """The point after `entries` if they continue `prev` (chain.verify_chain's rules) and none claims an epoch newer
     than its sender's; else LinkFault. One tight loop over the ops as received (a catch-up is a million of them);
     a failure is named by verify_chain itself."""

@@ -198,7 +198,7 @@ def test_ops_that_do_not_chain_close_the_link():
     (lambda es: es[:3] + [es[2]] + es[3:], "op 3 repeats or goes back after op 3"),
 ])
 def test_a_catch_up_batch_is_checked_op_by_op_and_a_bad_one_named(spoil, match):
-    """The standby's one-loop chain check (standby._continue_chain) over a whole batch: any op out of place,
+    """The standby's one-loop chain check (standby.continue_chain) over a whole batch: any op out of place,
     changed, cut short or from a newer epoch refuses the batch, naming the op; nothing reaches the writer."""
     standby = StandbyLink(GENESIS, 1, EPOCH, 0)
     standby.receive(Plan(EPOCH, Catchup.INCREMENTAL, 0, ChainPoint(EPOCH, 6, b"t" * 16)), 0)

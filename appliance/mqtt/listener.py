@@ -69,10 +69,10 @@ import collections
 import logging
 import ssl as _ssl
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from pairmq.appliance.clock import now_ms
 from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, Connect, PacketReader,
 )
@@ -110,10 +110,6 @@ class Gate(Protocol):
 EventSink = Callable[[str, dict[str, object]], None]
 # (CONNECT, peer) -> None to go on, or a CONNACK reason code (e.g. 0x86, 0x87), alone or with a reason string.
 CredentialCheck = Callable[[Connect, str], Awaitable["int | tuple[int, str] | None"]]
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class MqttListener:
