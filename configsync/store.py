@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from pairmq.appliance.errors import PairMQError
@@ -90,7 +91,7 @@ class ConfigStore:
         self._commit([entry], document)
         return entry
 
-    def apply_entries(self, entries: list[Entry]) -> None:
+    def apply_entries(self, entries: Sequence[Entry]) -> None:
         """A mate's changes, all or none: each must follow the head and chain to it."""
         head, document = self.head, self.document
         for entry in entries:
