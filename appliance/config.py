@@ -45,6 +45,7 @@ from .errors import ConfigError
 from .eventlog import EventSettings
 from .management_settings import ManagementSettings, parse_settings, render_settings
 from .roles import Role
+from .tls import TlsConfig
 
 DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
 CREDENTIAL_NAME = "pairmq-secret"
@@ -195,12 +196,6 @@ class NodeSpec:
     role: Role
     address: str
     data_dir: Path
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TlsConfig:
-    cert_file: Path
-    key_file: Path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -133,7 +133,7 @@ class HeartbeatThread:
         with self.lock:
             self.core.broker_alive(self.broker_alive_at)
             for data in datagrams:
-                self.core.receive_datagram(data, now_ms())
+                self.core.receive(data, now_ms())
             now = now_ms()
             due = self.core.get_timer()
             if now >= due:

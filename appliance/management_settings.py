@@ -75,8 +75,7 @@ def parse_settings(table: dict, base: Path) -> ManagementSettings:
     settings = ManagementSettings(**values)
     settings.validate()
     if settings.https:
-        from .config import TlsConfig
-        from .tls import check_tls_files
+        from .tls import TlsConfig, check_tls_files
 
         try:
             check_tls_files(TlsConfig(settings.cert_file, settings.key_file))

@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,12 @@ from cryptography.hazmat.primitives import serialization
 from .errors import ConfigError
 
 MAX_PEM_BYTES = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
 
 
 def _read(path: Path, key: str) -> bytes:
@@ -39,7 +46,7 @@ def _read(path: Path, key: str) -> bytes:
 
 
 def check_tls_files(tls) -> None:
-    """Load both files and compare the keys; `tls` is a config.TlsConfig."""
+    """Load both files and compare the keys; `tls` is a TlsConfig (or has its two paths)."""
     cert_pem = _read(tls.cert_file, "cert_file")
     key_pem = _read(tls.key_file, "key_file")
     try:

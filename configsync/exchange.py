@@ -31,9 +31,8 @@ from typing import Protocol
 
 from pairmq.appliance.errors import RemoteProtocolError
 
-from .changes import parse_change
+from .changes import Entry, Head, parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical
-from .store import Entry, Head
 
 MAX_RECENT = 64
 MAX_BATCH = 500
@@ -270,13 +269,13 @@ class ActiveEnd:
             self._outbox.append(Changes(self.epoch, (entry,)))
 
     def handle_timer(self, now_ms: int) -> None:
-        if now_ms >= self.get_timer():
+        if now_ms >= self.pinged_ms + PING_INTERVAL_MS:
             self.pinged_ms = now_ms
             self._outbox.append(Ping(self.epoch))
 
     def get_timer(self) -> int:
-        """When the next ping is due."""
-        return self.pinged_ms + PING_INTERVAL_MS
+        """When the next ping is due, or the link expires if that comes first."""
+        return min(self.pinged_ms + PING_INTERVAL_MS, self.heard_ms + LINK_TIMEOUT_MS + 1)
 
     def messages_to_send(self) -> list[Message]:
         out, self._outbox = self._outbox, []
@@ -385,6 +384,13 @@ class StandbyEnd:
 
     def ack(self, head: Head) -> None:
         self._outbox.append(Ack(self.epoch_seen, head.version, head.digest))
+
+    def handle_timer(self, now_ms: int) -> None:
+        """Nothing falls due on our side: the active pings and we answer; its silence is `expired`."""
+
+    def get_timer(self) -> int:
+        """When the link expires unless the active is heard."""
+        return self.heard_ms + LINK_TIMEOUT_MS + 1
 
     def messages_to_send(self) -> list[Message]:
         out, self._outbox = self._outbox, []

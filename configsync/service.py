@@ -32,10 +32,10 @@ from pairmq.appliance.roles import Role
 from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
 from pairmq.mate_link.transport import LinkCounters, MateConnection
 
-from .changes import describe
+from .changes import Entry, describe
 from .document import ConfigChangeError
 from .exchange import Ack, ActiveEnd, ApplyEntries, InstallSnapshot, Message, StandbyEnd, SyncStatus, decode, encode
-from .store import ConfigStore, Entry
+from .store import ConfigStore
 
 log = logging.getLogger("pairmq.configsync")
 PURPOSE = "config-sync"

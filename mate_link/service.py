@@ -137,7 +137,7 @@ class _Replication:
             await asyncio.sleep(TICK_S)
             if self.link is not None and not self.conn.closed:
                 try:
-                    self.link.tick(now_ms())
+                    self.link.handle_timer(now_ms())
                 except RemoteProtocolError as exc:
                     self.counters["timeout"] += 1
                     self.conn.close(str(exc))

@@ -255,12 +255,15 @@ class StandbyLink(Endpoint):
         holds): that silence is ours, not the active's."""
         self.heard_at = max(self.heard_at, now_ms)
 
-    def tick(self, now_ms: int) -> None:
+    def handle_timer(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
         if now_ms >= self._next_ping:
             self._out.append(Ping(self.highest_epoch, now_ms))
             self._next_ping = now_ms + self.ping_interval_ms
+
+    def get_timer(self) -> int:
+        return min(self._next_ping, self.heard_at + self.link_timeout_ms + 1)
 
 
 

@@ -143,7 +143,7 @@ def test_a_diverged_standby_gets_a_snapshot_then_the_ops_after_it():
     assert len(p.snapshot) == 2500 and p.snapshot_point == p.log[9].point
     assert p.active.phase is Phase.CATCHING_UP  # ops 11..12 are not committed yet; no read can find them
     p.committed = 12
-    p.active.tick(p.now)
+    p.active.handle_timer(p.now)
     p.pump()
     assert p.active.phase is Phase.LIVE and p.standby.durable == p.log[-1].point
 
@@ -224,8 +224,8 @@ def test_a_deposed_active_cannot_write_into_the_standby():
     (lambda p: p.active.receive(p.wire[0], 0), "second JOIN"),
     (lambda p: p.active.receive(Ops(EPOCH, ()), 0), "does not send"),
     (lambda p: p.active.receive(Ack(EPOCH + 1, 1), 0), "newer than ours"),
-    (lambda p: p.active.tick(5_000), "nothing from the standby"),
-    (lambda p: p.standby.tick(5_000), "nothing from the active"),
+    (lambda p: p.active.handle_timer(5_000), "nothing from the standby"),
+    (lambda p: p.standby.handle_timer(5_000), "nothing from the active"),
 ])
 def test_protocol_faults_are_named(bad, match):
     p = Pair(3)

@@ -149,7 +149,7 @@ class QuorumCore(HandoverRules):
 
     # --- inputs ---------------------------------------------------------------
 
-    def receive_datagram(self, data: bytes, now_ms: int) -> Heartbeat | None:
+    def receive(self, data: bytes, now_ms: int) -> Heartbeat | None:
         self._now = now_ms
         self._expire(now_ms)
         try:
