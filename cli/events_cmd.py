@@ -20,6 +20,7 @@ import signal
 import threading
 
 from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.quorum.decisions import DecisionKind
 from pairmq.appliance.roles import Role
 
 from . import api
@@ -27,7 +28,8 @@ from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 DEFAULT_LINES = 10
-KIND_STYLES = {"activate": "bold green", "step_down": "bold red", "bid": "cyan", "sync": "yellow"}
+KIND_STYLES = {DecisionKind.ACTIVATE: "bold green", DecisionKind.STEP_DOWN: "bold red", DecisionKind.BID: "cyan",
+               DecisionKind.SYNC: "yellow"}
 
 
 def add_follow_parser(actions) -> None:
