@@ -52,10 +52,10 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     parser = Parser(prog="pairmq", description="PairMQ: an MQTT broker run by a primary, a backup and a monitor.",
                     epilog=examples("pairmq local up                        # a whole group on this machine",
-                                     "pairmq show redundancy --group ./local/group.toml",
-                                     "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
-                                     "--monitor 10.0.0.3",
-                                     "pairmq node --role primary            # on the primary host"))
+                                    "pairmq show redundancy --group ./local/group.toml",
+                                    "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
+                                    "--monitor 10.0.0.3",
+                                    "pairmq node --role primary            # on the primary host"))
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _init_parser(commands)
     _node_parser(commands)
@@ -95,11 +95,11 @@ def _init_parser(commands) -> None:
                     "directory is DATA_DIR/<role>; a relative DATA_DIR is relative to DIR. Without addresses "
                     "the group is laid out on one machine (127.0.0.1, 127.0.0.2, 127.0.0.3).",
         epilog=examples("pairmq init --dir /etc/pairmq --name orders --primary 10.0.0.1 --backup 10.0.0.2 "
-                         "--monitor 10.0.0.3",
-                         "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
-                         "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
-                         "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password",
-                         "pairmq init --dir /etc/pairmq --management-tls  # HTTPS on 8080, self-signed, pinned"))
+                        "--monitor 10.0.0.3",
+                        "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
+                        "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
+                        "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password",
+                        "pairmq init --dir /etc/pairmq --management-tls  # HTTPS on 8080, self-signed, pinned"))
     p.add_argument("--dir", type=Path, default=DEFAULT_GROUP_PATH.parent,
                    help=f"where to write group.toml and secret (default: {DEFAULT_GROUP_PATH.parent})")
     p.add_argument("--name", default="pairmq", help="the group name (default: pairmq)")
@@ -122,7 +122,7 @@ def _node_parser(commands) -> None:
         "node", help="run one node in the foreground (what systemd runs)",
         description="Run one node of the group in the foreground, logging to stderr, until SIGTERM (exit 0).",
         epilog=examples("pairmq node --role primary",
-                         "pairmq node --role monitor --group /etc/pairmq/group.toml"))
+                        "pairmq node --role monitor --group /etc/pairmq/group.toml"))
     p.add_argument("--role", required=True, choices=[r.value for r in Role], help="this host's role")
     add_group(p)
     p.set_defaults(handler=_cmd_node)
@@ -159,7 +159,7 @@ def _show_parser(commands) -> None:
         description="Ask all three nodes' management APIs at once. A node that does not answer is shown as "
                     "unreachable; it is an error only when none answers.",
         epilog=examples("pairmq show redundancy", "pairmq show redundancy --watch",
-                         "pairmq show redundancy --json --group ./local/group.toml"))
+                        "pairmq show redundancy --json --group ./local/group.toml"))
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
     p.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
     add_group(p)
@@ -189,8 +189,8 @@ def _show_broker_parsers(things) -> None:
              "Every subscription on the active node: client, filter, QoS and MQTT 5 options.")):
         p = things.add_parser(what, help=help_text, description=description,
                               epilog=examples(f"pairmq show {what}", f"pairmq show {what} --json",
-                                               *(["pairmq show subscriptions --client sensor-7"]
-                                                 if what == "subscriptions" else [])))
+                                              *(["pairmq show subscriptions --client sensor-7"]
+                                                if what == "subscriptions" else [])))
         p.add_argument("--json", action="store_true",
                        help=f"print a JSON document: {{group, node, address, {what}: [...], total, truncated}}")
         p.add_argument("--limit", type=int, metavar="N", help="show at most N rows (1-10000, default 1000)")
@@ -212,14 +212,14 @@ def _events_parser(commands) -> None:
                                  description="Read a node's event log (tail) or follow the nodes' redundancy "
                                              "decisions as they happen (follow), through the management API.",
                                  epilog=examples("pairmq events tail", "pairmq events tail --role backup --json",
-                                                  "pairmq events follow"))
+                                                 "pairmq events follow"))
     actions = events.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     events.set_defaults(handler=lambda args, term: _help(events, term))
     p = actions.add_parser(
         "tail", help="the latest events of one node",
         description="The latest events of one node's event log, oldest first, one per line (or --json).",
         epilog=examples("pairmq events tail", "pairmq events tail --role monitor --limit 20",
-                         "pairmq events tail --since 1795000000 --json"))
+                        "pairmq events tail --since 1795000000 --json"))
     p.add_argument("--role", choices=[r.value for r in Role], default="primary",
                    help="whose event log (default: primary)")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events (1-1000, default 50)")
@@ -236,7 +236,7 @@ def _redundancy_parser(commands) -> None:
     red = commands.add_parser("redundancy", help="operator actions on activity",
                               description="Operator actions on the group's activity.",
                               epilog=examples("pairmq redundancy force-activity --role backup "
-                                               "--i-understand-data-loss"))
+                                              "--i-understand-data-loss"))
     actions = red.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     red.set_defaults(handler=lambda args, term: _help(red, term))
     p = actions.add_parser(
@@ -257,7 +257,7 @@ def _redundancy_parser(commands) -> None:
                     "hands activity over with the next epoch; MQTT 5 clients are sent to the new active. "
                     "Refused when the mate is not in sync, unless --force (then a plain step-down).",
         epilog=examples("pairmq redundancy release-activity", "pairmq redundancy release-activity --role backup",
-                         "pairmq redundancy release-activity --force"))
+                        "pairmq redundancy release-activity --force"))
     p.add_argument("--role", choices=[r.value for r in Role if r.routes_messages],
                    help="the node to release (default: whichever is active)")
     p.add_argument("--force", action="store_true", help="step down even without an in-sync mate")

@@ -331,21 +331,9 @@ def _batches(entries: list[Entry]) -> list[list[Entry]]:
 # --- the standby's end ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ApplyEntries:
-    entries: tuple[Entry, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InstallSnapshot:
-    version: int
-    chain: str
-    document: ConfigDocument
-    discard_after: int  # our changes after this version are discarded: report them
-    reason: str
-
-
-Effect = ApplyEntries | InstallSnapshot
+# What the standby's adapter applies to its store; a snapshot discards (and the adapter reports) our changes
+# after its `common` version.
+Effect = Changes | Snapshot
 
 
 @dataclasses.dataclass(slots=True)
@@ -371,11 +359,8 @@ class StandbyEnd:
         if message.epoch < self.epoch_seen:
             raise ConfigLinkFault(f"a message from epoch {message.epoch}; epoch {self.epoch_seen} was active since")
         self.epoch_seen = message.epoch
-        if isinstance(message, Changes):
-            return [ApplyEntries(message.entries)]  # even none: the ack tells the active we are at its head
-        if isinstance(message, Snapshot):
-            return [InstallSnapshot(message.version, message.chain, message.document, message.common,
-                                    message.reason)]
+        if isinstance(message, (Changes, Snapshot)):
+            return [message]  # changes even when none: the ack tells the active we are at its head
         if isinstance(message, Ping):
             self._outbox.append(Pong(self.epoch_seen))
         elif not isinstance(message, Pong):

@@ -34,7 +34,7 @@ from pairmq.mate_link.transport import LinkCounters, MateConnection
 
 from .changes import Entry, describe
 from .document import ConfigChangeError
-from .exchange import Ack, ActiveEnd, ApplyEntries, InstallSnapshot, Message, StandbyEnd, SyncStatus, decode, encode
+from .exchange import Ack, ActiveEnd, Changes, Message, Snapshot, StandbyEnd, SyncStatus, decode, encode
 from .store import ConfigStore
 
 log = logging.getLogger("pairmq.configsync")
@@ -247,9 +247,9 @@ class ConfigSync:
             return
         for effect in self._standby_end.receive(message, now_ms()):
             try:
-                if isinstance(effect, InstallSnapshot):
+                if isinstance(effect, Snapshot):
                     self._install(effect)
-                elif isinstance(effect, ApplyEntries):
+                elif isinstance(effect, Changes):
                     self.store.apply_entries(effect.entries)
                     self._on_changed(f"{len(effect.entries)} change(s) from the active, now version "
                                      f"{self.store.head.version}")
@@ -260,8 +260,8 @@ class ConfigSync:
             self._standby_status = SyncStatus.IN_SYNC
         conn.send(self._standby_end.messages_to_send())
 
-    def _install(self, snapshot: InstallSnapshot) -> None:
-        ours = self.store.changes_after(max(snapshot.discard_after, 0)) or []
+    def _install(self, snapshot: Snapshot) -> None:
+        ours = self.store.changes_after(max(snapshot.common, 0)) or []
         for entry in ours:
             self.discarded.append({"version": entry.version, "what": describe(entry.change)})
             self._event("config_change_discarded", {"version": entry.version, "what": describe(entry.change),

@@ -22,7 +22,7 @@ import collections
 import random
 
 from pairmq.appliance.broker.access import hash_password
-from pairmq.configsync.exchange import ActiveEnd, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus, decode, encode
+from pairmq.configsync.exchange import ActiveEnd, ConfigLinkFault, Snapshot, StandbyEnd, SyncStatus, decode, encode
 from pairmq.configsync.store import ConfigStore
 
 RECORD = hash_password(b"pw", b"s" * 16, n=2, r=1, p=1).to_document()
@@ -164,8 +164,8 @@ class ConfigSyncSim:
     def standby_receive(self, message) -> None:
         node = self.nodes[self.standby]
         for effect in self.standby_end.receive(message, self.now):
-            if isinstance(effect, InstallSnapshot):
-                mine = node.store.changes_after(max(effect.discard_after, 0)) or []
+            if isinstance(effect, Snapshot):
+                mine = node.store.changes_after(max(effect.common, 0)) or []
                 node.discarded_reports.extend(e.version for e in mine)
                 for e in mine:  # a change we discard must not be one the snapshot holds
                     if e.version <= effect.version and e.chain == self.nodes[self.active].store.chain_at(e.version):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pairmq.configsync.exchange import (ActiveEnd, ApplyEntries, Changes, ConfigLinkFault, Hello, InstallSnapshot, Ping,
-                                        Snapshot, StandbyEnd, SyncStatus, decode, encode)
+from pairmq.configsync.exchange import (ActiveEnd, Changes, ConfigLinkFault, Hello, Ping, Snapshot, StandbyEnd, SyncStatus,
+                                        decode, encode)
 from pairmq.configsync.store import ConfigStore
 
 ANON = {"kind": "anonymous.set", "allowed": True}
@@ -36,9 +36,9 @@ def join(active: ConfigStore, standby: ConfigStore, epoch: int = 3):
 def run_effects(mine: StandbyEnd, standby: ConfigStore, messages: list) -> list:
     for message in messages:
         for effect in mine.receive(message, 2):
-            if isinstance(effect, ApplyEntries):
+            if isinstance(effect, Changes):
                 standby.apply_entries(effect.entries)
-            elif isinstance(effect, InstallSnapshot):
+            elif isinstance(effect, Snapshot):
                 standby.install(effect.version, effect.chain, effect.document)
             mine.ack(standby.head)
     return [decode(encode(m)) for m in mine.messages_to_send()]
@@ -81,8 +81,8 @@ def test_divergent_histories_get_a_snapshot_naming_the_common_version(stores):
     assert [type(m) for m in plan] == [Snapshot]
     assert plan[0].common == 1 and plan[0].reason == "the histories part after version 1"
     effect = mine.receive(plan[0], 2)[0]
-    assert isinstance(effect, InstallSnapshot) and effect.discard_after == 1
-    assert [e.version for e in standby.changes_after(effect.discard_after)] == [2]  # what it reports as discarded
+    assert isinstance(effect, Snapshot) and effect.common == 1
+    assert [e.version for e in standby.changes_after(effect.common)] == [2]  # what it reports as discarded
 
 
 def test_a_standby_ahead_gets_a_snapshot(stores):
