@@ -45,7 +45,6 @@ from .errors import ConfigError
 from .eventlog import EventSettings
 from .management_settings import ManagementSettings, parse_settings, render_settings
 from .roles import Role
-from .tls import TlsConfig
 
 DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
 CREDENTIAL_NAME = "pairmq-secret"
@@ -196,6 +195,12 @@ class NodeSpec:
     role: Role
     address: str
     data_dir: Path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +25,6 @@ from cryptography.hazmat.primitives import serialization
 from .errors import ConfigError
 
 MAX_PEM_BYTES = 1024 * 1024
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TlsConfig:
-    cert_file: Path
-    key_file: Path
 
 
 def _read(path: Path, key: str) -> bytes:
@@ -46,7 +39,7 @@ def _read(path: Path, key: str) -> bytes:
 
 
 def check_tls_files(tls) -> None:
-    """Load both files and compare the keys; `tls` is a TlsConfig (or has its two paths)."""
+    """Load both files and compare the keys; `tls` has `cert_file` and `key_file` (a config.TlsConfig)."""
     cert_pem = _read(tls.cert_file, "cert_file")
     key_pem = _read(tls.key_file, "key_file")
     try:
