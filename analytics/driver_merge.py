@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from . import segment_task
 from .partials import MESSAGE_KEY, STAGE_NAMES
-from .segment_task import filesystem
+from .arrow_io import filesystem
 from .xxhash64 import of_topic
 
 # The kinds merged here: the per-delivery keys are keys_task.py's; `redelivered` is their total.

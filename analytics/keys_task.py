@@ -25,7 +25,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .segment_task import filesystem, system_allocator
+from .arrow_io import filesystem, system_allocator
 
 BUCKETS = 8  # a power of two; changing it needs a new --out DIR (the stored buckets would not match)
 KEYS = pa.schema([("client", pa.string()), ("msg_id", pa.int64()), ("deliveries", pa.int64())])

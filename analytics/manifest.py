@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .segment_task import filesystem
+from .arrow_io import filesystem
 
 SCHEMA = pa.schema([("path", pa.string()), ("batch", pa.string())])
 

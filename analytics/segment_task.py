@@ -47,6 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from . import keys_task
+from .arrow_io import filesystem, system_allocator
+
 PUBLISHED = "message_published"
 STAGES = ("spooled", "replicated", "delivered", "acknowledged")
 STAGE_EVENTS = tuple(f"message_{s}" for s in STAGES)
@@ -64,24 +67,9 @@ def file_name(path: str) -> str:
     return path.rsplit("/", 1)[-1].removesuffix(".jsonl") + "-" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
-def system_allocator() -> None:
-    """pyarrow's buffers from malloc in this worker, not from its default mimalloc: mimalloc makes a worker's first
-    segment cost far more CPU than the next ones, malloc much less (docs/benchmarks.md, "Analytics")."""
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
-
-
 def node_of_segment(path: str) -> str | None:
     m = _NAME.search(path)
     return (m.group(1) or m.group(2)) if m else None
-
-
-def filesystem(uri: str):
-    """(pyarrow filesystem, path) of a path Hadoop qualified (`file:`, `hdfs://`, `s3a://`, which pyarrow calls
-    `s3://`)."""
-    from pyarrow import fs
-
-    return fs.FileSystem.from_uri("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
 
 
 class Reducer:
@@ -236,7 +224,6 @@ class Reducer:
 
     def write_keys(self, deliveries: pa.Table, path: str) -> None:
         """The segment's per-delivery keys, bucketed (keys_task.py)."""
-        from . import keys_task  # it uses this module's filesystem()
 
         keys_task.write_segment_keys(deliveries, self.keys_dir, file_name(path))
 

@@ -79,7 +79,7 @@ class NodeConfiguration:
     def _active_role(self):
         node = self.node
         with node.heartbeats.lock:
-            from .node import now_ms
+            from .clock import now_ms
 
             active = node.core.active_role(now_ms())
         return None if active is None or active is node.role else active

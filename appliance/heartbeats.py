@@ -32,9 +32,9 @@ import logging
 import select
 import socket
 import threading
-import time
 from typing import Callable
 
+from .clock import now_ms
 from .quorum.core import Decision, QuorumCore
 
 log = logging.getLogger("pairmq.heartbeats")
@@ -43,10 +43,6 @@ RECV_BATCH = 256  # datagrams read per wake-up before the timer gets its turn (a
 MAX_DATAGRAM = 4096  # larger than any heartbeat; longer ones arrive truncated and are refused as malformed
 LAG_REPORT_MS = 250  # broker loop stamps older than this are reported once per episode (stamps come every 100 ms)
 STOP_WAIT_S = 2.0
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class HeartbeatThread:
@@ -137,7 +133,7 @@ class HeartbeatThread:
         with self.lock:
             self.core.broker_alive(self.broker_alive_at)
             for data in datagrams:
-                self.core.receive_datagram(data, now_ms())
+                self.core.receive(data, now_ms())
             now = now_ms()
             due = self.core.get_timer()
             if now >= due:

@@ -181,6 +181,17 @@ def fingerprint(secret: bytes) -> str:
                 info=b"pairmq/key-check/v1").derive(secret).hex()
 
 
+def management_key(secret: bytes) -> bytes:
+    """The HMAC key of signed management requests (appliance/request_signing.py), derived from the group secret."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret",
+                info=b"pairmq/management-key/v2").derive(secret)
+
+
+def management_token(secret: bytes) -> str:
+    """The management key in hex, as the CLI and the API hold it; never sent itself."""
+    return management_key(secret).hex()
+
+
 def _ids(keys) -> str:
     return ", ".join(str(k) for k in sorted(keys))
 

@@ -98,7 +98,7 @@ def _head(request: web.Request) -> tuple[dict, object | None]:
 
 def active_management_address(node) -> str | None:
     """host:port of the active node's management API, as this node sees it; None if none is active."""
-    from .node import now_ms
+    from .clock import now_ms
 
     with node.heartbeats.lock:
         active = node.core.active_role(now_ms())

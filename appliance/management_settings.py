@@ -75,11 +75,10 @@ def parse_settings(table: dict, base: Path) -> ManagementSettings:
     settings = ManagementSettings(**values)
     settings.validate()
     if settings.https:
-        from .config import TlsConfig
         from .tls import check_tls_files
 
         try:
-            check_tls_files(TlsConfig(settings.cert_file, settings.key_file))
+            check_tls_files(settings)  # it reads only the two paths
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("tls.", "management.")) from None
         client_context(settings)

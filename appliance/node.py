@@ -33,16 +33,16 @@ import gc
 import logging
 import secrets
 import signal
-import time
 
 from . import readiness, sd_notify
+from .clock import now_ms
 from .config import GroupConfig, load_keyring
 from .decision_stream import DecisionFeed
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
 from .private_files import private_dir
-from .keyring import STATE_FILE, CurrentKeyring, startup_keyring
+from .keyring import STATE_FILE, CurrentKeyring, management_token, startup_keyring
 from .management import ManagementServer
 from .planned_handover import HandoverRunner
 from .quorum.auth import HeartbeatAuth
@@ -68,10 +68,6 @@ GC_THRESHOLDS = (700, 10, 1000)
 # sys.getswitchinterval() stays at its 5 ms: 1 ms halved the heartbeat timer's worst lateness in storms
 # (82 vs 195 ms, both far inside the 500 ms lease) but cost about a third of QoS 1 throughput. Only a standby
 # catching up on the mate link runs at a shorter one meanwhile (mate_link/service.py _catching_up).
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Node:
@@ -552,13 +548,6 @@ class Node:
 
 def _decision_json(d, now: int) -> dict:
     return {"kind": d.kind, "epoch": d.epoch, "reason": d.reason, "ms_ago": now - d.at_ms}
-
-
-def management_token(secret: bytes) -> str:
-    """The management key (hex) that signs API requests (appliance/request_signing.py); never sent itself."""
-    from .request_signing import management_key
-
-    return management_key(secret).hex()
 
 
 def run_node(config: GroupConfig, role: Role) -> None:

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import time
 
+from .clock import now_ms
 from .errors import LocalProtocolError
 from .roles import Role
 
@@ -36,10 +37,6 @@ TAKEOVER_WAIT_S = 1.0
 SIGTERM_SYNC_WAIT_S = 5.0  # with the 2 s drain bound and the takeover wait, well inside TimeoutStopSec=15s
 SYNC_RETRY_S = 0.05
 MQTT_REASON_USE_ANOTHER_SERVER = 0x9C
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from . import sd_notify
+from .clock import now_ms
 
 log = logging.getLogger("pairmq.node")
 
 JOIN_POLL_S = 0.05
 JOIN_DECISION_QUIETS = 10
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 async def watchdog_pings() -> None:

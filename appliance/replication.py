@@ -17,17 +17,14 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 
 from pairmq.mate_link.active import LinkLimits
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 
+from .clock import now_ms
+
 log = logging.getLogger("pairmq.replication")
 SYNC_S = 0.05
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Replication:

@@ -1,7 +1,7 @@
 """Signed management requests: what the CLI and a node's status fan-out send instead of a bearer token.
 
 Rules:
-- The key is the management key derived from the group secret (`management_key`); it never travels.
+- The key is the management key derived from the group secret (`keyring.management_key`); it never travels.
   Each request carries `Authorization: PairMQ-HMAC ts=<unix ms>, nonce=<32 hex>, sig=<64 hex>`, the
   signature an HMAC-SHA256 over the scheme's version, the method, the `host:port` the request is sent
   to, the path with its query, the SHA-256 of the body, the timestamp and the nonce. A captured request
@@ -31,15 +31,6 @@ _HEADER = re.compile(r"ts=(\d{1,15}), nonce=([0-9a-f]{32}), sig=([0-9a-f]{64})")
 
 class SignatureRefused(Exception):
     """The request is not a valid, fresh, unreplayed signed request; the message says which check failed."""
-
-
-def management_key(secret: bytes) -> bytes:
-    """The HMAC key of signed requests, derived from the group secret (HKDF)."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret",
-                info=b"pairmq/management-key/v2").derive(secret)
 
 
 def _mac(key: bytes, method: str, host: str, path: str, body: bytes, ts_ms: int, nonce: str) -> str:

@@ -39,7 +39,7 @@ def _read(path: Path, key: str) -> bytes:
 
 
 def check_tls_files(tls) -> None:
-    """Load both files and compare the keys; `tls` is a config.TlsConfig."""
+    """Load both files and compare the keys; `tls` has `cert_file` and `key_file` (a config.TlsConfig)."""
     cert_pem = _read(tls.cert_file, "cert_file")
     key_pem = _read(tls.key_file, "key_file")
     try:

@@ -57,6 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pairmq.appliance.clock import now_ms  # noqa: E402
 from pairmq.appliance.config import Timers  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench import report  # noqa: E402
@@ -74,10 +75,6 @@ BURNER = ("import os\np = os.getppid()\n"  # a busy loop that dies with its pare
           "while os.getppid() == p:\n    for _ in range(1_000_000): pass\n")
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35  # Linux; not exported by the socket module
 DOC_BEGIN, DOC_END = "<!-- failover:begin -->", "<!-- failover:end -->"
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Interrupted(Exception):

@@ -35,7 +35,7 @@ from pairmq.appliance.spool.chain import GENESIS, chain  # noqa: E402
 from pairmq.appliance.spool.codec import decode_op, encode_op  # noqa: E402
 from pairmq.appliance.spool.state import check_op  # noqa: E402
 from pairmq.mate_link.messages import Ops, decode, encode  # noqa: E402
-from pairmq.mate_link.standby import _continue_chain  # noqa: E402
+from pairmq.mate_link.standby import continue_chain  # noqa: E402
 
 WINDOW = 100
 NOW = 1_700_000_000_000
@@ -112,7 +112,7 @@ def standby_us(messages: int) -> dict[str, float]:
     t1 = time.process_time()
     head = GENESIS
     for m in received:
-        head = _continue_chain(m.entries, head, 1)
+        head = continue_chain(m.entries, head, 1)
     t2 = time.process_time()
     for m in received:
         for op in tuple(decode_op(e.body) for e in m.entries):

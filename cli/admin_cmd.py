@@ -18,10 +18,11 @@ from pairmq.appliance.admin_credential import (DEFAULT_USER, admin_path, generat
                                         write_admin)
 from pairmq.appliance.config import GroupConfig
 
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 
-def add_parsers(commands, add_group, examples) -> None:
+def add_parsers(commands) -> None:
     admin = commands.add_parser(
         "admin", help="the management API's admin credential (HTTP Basic, the status page)",
         description="The admin user and password that a browser uses on the management API (HTTP Basic). "
@@ -51,9 +52,6 @@ def _help(parser, term: Terminal) -> int:
 
 def _cmd_passwd(args, term: Terminal) -> int:
     from pairmq.appliance.config import load_group
-
-    from .main import group_path
-
     config = load_group(group_path(args))
     if args.generate:
         password = generate_password()

@@ -14,10 +14,11 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
+from .options import examples
 from .terminal import Terminal
 
 
-def add_parsers(commands, examples) -> None:
+def add_parsers(commands) -> None:
     analytics = commands.add_parser(
         "analytics", help="Spark reports over the nodes' event logs",
         description="Traffic, latencies, failover incidents and availability from the nodes' event logs.",

@@ -26,6 +26,7 @@ from pairmq.appliance.roles import Role
 from pairmq.configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
 
 from . import api
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ CHANGE_TIMEOUT_S = 10.0
 
 
 def _config(args) -> GroupConfig:
-    from .main import group_path
-
     return load_group(group_path(args))
 
 
@@ -267,7 +266,7 @@ def _read_password(args) -> bytes:
 # --- the parsers ------------------------------------------------------------------------------------
 
 
-def add_parsers(commands, add_group, examples) -> None:
+def add_parsers(commands) -> None:
     config = commands.add_parser(
         "config", help="users, ACLs, limits, overload, auto-revert (on the active, config-synced)",
         description="Change the group's replicated configuration. Changes go to the active node and are "

@@ -20,16 +20,19 @@ import signal
 import threading
 
 from pairmq.appliance.config import GroupConfig
+from pairmq.appliance.quorum.decisions import DecisionKind
 from pairmq.appliance.roles import Role
 
 from . import api
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 DEFAULT_LINES = 10
-KIND_STYLES = {"activate": "bold green", "step_down": "bold red", "bid": "cyan", "sync": "yellow"}
+KIND_STYLES = {DecisionKind.ACTIVATE: "bold green", DecisionKind.STEP_DOWN: "bold red", DecisionKind.BID: "cyan",
+               DecisionKind.SYNC: "yellow"}
 
 
-def add_follow_parser(actions, add_group, examples) -> None:
+def add_follow_parser(actions) -> None:
     """`pairmq events follow`, beside `events tail` (a node's event log, cli/show_broker.py)."""
     follow = actions.add_parser(
         "follow", help="print redundancy decisions as they happen (Ctrl-C to stop)",
@@ -53,9 +56,6 @@ def _count(text: str) -> int:
 
 def _cmd_follow(args: argparse.Namespace, term: Terminal) -> int:
     from pairmq.appliance.config import load_group
-
-    from .main import group_path
-
     roles = [Role(args.node)] if args.node else list(Role)
     return follow(term, load_group(group_path(args)), roles, as_json=args.json, lines=args.lines)
 

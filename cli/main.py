@@ -9,7 +9,6 @@ stderr and a non-zero exit code: 2 for a usage mistake, 1 for everything else,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from pairmq.appliance.config import DEFAULT_GROUP_PATH, load_group
 from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.roles import Role
 
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
-GROUP_ENV = "PAIRMQ_GROUP"
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
@@ -50,28 +49,13 @@ class Parser(argparse.ArgumentParser):
         raise _Exit(status)
 
 
-def _examples(*lines: str) -> str:
-    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def _add_group(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--group", metavar="FILE", type=Path,
-                        help=f"the group file (default: ${GROUP_ENV}, else {DEFAULT_GROUP_PATH})")
-
-
-def group_path(args: argparse.Namespace) -> Path:
-    if args.group is not None:
-        return args.group
-    return Path(os.environ[GROUP_ENV]) if os.environ.get(GROUP_ENV) else DEFAULT_GROUP_PATH
-
-
 def build_parser() -> Parser:
     parser = Parser(prog="pairmq", description="PairMQ: an MQTT broker run by a primary, a backup and a monitor.",
-                    epilog=_examples("pairmq local up                        # a whole group on this machine",
-                                     "pairmq show redundancy --group ./local/group.toml",
-                                     "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
-                                     "--monitor 10.0.0.3",
-                                     "pairmq node --role primary            # on the primary host"))
+                    epilog=examples("pairmq local up                        # a whole group on this machine",
+                                    "pairmq show redundancy --group ./local/group.toml",
+                                    "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
+                                    "--monitor 10.0.0.3",
+                                    "pairmq node --role primary            # on the primary host"))
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _init_parser(commands)
     _node_parser(commands)
@@ -81,19 +65,19 @@ def build_parser() -> Parser:
     _events_parser(commands)
     from .admin_cmd import add_parsers as _admin_parsers
 
-    _admin_parsers(commands, _add_group, _examples)
+    _admin_parsers(commands)
     from .config_cmd import add_parsers as _config_parsers
 
-    _config_parsers(commands, _add_group, _examples)
+    _config_parsers(commands)
     from .pubsub import add_parsers as _pubsub_parsers
 
-    _pubsub_parsers(commands, _add_group, _examples)
+    _pubsub_parsers(commands)
     from .analytics_cmd import add_parsers as _analytics_parsers
 
-    _analytics_parsers(commands, _examples)
+    _analytics_parsers(commands)
     from .secret_cmd import add_parsers as _secret_parsers
 
-    _secret_parsers(commands, _add_group, _examples)
+    _secret_parsers(commands)
     _install_parser(commands)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser
@@ -110,12 +94,12 @@ def _init_parser(commands) -> None:
         description="Write DIR/group.toml and a fresh group secret DIR/secret (mode 0600). Each node's data "
                     "directory is DATA_DIR/<role>; a relative DATA_DIR is relative to DIR. Without addresses "
                     "the group is laid out on one machine (127.0.0.1, 127.0.0.2, 127.0.0.3).",
-        epilog=_examples("pairmq init --dir /etc/pairmq --name orders --primary 10.0.0.1 --backup 10.0.0.2 "
-                         "--monitor 10.0.0.3",
-                         "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
-                         "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
-                         "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password",
-                         "pairmq init --dir /etc/pairmq --management-tls  # HTTPS on 8080, self-signed, pinned"))
+        epilog=examples("pairmq init --dir /etc/pairmq --name orders --primary 10.0.0.1 --backup 10.0.0.2 "
+                        "--monitor 10.0.0.3",
+                        "pairmq init --dir ./mygroup --data-dir data     # all three nodes on this machine",
+                        "pairmq init --dir /etc/pairmq --force           # replace the group file and secret",
+                        "pairmq init --dir ./g --admin-password-stdin < pw.txt  # choose the admin password",
+                        "pairmq init --dir /etc/pairmq --management-tls  # HTTPS on 8080, self-signed, pinned"))
     p.add_argument("--dir", type=Path, default=DEFAULT_GROUP_PATH.parent,
                    help=f"where to write group.toml and secret (default: {DEFAULT_GROUP_PATH.parent})")
     p.add_argument("--name", default="pairmq", help="the group name (default: pairmq)")
@@ -137,10 +121,10 @@ def _node_parser(commands) -> None:
     p = commands.add_parser(
         "node", help="run one node in the foreground (what systemd runs)",
         description="Run one node of the group in the foreground, logging to stderr, until SIGTERM (exit 0).",
-        epilog=_examples("pairmq node --role primary",
-                         "pairmq node --role monitor --group /etc/pairmq/group.toml"))
+        epilog=examples("pairmq node --role primary",
+                        "pairmq node --role monitor --group /etc/pairmq/group.toml"))
     p.add_argument("--role", required=True, choices=[r.value for r in Role], help="this host's role")
-    _add_group(p)
+    add_group(p)
     p.set_defaults(handler=_cmd_node)
 
 
@@ -149,7 +133,7 @@ def _local_parser(commands) -> None:
         "local", help="a whole group on this machine: up, down, status",
         description="Run a whole group on this machine: nodes on 127.0.0.1 (primary), 127.0.0.2 (backup) and "
                     "127.0.0.3 (monitor), with the group file, secret, data, pid files and logs under DIR.",
-        epilog=_examples("pairmq local up", "pairmq local status --json", "pairmq local down --dir /tmp/pmq"))
+        epilog=examples("pairmq local up", "pairmq local status --json", "pairmq local down --dir /tmp/pmq"))
     actions = local.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     local.set_defaults(handler=lambda args, term: _help(local, term))
     for name, help_text, example in (
@@ -158,7 +142,7 @@ def _local_parser(commands) -> None:
             ("down", "stop the three nodes (harmless when nothing runs)", "pairmq local down --dir /tmp/pmq"),
             ("status", "the processes and the redundancy view", "pairmq local status --json")):
         p = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
-                               epilog=_examples(example))
+                               epilog=examples(example))
         p.add_argument("--dir", type=Path, default=Path("local"), help="the local group's directory (default: ./local)")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
@@ -167,29 +151,29 @@ def _local_parser(commands) -> None:
 
 def _show_parser(commands) -> None:
     show = commands.add_parser("show", help="read the group's state", description="Read the group's state.",
-                               epilog=_examples("pairmq show redundancy", "pairmq show redundancy --json"))
+                               epilog=examples("pairmq show redundancy", "pairmq show redundancy --json"))
     things = show.add_subparsers(dest="thing", metavar="WHAT", parser_class=Parser)
     show.set_defaults(handler=lambda args, term: _help(show, term))
     p = things.add_parser(
         "redundancy", help="each node's activity, epoch, peers and last decision",
         description="Ask all three nodes' management APIs at once. A node that does not answer is shown as "
                     "unreachable; it is an error only when none answers.",
-        epilog=_examples("pairmq show redundancy", "pairmq show redundancy --watch",
-                         "pairmq show redundancy --json --group ./local/group.toml"))
+        epilog=examples("pairmq show redundancy", "pairmq show redundancy --watch",
+                        "pairmq show redundancy --json --group ./local/group.toml"))
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
     p.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
-    _add_group(p)
+    add_group(p)
     c = things.add_parser(
         "config-sync", help="each routing node's configuration version, digest and sync status",
         description="In-Sync / Syncing / Out-Of-Sync per routing node, with versions and digests.",
-        epilog=_examples("pairmq show config-sync", "pairmq show config-sync --json"))
+        epilog=examples("pairmq show config-sync", "pairmq show config-sync --json"))
     c.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
-    _add_group(c)
+    add_group(c)
     c.set_defaults(handler=_cmd_show_config_sync)
     p.set_defaults(handler=_cmd_show_redundancy)
     from .secret_cmd import add_show_parser as _secret_show_parser
 
-    _secret_show_parser(things, _add_group, _examples)
+    _secret_show_parser(things)
     _show_broker_parsers(things)
 
 
@@ -204,22 +188,22 @@ def _show_broker_parsers(things) -> None:
             ("subscriptions", "the subscriptions on the active node",
              "Every subscription on the active node: client, filter, QoS and MQTT 5 options.")):
         p = things.add_parser(what, help=help_text, description=description,
-                              epilog=_examples(f"pairmq show {what}", f"pairmq show {what} --json",
-                                               *(["pairmq show subscriptions --client sensor-7"]
-                                                 if what == "subscriptions" else [])))
+                              epilog=examples(f"pairmq show {what}", f"pairmq show {what} --json",
+                                              *(["pairmq show subscriptions --client sensor-7"]
+                                                if what == "subscriptions" else [])))
         p.add_argument("--json", action="store_true",
                        help=f"print a JSON document: {{group, node, address, {what}: [...], total, truncated}}")
         p.add_argument("--limit", type=int, metavar="N", help="show at most N rows (1-10000, default 1000)")
         if what == "subscriptions":
             p.add_argument("--client", metavar="ID", help="only this client's subscriptions")
-        _add_group(p)
+        add_group(p)
         p.set_defaults(handler=_cmd_show_broker, what=what)
     p = things.add_parser("message-spool", help="each routing node's message spool: queued messages, size, commits",
                           description="Sessions, queued messages, stored bytes against the spool limit, the "
                                       "group-committing writer and the publishes refused for space, per routing node.",
-                          epilog=_examples("pairmq show message-spool", "pairmq show message-spool --json"))
+                          epilog=examples("pairmq show message-spool", "pairmq show message-spool --json"))
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, nodes: [...]}")
-    _add_group(p)
+    add_group(p)
     p.set_defaults(handler=_cmd_show_spool)
 
 
@@ -227,32 +211,32 @@ def _events_parser(commands) -> None:
     events = commands.add_parser("events", help="event logs and the live decision stream",
                                  description="Read a node's event log (tail) or follow the nodes' redundancy "
                                              "decisions as they happen (follow), through the management API.",
-                                 epilog=_examples("pairmq events tail", "pairmq events tail --role backup --json",
-                                                  "pairmq events follow"))
+                                 epilog=examples("pairmq events tail", "pairmq events tail --role backup --json",
+                                                 "pairmq events follow"))
     actions = events.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     events.set_defaults(handler=lambda args, term: _help(events, term))
     p = actions.add_parser(
         "tail", help="the latest events of one node",
         description="The latest events of one node's event log, oldest first, one per line (or --json).",
-        epilog=_examples("pairmq events tail", "pairmq events tail --role monitor --limit 20",
-                         "pairmq events tail --since 1795000000 --json"))
+        epilog=examples("pairmq events tail", "pairmq events tail --role monitor --limit 20",
+                        "pairmq events tail --since 1795000000 --json"))
     p.add_argument("--role", choices=[r.value for r in Role], default="primary",
                    help="whose event log (default: primary)")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N events (1-1000, default 50)")
     p.add_argument("--since", type=float, metavar="TS", help="only events at or after TS (seconds since the epoch)")
     p.add_argument("--json", action="store_true", help="print a JSON document: {group, node, events: [...]}")
-    _add_group(p)
+    add_group(p)
     p.set_defaults(handler=_cmd_events_tail)
     from .events_cmd import add_follow_parser
 
-    add_follow_parser(actions, _add_group, _examples)
+    add_follow_parser(actions)
 
 
 def _redundancy_parser(commands) -> None:
     red = commands.add_parser("redundancy", help="operator actions on activity",
                               description="Operator actions on the group's activity.",
-                              epilog=_examples("pairmq redundancy force-activity --role backup "
-                                               "--i-understand-data-loss"))
+                              epilog=examples("pairmq redundancy force-activity --role backup "
+                                              "--i-understand-data-loss"))
     actions = red.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     red.set_defaults(handler=lambda args, term: _help(red, term))
     p = actions.add_parser(
@@ -260,31 +244,31 @@ def _redundancy_parser(commands) -> None:
         description="Make a node bid for activity although it cannot show that it holds every acknowledged "
                     "message (e.g. its mate is gone for good). It still needs a vote and a lease; it may lose "
                     "messages that only the other node had.",
-        epilog=_examples("pairmq redundancy force-activity --role backup --i-understand-data-loss"))
+        epilog=examples("pairmq redundancy force-activity --role backup --i-understand-data-loss"))
     p.add_argument("--role", required=True, choices=[r.value for r in Role if r.routes_messages],
                    help="the node that should take activity")
     p.add_argument("--i-understand-data-loss", action="store_true", dest="understood",
                    help="acknowledge that acknowledged messages may be lost")
-    _add_group(p)
+    add_group(p)
     p.set_defaults(handler=_cmd_force_activity)
     p = actions.add_parser(
         "release-activity", help="hand activity over to the in-sync mate (a planned handover)",
         description="The active node stops taking client packets, waits until its mate holds every op, and "
                     "hands activity over with the next epoch; MQTT 5 clients are sent to the new active. "
                     "Refused when the mate is not in sync, unless --force (then a plain step-down).",
-        epilog=_examples("pairmq redundancy release-activity", "pairmq redundancy release-activity --role backup",
-                         "pairmq redundancy release-activity --force"))
+        epilog=examples("pairmq redundancy release-activity", "pairmq redundancy release-activity --role backup",
+                        "pairmq redundancy release-activity --force"))
     p.add_argument("--role", choices=[r.value for r in Role if r.routes_messages],
                    help="the node to release (default: whichever is active)")
     p.add_argument("--force", action="store_true", help="step down even without an in-sync mate")
-    _add_group(p)
+    add_group(p)
     p.set_defaults(handler=_cmd_release_activity)
     p = actions.add_parser(
         "revert-activity", help="move activity back to the primary (a planned handover from the backup)",
         description="Hand activity from the active backup back to the primary. Refused when the primary already "
                     "holds activity or is not in sync.",
-        epilog=_examples("pairmq redundancy revert-activity"))
-    _add_group(p)
+        epilog=examples("pairmq redundancy revert-activity"))
+    add_group(p)
     p.set_defaults(handler=_cmd_revert_activity)
 
 
@@ -296,7 +280,7 @@ def _install_parser(commands) -> None:
         description="Create the pairmq user, /etc/pairmq (group file, secret), /var/lib/pairmq, /var/log/pairmq, "
                     "the venv in /opt/pairmq/venv and the systemd unit, then enable and start it. Running it "
                     "again changes nothing that is already right (docs/operations.md).",
-        epilog=_examples(*install.EXAMPLES))
+        epilog=examples(*install.EXAMPLES))
     install.add_arguments(p)
     p.set_defaults(handler=_cmd_install)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pairmq.appliance.errors import PairMQError
 
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 # cli/hostlist.py (paho-mqtt) is imported where a client is made: every command builds this module's parsers,
@@ -34,9 +35,6 @@ def _hosts(args) -> list[str]:
         return args.hosts.split(",")
     from pairmq.appliance.config import load_group
     from pairmq.appliance.roles import Role
-
-    from .main import group_path
-
     config = load_group(group_path(args))
     return [config.mqtt_reference(Role.PRIMARY), config.mqtt_reference(Role.BACKUP)]
 
@@ -94,7 +92,7 @@ def sub(args, term: Terminal) -> int:
     return 0
 
 
-def add_parsers(commands, add_group, examples) -> None:
+def add_parsers(commands) -> None:
     def common(p) -> None:
         p.add_argument("--hosts", metavar="H1,H2", help="the nodes' MQTT addresses (default: from the group file)")
         p.add_argument("-i", "--id", help="the client id (default: a random one)")

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from pairmq.appliance.config import GroupConfig, load_group
 from pairmq.appliance.errors import ConfigError, PairMQError
-from pairmq.appliance.keyring import MAX_KEY_ID, Keyring, wrap
+from pairmq.appliance.keyring import MAX_KEY_ID, Keyring, management_token, wrap
 from pairmq.appliance.roles import Role
 
 from .api import ApiError, NodeUnreachable, base_url, get_json, post_json
+from .options import add_group, examples, group_path
 from .terminal import Terminal
 
 NEW_SECRET_BYTES = 32
@@ -39,7 +40,7 @@ class RotationStopped(PairMQError):
     """A step could not be taken; the sentence names it and how to finish."""
 
 
-def add_parsers(commands, add_group, examples) -> None:
+def add_parsers(commands) -> None:
     secret = commands.add_parser(
         "secret", help="rotate the group secret", description="Rotate the group secret on a live group.",
         epilog=examples("pairmq secret rotate --group /etc/pairmq/group.toml",
@@ -58,7 +59,7 @@ def add_parsers(commands, add_group, examples) -> None:
     p.set_defaults(handler=_cmd_rotate)
 
 
-def add_show_parser(things, add_group, examples) -> None:
+def add_show_parser(things) -> None:
     """`pairmq show secret`, next to `show redundancy`."""
     p = things.add_parser("secret", help="each node's secret key ids and the one it sends with",
                           description="Each node's key ids and the one it sends with (never a secret).",
@@ -74,8 +75,6 @@ def _help(parser, term: Terminal) -> int:
 
 
 def _config(args) -> GroupConfig:
-    from .main import group_path
-
     return load_group(group_path(args))
 
 
@@ -85,8 +84,6 @@ def _config(args) -> GroupConfig:
 def _get(config: GroupConfig, role: Role, path: str) -> dict:
     """GET with the token of each key in the secret file, newest first, until the node takes one:
     mid-rotation a node may hold either key."""
-    from pairmq.appliance.node import management_token
-
     ring = _read_file(config)
     key_ids = sorted(ring.keys, reverse=True)
     for key_id in key_ids:
@@ -288,8 +285,6 @@ def _fetch_step(config: GroupConfig, role: Role, name: str, n: int, new_id: int)
 
 def _token(ring: Keyring, state: dict) -> str:
     """The management token of a key the node holds (the new one once it has it)."""
-    from pairmq.appliance.node import management_token
-
     held = [kid for kid in sorted(ring.keys, reverse=True) if kid in state["key_ids"]]
     if not held:
         raise RotationStopped(f"the {state['role']} holds none of the secret file's keys "

@@ -25,6 +25,7 @@ Kinds:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from pairmq.appliance.broker.access import (AccessDocumentError, AccessPolicy, check_username, record_from_document,
@@ -51,6 +52,27 @@ KINDS = tuple(_FIELDS)
 
 def chain(previous: str, change: dict) -> str:
     return hashlib.sha256(bytes.fromhex(previous) + canonical(change)).hexdigest()
+
+
+# --- a history's records: its head, and each change with its version and chain ---
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    version: int
+    chain: str
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    version: int
+    change: dict
+    chain: str
+    at_ms: int = 0
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "change": self.change, "chain": self.chain, "at_ms": self.at_ms}
 
 
 def parse_change(change: object, where: str = "change") -> dict:

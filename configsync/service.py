@@ -24,27 +24,23 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 
+from pairmq.appliance.clock import now_ms, wall_ms
 from pairmq.appliance.errors import PairMQError, RemoteProtocolError
 from pairmq.appliance.roles import Role
 from pairmq.mate_link.secure import ActiveHandshake, StandbyHandshake
 from pairmq.mate_link.transport import LinkCounters, MateConnection
 
-from .changes import describe
+from .changes import Entry, describe
 from .document import ConfigChangeError
-from .exchange import ActiveEnd, ApplyEntries, InstallSnapshot, StandbyEnd, SyncStatus, decode, encode
-from .store import ConfigStore, Entry
+from .exchange import Ack, ActiveEnd, Changes, Message, Snapshot, StandbyEnd, SyncStatus, decode, encode
+from .store import ConfigStore
 
 log = logging.getLogger("pairmq.configsync")
 PURPOSE = "config-sync"
 TICK_S = 0.05
 REDIAL_S = 0.1
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class NotActive(PairMQError):
@@ -103,12 +99,13 @@ class ConfigSync:
     def apply(self, change: dict) -> Entry:
         if not self._is_active():
             raise NotActive(self._active_name())
-        entry = self.store.apply(change, int(time.time() * 1000))
+        entry = self.store.apply(change, wall_ms())
         self._event("config_change", {"version": entry.version, "kind": change["kind"], "what": describe(change),
                                       "digest": self.store.head.digest})
         self._on_changed(describe(change))
         if self.end is not None and self.conn is not None and not self.conn.closed:
-            self.conn.send(self.end.committed(entry))
+            self.end.committed(entry)
+            self.conn.send(self.end.messages_to_send())
         return entry
 
     async def confirm(self, version: int, timeout_s: float = 1.0) -> bool:
@@ -167,11 +164,12 @@ class ConfigSync:
         self.conn, self.end = conn, ActiveEnd(self._epoch(), self.store, now_ms())
         log.info("config-sync link up with %s", conn.peer)
 
-    def _active_message(self, conn: MateConnection, message: dict) -> None:
+    def _active_message(self, conn: MateConnection, message: Message) -> None:
         if conn is not self.conn:
             return
-        conn.send(self.end.receive(message, now_ms()))  # a ConfigLinkFault closes the link (counted)
-        if message["type"] == "ack":
+        self.end.receive(message, now_ms())  # a ConfigLinkFault closes the link (counted)
+        conn.send(self.end.messages_to_send())
+        if isinstance(message, Ack):
             self._wake()
 
     def _wake(self) -> None:
@@ -195,7 +193,8 @@ class ConfigSync:
                         if self.end.expired(now):
                             self.conn.close("the standby went silent")
                         else:
-                            self.conn.send(self.end.handle_timer(now))
+                            self.end.handle_timer(now)
+                            self.conn.send(self.end.messages_to_send())
                 else:
                     if self.conn is not None:
                         self.conn.close("this node is no longer active")
@@ -232,7 +231,8 @@ class ConfigSync:
             self._follow_conn = conn
             self._standby_end = StandbyEnd(self._epoch(), now_ms())
             self._standby_status = SyncStatus.SYNCING
-            conn.send([self._standby_end.hello(self.store.head, self.store.recent_chains(64))])
+            self._standby_end.hello(self.store.head, self.store.recent_chains(64))
+            conn.send(self._standby_end.messages_to_send())
             while not closed.is_set() and not self._stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(closed.wait(), TICK_S * 5)
@@ -242,30 +242,26 @@ class ConfigSync:
             conn.close("link ended")
             self._follow_conn = None
 
-    def _standby_message(self, conn: MateConnection, message: dict) -> None:
+    def _standby_message(self, conn: MateConnection, message: Message) -> None:
         if conn is not self._follow_conn:
             return
-        replies = []
         for effect in self._standby_end.receive(message, now_ms()):
-            if isinstance(effect, dict):
-                replies.append(effect)
-                continue
             try:
-                if isinstance(effect, InstallSnapshot):
+                if isinstance(effect, Snapshot):
                     self._install(effect)
-                elif isinstance(effect, ApplyEntries):
+                elif isinstance(effect, Changes):
                     self.store.apply_entries(effect.entries)
                     self._on_changed(f"{len(effect.entries)} change(s) from the active, now version "
                                      f"{self.store.head.version}")
             except ConfigChangeError as exc:
                 self.counters["bad_change"] += 1
                 raise RemoteProtocolError(f"refused what the active sent: {exc}") from None
-            replies.append(self._standby_end.ack(self.store.head))
+            self._standby_end.ack(self.store.head)
             self._standby_status = SyncStatus.IN_SYNC
-        conn.send(replies)
+        conn.send(self._standby_end.messages_to_send())
 
-    def _install(self, snapshot: InstallSnapshot) -> None:
-        ours = self.store.changes_after(max(snapshot.discard_after, 0)) or []
+    def _install(self, snapshot: Snapshot) -> None:
+        ours = self.store.changes_after(max(snapshot.common, 0)) or []
         for entry in ours:
             self.discarded.append({"version": entry.version, "what": describe(entry.change)})
             self._event("config_change_discarded", {"version": entry.version, "what": describe(entry.change),

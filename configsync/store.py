@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.private_files import private_database, private_dir
 
-from .changes import GENESIS, apply_change, chain, parse_change
+from .changes import GENESIS, Entry, Head, apply_change, chain, parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical
 
 STORE_FILE = Path("config") / "config.db"
@@ -33,24 +34,6 @@ MAX_HISTORY = 10_000
 
 class ConfigStoreCorrupt(PairMQError):
     """The configuration store failed its integrity check at open."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Head:
-    version: int
-    chain: str
-    digest: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Entry:
-    version: int
-    change: dict
-    chain: str
-    at_ms: int = 0
-
-    def to_json(self) -> dict:
-        return {"version": self.version, "change": self.change, "chain": self.chain, "at_ms": self.at_ms}
 
 
 def store_path(data_dir: Path) -> Path:
@@ -90,7 +73,7 @@ class ConfigStore:
         self._commit([entry], document)
         return entry
 
-    def apply_entries(self, entries: list[Entry]) -> None:
+    def apply_entries(self, entries: Sequence[Entry]) -> None:
         """A mate's changes, all or none: each must follow the head and chain to it."""
         head, document = self.head, self.document
         for entry in entries:

@@ -200,7 +200,7 @@ class ActiveLink(Endpoint):
         self._ship(fresh)
         self.catchup_done_ops += len(fresh)
         if fresh:
-            self._continue_catchup()  # nothing new: wait for the next commit, ack or tick
+            self._continue_catchup()  # nothing new: wait for the next commit, ack or timer
 
     def local_submitted(self, entries: list[LogEntry] | tuple[LogEntry, ...]) -> None:
         """The writer gave these ops their seqs (in order); ship them now if we are LIVE."""
@@ -226,7 +226,7 @@ class ActiveLink(Endpoint):
         if self.shipped_seq > head.seq:
             raise LinkFault(f"ops {head.seq + 1}..{self.shipped_seq} were shipped then rolled back; resync")
 
-    def tick(self, now_ms: int) -> None:
+    def handle_timer(self, now_ms: int) -> None:
         if self.phase is Phase.CATCHING_UP:
             self._continue_catchup()  # a read that found nothing new is retried here
         if now_ms >= self._next_ping:

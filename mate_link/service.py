@@ -39,11 +39,11 @@ import os
 import shutil
 import sqlite3
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from pairmq.appliance.clock import now_ms
 from pairmq.appliance.errors import RemoteProtocolError, SpoolCorruption
 from pairmq.appliance.roles import Role
 from pairmq.appliance.spool.chain import ChainPoint, LogEntry
@@ -67,10 +67,6 @@ IMAGE_UNSENT_MAX = 16  # IMAGE messages queued and not yet sealed: the active qu
 IMAGE_WAIT_S = 0.002
 IMAGE_QUEUED_MAX_BYTES = 32 << 20  # a standby's IMAGE pieces received, not yet written: past it, it stops reading
 CATCHUP_SWITCH_S = 0.0005  # a standby's GIL switch interval while it catches up (see _catching_up)
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 _usual_switch_s: float | None = None  # the process's GIL switch interval outside a catch-up
@@ -141,7 +137,7 @@ class _Replication:
             await asyncio.sleep(TICK_S)
             if self.link is not None and not self.conn.closed:
                 try:
-                    self.link.tick(now_ms())
+                    self.link.handle_timer(now_ms())
                 except RemoteProtocolError as exc:
                     self.counters["timeout"] += 1
                     self.conn.close(str(exc))

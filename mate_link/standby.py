@@ -217,7 +217,7 @@ class StandbyLink(Endpoint):
     def _on_ops(self, m: Ops) -> None:
         if self._in_snapshot:
             raise LinkFault("OPS before the snapshot ended")
-        self.head = _continue_chain(m.entries, self.head, m.epoch)
+        self.head = continue_chain(m.entries, self.head, m.epoch)
         if m.entries:
             self._requests.append(Apply(tuple(m.entries)))
 
@@ -255,16 +255,19 @@ class StandbyLink(Endpoint):
         holds): that silence is ours, not the active's."""
         self.heard_at = max(self.heard_at, now_ms)
 
-    def tick(self, now_ms: int) -> None:
+    def handle_timer(self, now_ms: int) -> None:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
         if now_ms >= self._next_ping:
             self._out.append(Ping(self.highest_epoch, now_ms))
             self._next_ping = now_ms + self.ping_interval_ms
 
+    def get_timer(self) -> int:
+        return min(self._next_ping, self.heard_at + self.link_timeout_ms + 1)
 
 
-def _continue_chain(entries: tuple[LogEntry, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
+
+def continue_chain(entries: tuple[LogEntry, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
     """The point after `entries` if they continue `prev` (chain.verify_chain's rules) and none claims an epoch newer
     than its sender's; else LinkFault. One tight loop over the ops as received (a catch-up is a million of them);
     a failure is named by verify_chain itself."""

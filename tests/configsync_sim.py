@@ -22,7 +22,7 @@ import collections
 import random
 
 from pairmq.appliance.broker.access import hash_password
-from pairmq.configsync.exchange import ActiveEnd, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus, decode, encode
+from pairmq.configsync.exchange import ActiveEnd, ConfigLinkFault, Snapshot, StandbyEnd, SyncStatus, decode, encode
 from pairmq.configsync.store import ConfigStore
 
 RECORD = hash_password(b"pw", b"s" * 16, n=2, r=1, p=1).to_document()
@@ -126,7 +126,8 @@ class ConfigSyncSim:
         self.changes += 1
         self.log(f"change {entry.version} on {self.active}")
         if self.active_end is not None:
-            self.to_standby.extend(encode(m) for m in self.active_end.committed(entry))
+            self.active_end.committed(entry)
+            self.to_standby.extend(encode(m) for m in self.active_end.messages_to_send())
 
     def connect(self) -> None:
         a, s = self.nodes[self.active], self.nodes[self.standby]
@@ -134,7 +135,8 @@ class ConfigSyncSim:
             return
         self.active_end = ActiveEnd(self.epoch, a.store, self.now)
         self.standby_end = StandbyEnd(self.epoch_seen(s), self.now)
-        self.to_active.append(encode(self.standby_end.hello(s.store.head, s.store.recent_chains(64))))
+        self.standby_end.hello(s.store.head, s.store.recent_chains(64))
+        self.to_active.extend(encode(m) for m in self.standby_end.messages_to_send())
         self.log("link up")
 
     def epoch_seen(self, node: Node) -> int:
@@ -150,8 +152,8 @@ class ConfigSyncSim:
         data = queue.popleft()
         try:
             if queue is self.to_active:
-                replies = self.active_end.receive(decode(data), self.now)
-                self.to_standby.extend(encode(m) for m in replies)
+                self.active_end.receive(decode(data), self.now)
+                self.to_standby.extend(encode(m) for m in self.active_end.messages_to_send())
                 if self.active_end.acked is not None:
                     self.note_confirmed()
             else:
@@ -159,14 +161,11 @@ class ConfigSyncSim:
         except ConfigLinkFault as exc:
             self.cut(f"fault: {exc}")
 
-    def standby_receive(self, message: dict) -> None:
+    def standby_receive(self, message) -> None:
         node = self.nodes[self.standby]
         for effect in self.standby_end.receive(message, self.now):
-            if isinstance(effect, dict):
-                self.to_active.append(encode(effect))
-                continue
-            if isinstance(effect, InstallSnapshot):
-                mine = node.store.changes_after(max(effect.discard_after, 0)) or []
+            if isinstance(effect, Snapshot):
+                mine = node.store.changes_after(max(effect.common, 0)) or []
                 node.discarded_reports.extend(e.version for e in mine)
                 for e in mine:  # a change we discard must not be one the snapshot holds
                     if e.version <= effect.version and e.chain == self.nodes[self.active].store.chain_at(e.version):
@@ -176,7 +175,8 @@ class ConfigSyncSim:
             else:
                 node.store.apply_entries(effect.entries)
             node.epoch_seen = self.standby_end.epoch_seen
-            self.to_active.append(encode(self.standby_end.ack(node.store.head)))
+            self.standby_end.ack(node.store.head)
+        self.to_active.extend(encode(m) for m in self.standby_end.messages_to_send())
 
     def note_confirmed(self) -> None:
         acked = self.active_end.acked

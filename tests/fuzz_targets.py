@@ -285,11 +285,10 @@ def _mate_seeds() -> list[bytes]:
 def _configsync_seeds() -> list[bytes]:
     history = _History()
     messages = [
-        {"type": "hello", "epoch": 1, "version": 2, "digest": "d", "recent": [[2, history.chain_at(2)], [1, "x"]]},
-        {"type": "changes", "epoch": 5, "entries": [e.to_json() for e in history.changes_after(0)]},
-        {"type": "snapshot", "epoch": 5, "version": 3, "chain": "c", "document": history.document.to_json(),
-         "common": -1, "reason": "r"},
-        {"type": "ack", "epoch": 1, "version": 3, "digest": "d"}, {"type": "ping", "epoch": 1},
+        exchange.Hello(1, 2, "d", ((2, history.chain_at(2)), (1, "x"))),
+        exchange.Changes(5, tuple(history.changes_after(0))),
+        exchange.Snapshot(5, 3, "c", history.document, -1, "r"),
+        exchange.Ack(1, 3, "d"), exchange.Ping(1),
     ]
     return [exchange.encode(m) for m in messages]
 

@@ -202,7 +202,7 @@ class Group:
         """GET a management API path on `role`, signed with the group's key (every route needs a credential);
         an error answer raises urllib's HTTPError."""
         from pairmq.appliance.config import load_secret
-        from pairmq.appliance.node import management_token
+        from pairmq.appliance.keyring import management_token
         from pairmq.cli.api import _context, base_url, signed_headers
 
         url = base_url(self.config, role) + path

@@ -32,7 +32,7 @@ class Answer:
 def token(config) -> str:
     """The group's management key (hex): every route of the API needs a credential."""
     from pairmq.appliance.config import load_secret
-    from pairmq.appliance.node import management_token
+    from pairmq.appliance.keyring import management_token
 
     return management_token(load_secret(config))
 

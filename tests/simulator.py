@@ -333,7 +333,7 @@ class Simulation:
         now = node.local(self.t)
         if not node.broker_stalled:  # _stamp, inline: once per delivery
             node.core.broker_alive(now)
-        hb = node.core.receive_datagram(data, now)
+        hb = node.core.receive(data, now)
         if hb is not None:
             node.last_rx_global = self.t
         self._after(node)

@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from pairmq.appliance.config import GroupConfig, NodeSpec, load_group, load_secret, render_group, write_secret
-from pairmq.appliance.node import management_token
+from pairmq.appliance.keyring import management_token
 from pairmq.appliance.roles import Role
 from pairmq.cli.main import main
 from pairmq.cli.terminal import Terminal
@@ -319,7 +319,8 @@ def test_watch_and_json_do_not_mix(stand_in):
 def test_force_activity_is_signed_and_sends_the_acknowledgement(stand_in):
     """The request is signed with the group's management key over its method, host, path and body; the key
     itself is nowhere in what went over the wire."""
-    from pairmq.appliance.request_signing import Verifier, management_key
+    from pairmq.appliance.keyring import management_key
+    from pairmq.appliance.request_signing import Verifier
 
     code, out, err = run_main("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
                               "--group", str(stand_in))

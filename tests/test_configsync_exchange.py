@@ -3,10 +3,12 @@ epoch fencing and strict decoding."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pairmq.configsync.exchange import (ActiveEnd, ApplyEntries, ConfigLinkFault, InstallSnapshot, StandbyEnd, SyncStatus,
-                                 decode, encode)
+from pairmq.configsync.exchange import (ActiveEnd, Changes, ConfigLinkFault, Hello, Ping, Snapshot, StandbyEnd, SyncStatus,
+                                        decode, encode)
 from pairmq.configsync.store import ConfigStore
 
 ANON = {"kind": "anonymous.set", "allowed": True}
@@ -25,20 +27,21 @@ def stores():
 
 def join(active: ConfigStore, standby: ConfigStore, epoch: int = 3):
     end, mine = ActiveEnd(epoch, active, 0), StandbyEnd(epoch, 0)
-    hello = decode(encode(mine.hello(standby.head, standby.recent_chains(64))))
-    return end, mine, [decode(encode(m)) for m in end.receive(hello, 1)]
+    mine.hello(standby.head, standby.recent_chains(64))
+    [hello] = [decode(encode(m)) for m in mine.messages_to_send()]
+    end.receive(hello, 1)
+    return end, mine, [decode(encode(m)) for m in end.messages_to_send()]
 
 
-def run_effects(mine: StandbyEnd, standby: ConfigStore, messages: list[dict]) -> list[dict]:
-    acks = []
+def run_effects(mine: StandbyEnd, standby: ConfigStore, messages: list) -> list:
     for message in messages:
         for effect in mine.receive(message, 2):
-            if isinstance(effect, ApplyEntries):
+            if isinstance(effect, Changes):
                 standby.apply_entries(effect.entries)
-            elif isinstance(effect, InstallSnapshot):
+            elif isinstance(effect, Snapshot):
                 standby.install(effect.version, effect.chain, effect.document)
-            acks.append(mine.ack(standby.head))
-    return acks
+            mine.ack(standby.head)
+    return [decode(encode(m)) for m in mine.messages_to_send()]
 
 
 def test_a_standby_behind_gets_the_missing_changes_and_joins(stores):
@@ -46,13 +49,14 @@ def test_a_standby_behind_gets_the_missing_changes_and_joins(stores):
     for n in range(3):
         active.apply(change(n), n)
     end, mine, plan = join(active, standby)
-    assert [m["type"] for m in plan] == ["changes"] and len(plan[0]["entries"]) == 3 and end.plan == "3 changes"
+    assert [type(m) for m in plan] == [Changes] and len(plan[0].entries) == 3 and end.plan == "3 changes"
     assert not end.joined() and end.status() is SyncStatus.SYNCING
     for ack in run_effects(mine, standby, plan):
         end.receive(ack, 3)
     assert standby.head == active.head and end.joined() and end.status() is SyncStatus.IN_SYNC
     entry = active.apply(ANON, 4)
-    live = end.committed(entry)
+    end.committed(entry)
+    live = end.messages_to_send()
     assert end.status() is SyncStatus.SYNCING and end.joined()  # a change in flight does not unjoin it
     for ack in run_effects(mine, standby, live):
         end.receive(ack, 5)
@@ -62,7 +66,7 @@ def test_a_standby_behind_gets_the_missing_changes_and_joins(stores):
 def test_a_standby_in_step_joins_on_its_first_ack(stores):
     active, standby = stores
     end, mine, plan = join(active, standby)
-    assert plan == [{"type": "changes", "epoch": 3, "entries": []}] and end.plan == "in step"
+    assert plan == [Changes(3, ())] and end.plan == "in step"
     end.receive(run_effects(mine, standby, plan)[0], 2)
     assert end.joined()
 
@@ -74,18 +78,18 @@ def test_divergent_histories_get_a_snapshot_naming_the_common_version(stores):
     active.apply(change(1), 1)
     standby.apply(ANON, 1)  # standby's own version 2: not the active's
     end, mine, plan = join(active, standby)
-    assert [m["type"] for m in plan] == ["snapshot"]
-    assert plan[0]["common"] == 1 and plan[0]["reason"] == "the histories part after version 1"
+    assert [type(m) for m in plan] == [Snapshot]
+    assert plan[0].common == 1 and plan[0].reason == "the histories part after version 1"
     effect = mine.receive(plan[0], 2)[0]
-    assert isinstance(effect, InstallSnapshot) and effect.discard_after == 1
-    assert [e.version for e in standby.changes_after(effect.discard_after)] == [2]  # what it reports as discarded
+    assert isinstance(effect, Snapshot) and effect.common == 1
+    assert [e.version for e in standby.changes_after(effect.common)] == [2]  # what it reports as discarded
 
 
 def test_a_standby_ahead_gets_a_snapshot(stores):
     active, standby = stores
     standby.apply(ANON, 0)
     plan = join(active, standby)[2]
-    assert plan[0]["type"] == "snapshot" and "ahead of us" in plan[0]["reason"]
+    assert isinstance(plan[0], Snapshot) and "ahead of us" in plan[0].reason
 
 
 def test_a_history_trimmed_past_the_standby_gets_a_snapshot(tmp_path):
@@ -95,17 +99,17 @@ def test_a_history_trimmed_past_the_standby_gets_a_snapshot(tmp_path):
     for n in range(1, 5):
         active.apply(change(n), n)
     plan = join(active, standby)[2]
-    assert plan[0]["type"] == "snapshot" and "no longer reaches back to version 1" in plan[0]["reason"]
+    assert isinstance(plan[0], Snapshot) and "no longer reaches back to version 1" in plan[0].reason
 
 
 def test_epochs_fence_both_ways(stores):
     active, standby = stores
     end = ActiveEnd(3, active, 0)
     with pytest.raises(ConfigLinkFault, match="newer than ours"):
-        end.receive({"type": "ping", "epoch": 4}, 1)
+        end.receive(Ping(4), 1)
     mine = StandbyEnd(5, 0)
     with pytest.raises(ConfigLinkFault, match="epoch 5 was active since"):
-        mine.receive({"type": "changes", "epoch": 4, "entries": []}, 1)
+        mine.receive(Changes(4, ()), 1)
 
 
 @pytest.mark.parametrize("data, why", [
@@ -121,15 +125,22 @@ def test_decoding_is_strict(data, why):
 
 
 def test_a_malformed_change_or_snapshot_from_the_active_is_refused(stores):
-    mine = StandbyEnd(1, 0)
+    """Refused as it is decoded, before either end sees it."""
     bad_change = {"type": "changes", "epoch": 1, "entries": [{"version": 1, "chain": "00", "at_ms": 0,
                                                               "change": {"kind": "user.delete", "username": ""}}]}
     with pytest.raises(ConfigLinkFault, match="malformed change.*username"):
-        mine.receive(bad_change, 1)
+        decode(json.dumps(bad_change).encode())
     bad_snapshot = {"type": "snapshot", "epoch": 1, "version": 1, "chain": "00", "common": 0, "reason": "x",
                     "document": {"version": 1, "limits": {"session_queue_max_messages": 0}}}
     with pytest.raises(ConfigLinkFault, match="malformed snapshot.*session_queue_max_messages"):
-        mine.receive(bad_snapshot, 1)
+        decode(json.dumps(bad_snapshot).encode())
     with pytest.raises(ConfigLinkFault, match="at most 64"):
-        ActiveEnd(1, stores[0], 0).receive({"type": "hello", "epoch": 1, "version": 0, "digest": "",
-                                            "recent": [[0, "x"]] * 65}, 1)
+        decode(json.dumps({"type": "hello", "epoch": 1, "version": 0, "digest": "", "recent": [[0, "x"]] * 65}).encode())
+
+
+def test_every_message_survives_its_wire_form(stores):
+    active = stores[0]
+    entry = active.apply(ANON, 7)
+    for message in (Hello(2, 1, "d", ((1, "c"), (0, ""))), Changes(2, (entry,)), Ping(2),
+                    Snapshot(2, 1, entry.chain, active.document, -1, "no version in common")):
+        assert decode(encode(message)) == message

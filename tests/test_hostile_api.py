@@ -25,7 +25,7 @@ import pytest
 from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
 from pairmq.appliance.config import load_secret
 from pairmq.appliance.management_settings import ManagementSettings, client_context, make_self_signed
-from pairmq.appliance.node import management_token
+from pairmq.appliance.keyring import management_token
 from pairmq.appliance.roles import Role
 from pairmq.cli.api import signed_headers
 from tests.group import LOOPBACK, REPO, active_group

@@ -143,7 +143,7 @@ def test_a_diverged_standby_gets_a_snapshot_then_the_ops_after_it():
     assert len(p.snapshot) == 2500 and p.snapshot_point == p.log[9].point
     assert p.active.phase is Phase.CATCHING_UP  # ops 11..12 are not committed yet; no read can find them
     p.committed = 12
-    p.active.tick(p.now)
+    p.active.handle_timer(p.now)
     p.pump()
     assert p.active.phase is Phase.LIVE and p.standby.durable == p.log[-1].point
 
@@ -198,7 +198,7 @@ def test_ops_that_do_not_chain_close_the_link():
     (lambda es: es[:3] + [es[2]] + es[3:], "op 3 repeats or goes back after op 3"),
 ])
 def test_a_catch_up_batch_is_checked_op_by_op_and_a_bad_one_named(spoil, match):
-    """The standby's one-loop chain check (standby._continue_chain) over a whole batch: any op out of place,
+    """The standby's one-loop chain check (standby.continue_chain) over a whole batch: any op out of place,
     changed, cut short or from a newer epoch refuses the batch, naming the op; nothing reaches the writer."""
     standby = StandbyLink(GENESIS, 1, EPOCH, 0)
     standby.receive(Plan(EPOCH, Catchup.INCREMENTAL, 0, ChainPoint(EPOCH, 6, b"t" * 16)), 0)
@@ -224,8 +224,8 @@ def test_a_deposed_active_cannot_write_into_the_standby():
     (lambda p: p.active.receive(p.wire[0], 0), "second JOIN"),
     (lambda p: p.active.receive(Ops(EPOCH, ()), 0), "does not send"),
     (lambda p: p.active.receive(Ack(EPOCH + 1, 1), 0), "newer than ours"),
-    (lambda p: p.active.tick(5_000), "nothing from the standby"),
-    (lambda p: p.standby.tick(5_000), "nothing from the active"),
+    (lambda p: p.active.handle_timer(5_000), "nothing from the standby"),
+    (lambda p: p.standby.handle_timer(5_000), "nothing from the active"),
 ])
 def test_protocol_faults_are_named(bad, match):
     p = Pair(3)

@@ -54,10 +54,10 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import time
 from pathlib import Path
 from typing import Callable
 
+from ..clock import wall_ms
 from ..mqtt.overload import MateBackpressure
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
@@ -68,10 +68,6 @@ from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
 DEFER_MS = 100  # the longest an op nobody waits for is held back (see the rules)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,10 +38,10 @@ import logging
 import ssl as _ssl
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from pairmq.appliance.clock import now_ms
 from pairmq.appliance.mqtt.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT_REASON_CODES, PacketReader
 from pairmq.appliance.mqtt.budget import PreAuthBudget, PreAuthLimits
 from pairmq.appliance.mqtt.connection import MqttConnection
@@ -76,10 +76,6 @@ class Gate(Protocol):
 
 
 EventSink = Callable[[str, dict[str, object]], None]
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _new_client_id() -> str:

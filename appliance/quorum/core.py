@@ -44,7 +44,8 @@ R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
    mate's heartbeat or from the monitor's view of the mate. Without proof it
    waits for an operator's forced bid.
 
-R5 every transition yields a `Decision` with a sentence saying why.
+R5 every transition yields a `Decision` with a sentence saying why; its kind must be legal in the
+   current activity, and only the decision changes it (the table in decisions.py).
 
 R7 planned handover: the active stops serving, waits until its mate holds every op, then yields;
    an authenticated "yielded at epoch E" ends its claims at once (rules H1-H7 in handover.py).
@@ -79,6 +80,7 @@ import dataclasses
 from ..errors import LocalProtocolError
 from ..roles import Role
 from .auth import HeartbeatAuth, Rejected
+from .decisions import DecisionKind, next_activity
 from .handover import HandoverRules, HandoverState
 from .insync import InSyncLease, MateSync
 from .state import Decision, PersistentState, RedundancyStatus, StableStore, Timing  # noqa: F401 (re-exported)
@@ -141,12 +143,13 @@ class QuorumCore(HandoverRules):
         self._bid_story = self._bid_eligibility = ""
         self.save_error: str | None = None  # R8: the latest failed save, until one succeeds
         self._now = now_ms
-        self._decide(now_ms, "boot", f"{role.value}: started, incarnation {self.state.incarnation}, "
+        self._decide(now_ms, DecisionKind.BOOT,
+                     f"{role.value}: started, incarnation {self.state.incarnation}, "
                      f"epoch {self.state.epoch}; holding {timing.quiet_ms} ms before any bid or vote")
 
     # --- inputs ---------------------------------------------------------------
 
-    def receive_datagram(self, data: bytes, now_ms: int) -> Heartbeat | None:
+    def receive(self, data: bytes, now_ms: int) -> Heartbeat | None:
         self._now = now_ms
         self._expire(now_ms)
         try:
@@ -187,8 +190,9 @@ class QuorumCore(HandoverRules):
         hb = self.peers[mate].hb
         if caught_up and not self.mate_sync.synced and hb is not None and self.sees(mate, now_ms):
             self.mate_sync.readmit(hb.incarnation)
-            self._decide(now_ms, "sync", f"{self.role.value}: {mate.value} caught up on the mate link → in sync, "
-                                         f"epoch {self.active_epoch}")
+            self._decide(now_ms, DecisionKind.SYNC,
+                         f"{self.role.value}: {mate.value} caught up on the mate link → in sync, "
+                         f"epoch {self.active_epoch}")
         else:
             self._check_mate_sync(now_ms)
 
@@ -201,7 +205,8 @@ class QuorumCore(HandoverRules):
         """Standby side: give our in-sync lease up at once (a catch-up began: docs/mate_link.md rule 4)."""
         if self.insync.holds(now_ms):
             self.insync.clear()
-            self._decide(now_ms, "sync", f"{self.role.value}: {why} → out of sync until the active grants again")
+            self._decide(now_ms, DecisionKind.SYNC,
+                         f"{self.role.value}: {why} → out of sync until the active grants again")
 
     def released_position(self, now_ms: int, seq: int) -> None:
         """Active side: the highest op whose effects were released (acknowledged to clients). Heartbeats carry
@@ -236,7 +241,7 @@ class QuorumCore(HandoverRules):
         self._force_until = now_ms + 10 * self.timing.quiet_ms
         if self.bid_epoch:
             self._bid_forced = True  # a bid already under way gets the voters' waiver too
-        self._decide(now_ms, "force", f"{self.role.value}: operator forced a bid, data loss acknowledged")
+        self._decide(now_ms, DecisionKind.FORCE, f"{self.role.value}: operator forced a bid, data loss acknowledged")
         self._evaluate(now_ms)
 
     # --- outputs --------------------------------------------------------------
@@ -354,7 +359,7 @@ class QuorumCore(HandoverRules):
         news = self.insync.on_mate(hb, echo_at, now_ms, epoch=self.state.epoch, me=self.role,
                                    incarnation=self.state.incarnation)
         if news:
-            self._decide(now_ms, "sync", f"{self.role.value}: {news}")
+            self._decide(now_ms, DecisionKind.SYNC, f"{self.role.value}: {news}")
         if self.insync.holds(now_ms) and self.insync.epoch == hb.epoch and \
                 (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
             self.set_spool_position(hb.spool_epoch, hb.spool_seq)  # what we hold is what the active held
@@ -390,8 +395,9 @@ class QuorumCore(HandoverRules):
         self._bid_forced = now_ms < self._force_until
         self._bid_story = self._silence_story(mate, now_ms)
         self._bid_eligibility = self._eligible_reason(now_ms)[1]
-        self._decide(now_ms, "bid", f"{self.role.value}: {self._bid_story}, {self._bid_eligibility} "
-                                    f"→ asking for epoch {self.bid_epoch}")
+        self._decide(now_ms, DecisionKind.BID,
+                     f"{self.role.value}: {self._bid_story}, {self._bid_eligibility} "
+                     f"→ asking for epoch {self.bid_epoch}")
         self._send_heartbeat(now_ms)
 
     def _bid_obstacle(self, now_ms: int) -> str:
@@ -413,7 +419,8 @@ class QuorumCore(HandoverRules):
         return ""
 
     def _end_bid(self, now_ms: int, why: str) -> None:
-        self._decide(now_ms, "bid_end", f"{self.role.value}: withdrawing bid for epoch {self.bid_epoch}: {why}")
+        self._decide(now_ms, DecisionKind.BID_END,
+                     f"{self.role.value}: withdrawing bid for epoch {self.bid_epoch}: {why}")
         self.bid_epoch = 0
         self._bid_forced = False
 
@@ -454,8 +461,9 @@ class QuorumCore(HandoverRules):
                 key = f"{hb.sender.value}/{hb.bid_epoch}"
                 if key != self._last_refusal:  # one refusal decision per bid, not one per heartbeat
                     self._last_refusal = key
-                    self._decide(now_ms, "refuse", f"{self.role.value}: not voting for {hb.sender.value} "
-                                                   f"(epoch {hb.bid_epoch}): {refusal}")
+                    self._decide(now_ms, DecisionKind.REFUSE,
+                                 f"{self.role.value}: not voting for {hb.sender.value} "
+                                 f"(epoch {hb.bid_epoch}): {refusal}")
                 continue
             before = self.state.voted_epoch, self.state.voted_for, self.state.epoch
             self.state.voted_epoch, self.state.voted_for = hb.bid_epoch, hb.sender
@@ -465,8 +473,9 @@ class QuorumCore(HandoverRules):
                 continue
             peer.claim_at, peer.claimed = now_ms, True
             self._last_refusal = ""
-            self._decide(now_ms, "vote", f"{self.role.value}: {self._silence_story(hb.sender.mate(), now_ms)} "
-                                         f"→ granting epoch {hb.bid_epoch} to {hb.sender.value}")
+            self._decide(now_ms, DecisionKind.VOTE,
+                         f"{self.role.value}: {self._silence_story(hb.sender.mate(), now_ms)} "
+                         f"→ granting epoch {hb.bid_epoch} to {hb.sender.value}")
             self._send_heartbeat(now_ms)
 
     def _vote_obstacle(self, hb: Heartbeat, now_ms: int) -> str:
@@ -518,15 +527,15 @@ class QuorumCore(HandoverRules):
             self.state.spool_epoch, self.state.spool_seq = position_before
             self._end_bid(now_ms, "its epoch could not be saved")
             return
-        self.activity = Activity.ACTIVE
         self.active_epoch = epoch
         self.lease_expiry = lease_expiry
         self._activation_seq = self._seq + 1
         self.mate_sync.activate(now_ms, self.peers[mate].hb, self.sees(mate, now_ms), position_before)
         self.bid_epoch = 0
         self.insync.clear()
-        self._decide(now_ms, "activate", f"{self.role.value}: {self._bid_story}, {vote.sender.value} concurs, "
-                                         f"{eligible} → taking activity, epoch {epoch}")
+        self._decide(now_ms, DecisionKind.ACTIVATE,
+                     f"{self.role.value}: {self._bid_story}, {vote.sender.value} concurs, "
+                     f"{eligible} → taking activity, epoch {epoch}")
         self._send_heartbeat(now_ms)
 
     def _step_down(self, now_ms: int, why: str) -> None:
@@ -536,10 +545,9 @@ class QuorumCore(HandoverRules):
         if self.handover.draining is not None:
             self.handover.draining = None
             self.handover.aborted += 1
-        self.activity = Activity.STANDBY
         self.active_epoch = 0
         self.lease_expiry = 0
-        self._decide(now_ms, "step_down", f"{self.role.value}: {why}, epoch {epoch}")
+        self._decide(now_ms, DecisionKind.STEP_DOWN, f"{self.role.value}: {why}, epoch {epoch}")
         self._send_heartbeat(now_ms)
 
     def _adopt_epoch(self, epoch: int, now_ms: int, why: str) -> None:
@@ -547,7 +555,7 @@ class QuorumCore(HandoverRules):
         self.mate_sync.closed_in_sync = False
         self.state.epoch = epoch
         self._save(now_ms)  # R8: adopted in memory even so (it only fences us)
-        self._decide(now_ms, "epoch", f"{self.role.value}: {why}")
+        self._decide(now_ms, DecisionKind.EPOCH, f"{self.role.value}: {why}")
 
     def _silence_story(self, role: Role, now_ms: int) -> str:
         """Why `role` is not in the way: the words a decision opens with."""
@@ -569,8 +577,9 @@ class QuorumCore(HandoverRules):
         mate = self.role.mate()
         why = self.mate_sync.drop_reason(now_ms, self.peers[mate].hb, self.sees(mate, now_ms))
         if why:
-            self._decide(now_ms, "sync", f"{self.role.value}: {mate.value} {why} → redundancy down, "
-                                         f"{mate.value} out of sync for epoch {self.active_epoch}")
+            self._decide(now_ms, DecisionKind.SYNC,
+                         f"{self.role.value}: {mate.value} {why} → redundancy down, "
+                         f"{mate.value} out of sync for epoch {self.active_epoch}")
 
     # --- heartbeats -----------------------------------------------------------
 
@@ -639,18 +648,21 @@ class QuorumCore(HandoverRules):
             self.store.save(self.state)
         except OSError as exc:
             if self.save_error is None:
-                self._decide(now_ms, "storage", f"{self.role.value}: cannot save the quorum state ({exc}) → "
-                                                "no bid, vote or new epoch until it can")
+                self._decide(now_ms, DecisionKind.STORAGE,
+                             f"{self.role.value}: cannot save the quorum state ({exc}) → "
+                             "no bid, vote or new epoch until it can")
             self.save_error = str(exc)
             return False
         if self.save_error is not None:
             self.save_error = None
-            self._decide(now_ms, "storage", f"{self.role.value}: the quorum state is saved again")
+            self._decide(now_ms, DecisionKind.STORAGE, f"{self.role.value}: the quorum state is saved again")
         return True
 
-    def _decide(self, now_ms: int, kind: str, reason: str) -> None:
+    def _decide(self, now_ms: int, kind: DecisionKind, reason: str) -> None:
+        """R5: the one place activity changes, by the table in decisions.py."""
+        self.activity = next_activity(self.activity, kind)
         epoch = self.active_epoch or self.bid_epoch or self.state.epoch
-        if kind == "step_down" or kind == "activate":
+        if kind is DecisionKind.STEP_DOWN or kind is DecisionKind.ACTIVATE:
             epoch = self.state.epoch
         decision = Decision(now_ms, self.role, kind, epoch, reason)
         self._decisions.append(decision)

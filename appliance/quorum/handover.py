@@ -39,6 +39,7 @@ import dataclasses
 
 from ..errors import LocalProtocolError
 from ..roles import Role
+from .decisions import DecisionKind
 from .wire import FLAG_YIELDED, Activity, Heartbeat
 
 DRAIN_MS = 2_000  # the longest a handover keeps clients waiting for the mate's acks before serving again
@@ -137,8 +138,9 @@ class HandoverRules:
             self.handover.no_bid_until = now_ms + self.timing.quiet_ms
             return
         self.handover.begin(now_ms, why)
-        self._decide(now_ms, "handover", f"{self.role.value}: {why} → stopped taking client packets, waiting "
-                                         f"for the {mate.value} to hold every op, epoch {self.active_epoch}")
+        self._decide(now_ms, DecisionKind.HANDOVER,
+                     f"{self.role.value}: {why} → stopped taking client packets, waiting "
+                     f"for the {mate.value} to hold every op, epoch {self.active_epoch}")
 
     def finish_handover(self, now_ms: int, final_seq: int) -> bool:
         """H3/H4: the mate acknowledged every op through `final_seq`: yield. False if the handover ended."""
@@ -166,8 +168,9 @@ class HandoverRules:
         self.handover.draining = None
         self.handover.aborted += 1
         again = "serving again" if self.may_serve(now_ms) else "not serving"
-        self._decide(now_ms, "handover_aborted", f"{self.role.value}: handover aborted: {why} → {again}, "
-                                                 f"epoch {self.active_epoch or self.state.epoch}")
+        self._decide(now_ms, DecisionKind.HANDOVER_ABORTED,
+                     f"{self.role.value}: handover aborted: {why} → {again}, "
+                     f"epoch {self.active_epoch or self.state.epoch}")
 
     def _yield_from(self, hb: Heartbeat) -> bool:
         return (hb.has(FLAG_YIELDED) and hb.activity is Activity.STANDBY and not hb.bid_epoch
@@ -179,8 +182,9 @@ class HandoverRules:
         mate = self.role.mate()
         ready = self.mate_sync.synced and self.sees(mate, now_ms) and self.may_serve(now_ms)
         if self.handover.revert_due(now_ms, ready):
-            self._decide(now_ms, "auto_revert", f"{self.role.value}: auto-revert: {mate.value} in sync and seen "
-                                                f"→ handing activity back to the {mate.value}")
+            self._decide(now_ms, DecisionKind.AUTO_REVERT,
+                         f"{self.role.value}: auto-revert: {mate.value} in sync and seen "
+                         f"→ handing activity back to the {mate.value}")
 
 
 def _secs(ms: int) -> str:

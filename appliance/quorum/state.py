@@ -7,6 +7,7 @@ import enum
 from typing import Protocol
 
 from ..roles import Role
+from .decisions import DecisionKind
 
 
 class RedundancyStatus(enum.Enum):
@@ -56,7 +57,7 @@ class StableStore(Protocol):
 class Decision:
     at_ms: int
     role: Role
-    kind: str  # "activate", "step_down", "bid", "vote", "epoch", "boot", "refuse"
+    kind: DecisionKind
     epoch: int
     reason: str
 
