@@ -55,7 +55,7 @@ def run(group_path: Path, role: Role) -> int:
     faulthandler.enable(sys.stderr, all_threads=True)  # see the module's rules: a native crash names its thread
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    from pairmq.appliance.node import run_node
+    from pairmq.appliance.node.process import run_node
 
     logging.getLogger("pairmq.cli").info("%s: starting with group %s (%s)", role.value, config.name, group_path)
     try:

@@ -102,7 +102,7 @@ class BrokerService:
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
-        self.on_spool_lost: Callable[[str], None] | None = None  # the node stops (appliance/node.py)
+        self.on_spool_lost: Callable[[str], None] | None = None  # the node stops (appliance/node/routing.py)
         self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
@@ -133,6 +133,11 @@ class BrokerService:
         core = self._core_factory()
         restore(core, self.spool.load_state(), wall_ms())
         return core
+
+    def set_limits(self, limits) -> None:
+        """New limits (config-sync) on the core now; a rebuilt core gets them from the core factory."""
+        self.core.limits = limits
+        self.core.router.limits = limits
 
     async def start(self) -> None:
         self._tick_task = asyncio.get_running_loop().create_task(self._ticks())

@@ -17,27 +17,34 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
+from pathlib import Path
+from typing import Callable
 
 from pairmq.mate_link.active import LinkLimits
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
+
+from ..broker.service import BrokerService
+from ..config import GroupConfig
+from ..roles import Role
+from .quorum_handle import QuorumHandle, now_ms
 
 log = logging.getLogger("pairmq.replication")
 SYNC_S = 0.05
 
 
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 class Replication:
-    def __init__(self, node, secret: bytes) -> None:
-        self.node = node
+    """`config_mate_joined()`: whether the mate has joined our configuration (config-sync)."""
+
+    def __init__(self, quorum: QuorumHandle, config: GroupConfig, role: Role, broker: BrokerService, secret: bytes, *,
+                 data_dir: Path, epoch: Callable[[], int], may_serve: Callable[[], bool],
+                 config_mate_joined: Callable[[], bool]) -> None:
+        self._quorum, self._config, self._role, self._broker = quorum, config, role, broker
         self._secret = secret
-        broker = node.broker
-        limits = node.config.limits
-        self.active = ActiveReplication(secret=secret, group=node.config.name, me=node.role, port=broker,
-                                        epoch=node.current_epoch, may_serve=node.may_serve,
+        self._data_dir = data_dir
+        self._epoch, self._may_serve, self._config_mate_joined = epoch, may_serve, config_mate_joined
+        limits = config.limits
+        self.active = ActiveReplication(secret=secret, group=config.name, me=role, port=broker,
+                                        epoch=epoch, may_serve=may_serve,
                                         on_acked=lambda seq: broker.release_held(),
                                         limits=LinkLimits(max_lag_ops=limits.mate_max_lag_ops,
                                                           max_lag_bytes=limits.mate_max_lag_bytes))
@@ -59,8 +66,12 @@ class Replication:
     def ready(self, epoch: int) -> bool:
         return epoch != 0 and epoch == self.ready_epoch
 
-    async def start(self) -> None:
-        await self.active.start(self.node.spec.address, self.node.config.ports.mate_link)
+    def standby_linked(self) -> bool:
+        """Whether our standby link has made a session with the active (readiness: joined as standby)."""
+        return self.standby is not None and self.standby.links_made > 0
+
+    async def start(self, address: str) -> None:
+        await self.active.start(address, self._config.ports.mate_link)
         self._task = asyncio.get_running_loop().create_task(self._sync_forever())
 
     async def stop(self) -> None:
@@ -80,7 +91,7 @@ class Replication:
             try:
                 await self._sync()
             except Exception:
-                log.exception("%s: mate link sync failed", self.node.role.value)
+                log.exception("%s: mate link sync failed", self._role.value)
 
     def _may_release(self, seq: int) -> bool:
         return seq <= self.active.acked_seq or not self._need_mate
@@ -91,22 +102,24 @@ class Replication:
             await self._sync_once()  # a bug in one sync is logged; the next one still runs
 
     async def _sync(self) -> None:
-        node, broker, now = self.node, self.node.broker, now_ms()
+        broker, now = self._broker, now_ms()
         behind = self.active.behind(now)
         if not behind and self.active.acked_seq < broker.released_seq:
             behind = "has not acknowledged every op whose effects were released"
-        if not behind and not node.config_mate_joined():  # a standby stands by with our configuration too (issue 5)
+        if not behind and not self._config_mate_joined():  # a standby stands by with our configuration too
             behind = "has not joined our configuration"
         resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
-        with node.heartbeats.lock:
-            node.core.mate_link(now, not behind, behind)
-            node.core.released_position(now, broker.released_seq)
-            self._need_mate = node.core.acks_need_mate(now)
+        mate = self._role.mate()
+
+        def tell(core, _now):
+            core.mate_link(now, not behind, behind)
+            core.released_position(now, broker.released_seq)
+            need_mate = core.acks_need_mate(now)
             if resyncing:
-                node.core.void_insync_lease(now, "catching up on the mate link")
-            serving = node.core.may_serve(now)
-            epoch = node.core.active_epoch
-            mate_active = node.core.active_role(now) is node.role.mate()
+                core.void_insync_lease(now, "catching up on the mate link")
+            return need_mate, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
+
+        self._need_mate, serving, epoch, mate_active = self._quorum.call(tell)
         broker.release_held()
         if serving and not self.ready(epoch):
             await self._take_over(epoch)
@@ -114,13 +127,13 @@ class Replication:
             self._follow()
 
     def _follow(self) -> None:
-        node = self.node
-        mate = node.config.node(node.role.mate())
+        config, may_serve = self._config, self._may_serve
+        mate = config.node(self._role.mate())
         self.standby = StandbyReplication(
-            secret=self._secret, group=node.config.name, me=node.role, port=node.broker,
-            active_address=lambda: (mate.address, node.config.ports.mate_link) if not node.may_serve() else None,
-            incarnation=node.core.state.incarnation, highest_epoch=node.current_epoch,
-            incoming_dir=node.spec.data_dir / "spool.incoming")
+            secret=self._secret, group=config.name, me=self._role, port=self._broker,
+            active_address=lambda: (mate.address, config.ports.mate_link) if not may_serve() else None,
+            incarnation=self._quorum.call(lambda core, now: core.state.incarnation), highest_epoch=self._epoch,
+            incoming_dir=self._data_dir / "spool.incoming")
         asyncio.get_running_loop().create_task(self.standby.start())
 
     async def _take_over(self, epoch: int) -> None:
@@ -128,6 +141,6 @@ class Replication:
             standby, self.standby = self.standby, None
             with contextlib.suppress(Exception):
                 await standby.stop()
-        await self.node.broker.rebuild_core_off_loop()
+        await self._broker.rebuild_core_off_loop()
         self.ready_epoch = epoch
-        log.info("%s: broker core rebuilt from the spool for epoch %d", self.node.role.value, epoch)
+        log.info("%s: broker core rebuilt from the spool for epoch %d", self._role.value, epoch)

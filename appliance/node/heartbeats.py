@@ -17,7 +17,7 @@ Rules:
 - A step-down goes to `before_send` before the step-down's heartbeat leaves
   (that heartbeat may carry the yield that lets the mate take over at once):
   what only the active may hold outside the core, the virtual IP, is given
-  up first (appliance/vip.py).
+  up first (appliance/node/vip.py).
 - Decisions go to `on_decision` on this thread, outside the lock. Whatever
   must touch the broker is posted to its loop by the callback; safety never
   waits for that hand-off, because the MQTT gate asks the core on every packet.
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable
 
-from .quorum.core import Decision, QuorumCore
+from ..quorum.core import Decision, QuorumCore
 
 log = logging.getLogger("pairmq.heartbeats")
 
