@@ -6,7 +6,8 @@ Rules:
   replaces an older one. Every op the spool writer gives a seq is handed to the link at once.
 - The standby dials the active it knows of (`active_address()`), retrying every `redial_s`, and
   applies what it receives through its own writer: ops via `submit_entries`, a snapshot via
-  `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
+  `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
+  node's spool and writer through the LocalSpool the node's wiring hands them.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
 - A full resync ships the spool's file image (spool/image.py): one read transaction's snapshot of the
@@ -26,7 +27,8 @@ Rules:
   of docs/reliability.md; tests/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
-  `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release).
+  `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release); every
+  acknowledgement that moves `acked_seq` calls `on_acked` at once, on the event loop.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from pairmq.appliance.errors import RemoteProtocolError, SpoolCorruption
 from pairmq.appliance.roles import Role
@@ -50,6 +51,7 @@ from pairmq.appliance.spool.chain import ChainPoint, LogEntry
 from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
 from pairmq.appliance.spool.install import SnapshotBuilder
+from pairmq.appliance.spool.local import LocalSpool
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message
@@ -118,16 +120,6 @@ async def _in_thread(fn, *args, undo: Callable[[object], None] | None = None):
         raise
 
 
-class SpoolPort(Protocol):
-    """What the mate link needs of the node's spool (the broker service owns it)."""
-
-    spool: object  # appliance.spool.store.Spool
-    writer: object  # appliance.spool.writer.SpoolWriter
-
-    def replace_spool(self, builder: SnapshotBuilder) -> None:
-        """Close the writer and spool, swap in the builder's spool, reopen both (a standby's full resync)."""
-
-
 class _Replication:
     """What both ends' adapters share: the live link, its connection, counters and the tick."""
 
@@ -153,11 +145,11 @@ class _Replication:
 
 
 class ActiveReplication(_Replication):
-    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort, epoch: Callable[[], int],
+    def __init__(self, *, secret: bytes, group: str, me: Role, spool: LocalSpool, epoch: Callable[[], int],
                  may_serve: Callable[[], bool], limits: LinkLimits = LinkLimits(),
                  on_acked: Callable[[int], None] = lambda seq: None) -> None:
         self._secret, self._group, self._me = secret, group, me
-        self.port = port
+        self.local = spool
         self._epoch = epoch
         self._may_serve = may_serve
         self.limits = limits
@@ -174,8 +166,7 @@ class ActiveReplication(_Replication):
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._imaging = asyncio.Lock()
-        self.port.writer.on_entries = self._on_entries
-        self.port.writer.on_rollback = lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head)
+        self.local.tap(self._on_entries, lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head))
         self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
         self._ticker = self._loop.create_task(self._ticks())
 
@@ -190,8 +181,7 @@ class ActiveReplication(_Replication):
             self.conn.close("node stopping")
         if self._server:
             self._server.close()
-        self.port.writer.on_entries = None
-        self.port.writer.on_rollback = None
+        self.local.tap(None, None)
 
     # --- views ---------------------------------------------------------------------------
 
@@ -229,7 +219,7 @@ class ActiveReplication(_Replication):
         if self.conn is not None:
             self.conn.close("replaced by a newer link from the standby")
         self.conn = conn
-        self.link = ActiveLink(self._epoch(), self.port.writer.head, now_ms(), self.limits)
+        self.link = ActiveLink(self._epoch(), self.local.writer.head, now_ms(), self.limits)
         self.links_made += 1
         log.info("mate link up with %s (epoch %d)", conn.peer, self.link.epoch)
 
@@ -267,7 +257,7 @@ class ActiveReplication(_Replication):
             self._loop.create_task(self._serve(link, conn, request))
 
     async def _serve(self, link: ActiveLink, conn: MateConnection, request) -> None:
-        spool = self.port.spool
+        spool = self.local.spool
         try:
             if isinstance(request, PlanNeeded):
                 base = await asyncio.to_thread(spool.log_base)
@@ -346,12 +336,12 @@ class ActiveReplication(_Replication):
 
 
 class StandbyReplication(_Replication):
-    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort,
+    def __init__(self, *, secret: bytes, group: str, me: Role, spool: LocalSpool,
                  active_address: Callable[[], tuple[str, int] | None], incarnation: int,
                  highest_epoch: Callable[[], int], incoming_dir: Path, redial_s: float = 0.2,
                  link_timeout_ms: int = 1_000) -> None:
         self._secret, self._group, self._me = secret, group, me
-        self.port = port
+        self.local = spool
         self._active_address = active_address
         self._incarnation = incarnation
         self._highest_epoch = highest_epoch
@@ -425,7 +415,7 @@ class StandbyReplication(_Replication):
             await asyncio.wait_for(established.wait(), 5.0)
             if self.link is not None and self.link.progress is not None:
                 self._last_progress = self.link.progress
-            self.link = StandbyLink(self.port.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
+            self.link = StandbyLink(self.local.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
                                     link_timeout_ms=self._link_timeout_ms)
             self.links_made += 1
             self._drain()
@@ -488,13 +478,13 @@ class StandbyReplication(_Replication):
         link, conn = self.link, self.conn
         try:
             if isinstance(request, Apply):
-                while self.port.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
+                while self.local.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
                     # Wait for the oldest commit only, not for all of them: the writer keeps a batch to work on.
                     oldest = self._committing[0]
                     if not oldest.done():
                         await asyncio.wait({oldest})
                     self._committing.popleft()
-                writer = self.port.writer
+                writer = self.local.writer
                 # A catch-up's ops more than keep_ops before its target would be dropped from our log anyway:
                 # they change the state only (writer.py's rules), so each byte of theirs is written once less.
                 unlogged = max(0, link.caught_up_to - writer.limits.keep_ops) if link.resyncing else 0
@@ -508,7 +498,7 @@ class StandbyReplication(_Replication):
             elif isinstance(request, SnapshotBatch):
                 if request.first:
                     self._builder = await _in_thread(  # the id history keeps our spool's bound
-                        SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids,
+                        SnapshotBuilder, self._incoming_dir, self.local.writer.limits.max_message_ids,
                         undo=SnapshotBuilder.abandon)
                 await _in_thread(self._builder.add, request.bodies)
                 link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
@@ -528,7 +518,7 @@ class StandbyReplication(_Replication):
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
                 self._builder = None  # swapped in now, or never: not to abandon
                 log.info("mate link: spool image checked: swapping it in")
-                await _in_thread(self.port.replace_spool, receiver)
+                await _in_thread(self.local.replace_spool, receiver)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
                 self.snapshots_installed += 1
@@ -538,7 +528,7 @@ class StandbyReplication(_Replication):
                 await acks.join()
                 await _in_thread(self._builder.finish, request.point)
                 builder, self._builder = self._builder, None  # swapped in now, or never: not to abandon
-                await _in_thread(self.port.replace_spool, builder)
+                await _in_thread(self.local.replace_spool, builder)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
                 self.snapshots_installed += 1

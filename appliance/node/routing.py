@@ -27,7 +27,7 @@ from pairmq.monitor.node import MonitorNode
 from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
 from ..broker.message_events import MessageEvents
-from ..broker.service import BrokerService
+from ..broker.service import BrokerService, writer_limits
 from ..config import GroupConfig
 from ..errors import LocalProtocolError
 from ..mqtt.budget import preauth_from_config
@@ -35,10 +35,11 @@ from ..mqtt.listener import MqttListener
 from ..quorum.core import QuorumCore
 from ..quorum.wire import Activity
 from ..roles import Role
+from ..spool.local import LocalSpool
 from . import sd_notify, views
 from .configuration import NodeConfiguration, apply_change
 from .handover import HandoverRunner
-from .replication import Replication
+from .replication import MateRelease, Replication, active_end
 
 log = logging.getLogger("pairmq.node")
 
@@ -76,20 +77,30 @@ class RoutingNode(MonitorNode):
                                        client_id, user))
         self._core_limits = limits_from_config(limits)
         # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
-        self.broker = BrokerService(self.spec.data_dir / "spool", epoch=self.current_epoch,
-                                    core_factory=self._new_broker_core, spool_max_bytes=limits.spool_max_bytes)
-        self.broker.serving = self.may_serve
-        self.broker.on_spool_lost = self._on_spool_lost
-        self.replication = Replication(self.quorum, config, role, self.broker, secret, data_dir=self.spec.data_dir,
+        spool = LocalSpool(self.spec.data_dir / "spool",
+                           writer_limits(self._core_limits.max_message_ids, limits.spool_max_bytes),
+                           on_lost=self._on_spool_lost)
+        active = active_end(config, role, spool, secret, epoch=self.current_epoch, may_serve=self.may_serve,
+                            on_acked=self._mate_acked)
+        release = MateRelease(active)
+        events = None
+        if config.events.message_events:
+            events = MessageEvents(self.events, config.events.message_sample_ratio, acked_seq=lambda: active.acked_seq)
+        self.broker = BrokerService(spool, epoch=self.current_epoch, core_factory=self._new_broker_core,
+                                    release=release, serving=self.may_serve,
+                                    mate_over_lag=lambda: active.over_max_lag, message_events=events)
+        self.replication = Replication(self.quorum, config, role, spool=spool, broker=self.broker, active=active,
+                                       release=release, secret=secret, data_dir=self.spec.data_dir,
                                        epoch=self.current_epoch, may_serve=self.may_serve,
                                        config_mate_joined=self.configuration.sync.mate_joined)
-        if config.events.message_events:
-            self.broker.message_events = MessageEvents(self.events, config.events.message_sample_ratio,
-                                                       acked_seq=lambda: self.replication.active.acked_seq)
         self.handovers = HandoverRunner(self.quorum, role, self.broker,
                                         mate_reference=config.mqtt_reference(role.mate()),
-                                        acked_seq=lambda: self.replication.active.acked_seq,
+                                        acked_seq=lambda: active.acked_seq,
                                         listeners=self._listeners, events=self.events.write)
+
+    def _mate_acked(self, seq: int) -> None:
+        """The mate acknowledged through `seq` (on the broker loop): what it now holds is released at once."""
+        self.broker.release_held()
 
     def _new_broker_core(self) -> BrokerCore:
         authn = self.authn

@@ -114,7 +114,9 @@ class Submission:
 class SpoolWriter:
     """Owns the spool's write connection in a dedicated thread; see the rules above."""
 
-    def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits()) -> None:
+    def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits(), *,
+                 on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None,
+                 on_rollback: Callable[[ChainPoint], None] | None = None) -> None:
         assert spool.writer is None, f"spool {spool.path} already has a writer"
         self.spool = spool
         self.limits = limits
@@ -138,8 +140,8 @@ class SpoolWriter:
         # thread, right after the entries get their seqs, so they are seen in seq order and can be shipped
         # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
         # after a failed batch took the head back to `head`.
-        self.on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None
-        self.on_rollback: Callable[[ChainPoint], None] | None = None
+        self.on_entries = on_entries
+        self.on_rollback = on_rollback
         self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
         self._thread.start()
         spool.writer = self
