@@ -22,9 +22,9 @@ Rules:
   and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
-  anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
-  under a running batch closed its SQLite connection mid-statement: SIGSEGV in libsqlite3 (finding 4
-  of docs/reliability.md; tests/test_snapshot_storm.py).
+  anything else touches the builder or the spool (`_in_thread`, `_wait_out`): abandoning the builder
+  under a running batch would close its SQLite connection mid-statement, a SIGSEGV in libsqlite3
+  (tests/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
   `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release); every
@@ -82,9 +82,8 @@ def _catching_up(yes: bool) -> None:
     """A standby's catch-up runs with a short GIL switch interval (CATCHUP_SWITCH_S), the rest of the time with
     the process's usual one. Its event loop (decoding, verifying) and its spool writer (SQLite, which gives the GIL
     up at each statement) then trade the GIL every 0.5 ms instead of 5: the writer no longer waits out the loop's
-    5 ms to take it back after each statement. Measured: 1,000,000 queued messages in 22.9-23.9 s instead of
-    24.9-29.9 s (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an
-    active, a short interval cost a third of QoS 1 throughput (appliance/node.py)."""
+    5 ms to take it back after each statement (docs/benchmarks.md). Process-wide, so only while the node is a
+    standby catching up: on an active, a short interval costs QoS 1 throughput (appliance/node/process.py)."""
     global _usual_switch_s
     if yes and _usual_switch_s is None:
         _usual_switch_s = sys.getswitchinterval()
@@ -367,9 +366,9 @@ class StandbyReplication(_Replication):
 
     async def stop(self) -> None:
         """End the dialler for good. One `cancel()` is not enough on Python 3.11: `asyncio.wait_for` swallows
-        a cancellation that lands as the connect it waits for completes (gh-86296), and the redial loop then
-        ran on while a take-over awaited it forever (the new active never served). So: a flag the loop
-        checks, and cancel again until the task is done."""
+        a cancellation that lands as the connect it waits for completes (gh-86296), and the redial loop would
+        run on while a take-over awaits it forever. So: a flag the loop checks, and cancel again until the
+        task is done."""
         self._stopping = True
         while self._task is not None and not self._task.done():
             self._task.cancel()
@@ -466,7 +465,7 @@ class StandbyReplication(_Replication):
                     return
                 self._drain()
         except Exception as exc:  # noqa: BLE001 - our side failed (our disk, our bug): end the link, redial
-            # Without this the worker died silently and the link stayed up applying nothing: no ack ever again.
+            # Otherwise the worker would die silently and the link stay up applying nothing: no ack ever again.
             log.error("mate link: applying what the active sent failed here: %r", exc)
             if self.conn is not None:
                 self.conn.close(f"applying failed on the standby: {exc}")

@@ -13,8 +13,8 @@ Rules:
   submission names the writer `history` its core was built on, which a
   rollback (or our `fence()` on a refusal) ends. Otherwise a later PUBLISH
   the old core read before it learned of the failure could commit ahead of
-  the rolled-back earlier ones its publisher resends (docs/reliability.md,
-  finding 2: a QoS 2 stream reordered when the disk filled).
+  the rolled-back earlier ones its publisher resends (a QoS 2 stream
+  reordered when the disk fills; docs/reliability.md).
 - Persists are coalesced: those made while one event-loop callback runs (one
   read of a socket, one commit's callbacks) go to the writer as ONE submission
   at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;

@@ -1,4 +1,4 @@
-"""The optional virtual IP: the active holds it, and gives it up the moment it stops serving (issue 6).
+"""The optional virtual IP: the active holds it, and gives it up the moment it stops serving.
 
 Rules:
 1. Only the active holds the address. It is added when the node takes activity

@@ -27,8 +27,8 @@ Rules:
   rolled-back ones) passes the history it was built on and is refused with
   `SpoolFull` until it rebuilds: otherwise a later op of that core could
   commit ahead of the rolled-back earlier ones its clients will resend, and a
-  publisher's messages would be stored out of order (docs/reliability.md,
-  finding 2). `fence()` starts a new history without a rollback.
+  publisher's messages would be stored out of order (docs/reliability.md).
+  `fence()` starts a new history without a rollback.
 - Any other failure (an I/O error, our own bug) fails everything pending and
   stops the writer: later submissions raise that error.
 - The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
