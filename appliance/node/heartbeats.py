@@ -7,7 +7,8 @@ Rules:
   loop only waits for the GIL (handed over every `sys.getswitchinterval()`).
 - Every call into the QuorumCore, from any thread, holds `lock`: the core is
   not thread-safe. Callers read the clock inside the lock, so a caller that
-  waited for it never asks with a stale `now`.
+  waited for it never asks with a stale `now`; other threads go through
+  `QuorumHandle.call` (quorum_handle.py), which does both.
 - Only this thread sends: heartbeats leave in the order the core made them.
   Another thread that changed the core (an operator's forced bid) calls
   `wake()` and this thread flushes.
