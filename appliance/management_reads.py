@@ -98,10 +98,7 @@ def _head(request: web.Request) -> tuple[dict, object | None]:
 
 def active_management_address(node) -> str | None:
     """host:port of the active node's management API, as this node sees it; None if none is active."""
-    from .clock import now_ms
-
-    with node.heartbeats.lock:
-        active = node.core.active_role(now_ms())
+    active = node.quorum.call(lambda core, now: core.active_role(now))
     if active is None:
         return None
     return f"{node.config.node(active).address}:{node.config.ports.management}"

@@ -80,8 +80,8 @@ def install_keyring(node, new: Keyring, step: str, key_id: int) -> None:
     if new == old:
         return
     new.save(node.keyring_path)
-    with node.heartbeats.lock:
-        auth = node.core.auth
+    def rekey(core, _now) -> None:
+        auth = core.auth
         for kid, secret in new.keys.items():
             if old.keys.get(kid) != secret:
                 auth.add_key(kid, secret)
@@ -89,6 +89,8 @@ def install_keyring(node, new: Keyring, step: str, key_id: int) -> None:
         for kid in old.keys.keys() - new.keys.keys():
             auth.retire_key(kid)
         node.keys.keyring = new
+
+    node.quorum.call(rekey)
     log.warning("%s: group secret: %s key id %d; holds key ids %s, sends with %d", node.role.value, step, key_id,
                 sorted(new.keys), new.send_id)
     node.events.write("secret_rotation_step", step=step, key_id=key_id, **new.view())

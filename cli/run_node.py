@@ -5,7 +5,7 @@ journal or a log file stays greppable even when a record carries a traceback.
 The one exception: a fatal signal in native code (SIGSEGV in libsqlite3,
 SIGBUS, SIGABRT...) makes `faulthandler` write every thread's Python stack to
 the same stderr before the process dies, the only trace of which thread was in
-C at the time (docs/reliability.md, finding 4).
+C at the time (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def run(group_path: Path, role: Role) -> int:
     faulthandler.enable(sys.stderr, all_threads=True)  # see the module's rules: a native crash names its thread
     # Until the node's event loop installs its own handler, SIGTERM still means a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    from pairmq.appliance.node import run_node
+    from pairmq.appliance.node.process import run_node
 
     logging.getLogger("pairmq.cli").info("%s: starting with group %s (%s)", role.value, config.name, group_path)
     try:
@@ -75,9 +75,8 @@ def run(group_path: Path, role: Role) -> int:
 
 def _exit_now() -> None:
     """Exit 0 without the interpreter's teardown: everything the node opened is closed by now, and tearing
-    down the modules and heap took 0.3-0.4 s of CPU (strace: no system call in between), which `systemctl
-    stop` waited for on every host. Not under cProfile (bench/), which writes its profile at exit, nor while
-    a thread the interpreter would wait for still runs."""
+    down the modules and heap is CPU time `systemctl stop` would wait for on every host. Not under cProfile
+    (bench/), which writes its profile at exit, nor while a thread the interpreter would wait for still runs."""
     if sys.getprofile() is not None or any(t.is_alive() and not t.daemon and t is not threading.main_thread()
                                            for t in threading.enumerate()):
         return

@@ -6,7 +6,8 @@ Rules:
   replaces an older one. Every op the spool writer gives a seq is handed to the link at once.
 - The standby dials the active it knows of (`active_address()`), retrying every `redial_s`, and
   applies what it receives through its own writer: ops via `submit_entries`, a snapshot via
-  `SnapshotBuilder` and a swap of its spool files (`SpoolPort.replace_spool`).
+  `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
+  node's spool and writer through the LocalSpool the node's wiring hands them.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
 - A full resync ships the spool's file image (spool/image.py): one read transaction's snapshot of the
@@ -21,12 +22,13 @@ Rules:
   and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
-  anything else touches the builder or the spool (`_in_thread`, `_wait_out`). Abandoning the builder
-  under a running batch closed its SQLite connection mid-statement: SIGSEGV in libsqlite3 (finding 4
-  of docs/reliability.md; tests/test_snapshot_storm.py).
+  anything else touches the builder or the spool (`_in_thread`, `_wait_out`): abandoning the builder
+  under a running batch would close its SQLite connection mid-statement, a SIGSEGV in libsqlite3
+  (tests/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
-  `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release).
+  `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release); every
+  acknowledgement that moves `acked_seq` calls `on_acked` at once, on the event loop.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from pairmq.appliance.clock import now_ms
 from pairmq.appliance.errors import RemoteProtocolError, SpoolCorruption
@@ -50,6 +51,7 @@ from pairmq.appliance.spool.chain import ChainPoint, LogEntry
 from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
 from pairmq.appliance.spool.install import SnapshotBuilder
+from pairmq.appliance.spool.local import LocalSpool
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
 from .messages import Catchup, Message
@@ -76,9 +78,8 @@ def _catching_up(yes: bool) -> None:
     """A standby's catch-up runs with a short GIL switch interval (CATCHUP_SWITCH_S), the rest of the time with
     the process's usual one. Its event loop (decoding, verifying) and its spool writer (SQLite, which gives the GIL
     up at each statement) then trade the GIL every 0.5 ms instead of 5: the writer no longer waits out the loop's
-    5 ms to take it back after each statement. Measured: 1,000,000 queued messages in 22.9-23.9 s instead of
-    24.9-29.9 s (docs/benchmarks.md). Process-wide, so only while the node is a standby catching up: on an
-    active, a short interval cost a third of QoS 1 throughput (appliance/node.py)."""
+    5 ms to take it back after each statement (docs/benchmarks.md). Process-wide, so only while the node is a
+    standby catching up: on an active, a short interval costs QoS 1 throughput (appliance/node/process.py)."""
     global _usual_switch_s
     if yes and _usual_switch_s is None:
         _usual_switch_s = sys.getswitchinterval()
@@ -114,16 +115,6 @@ async def _in_thread(fn, *args, undo: Callable[[object], None] | None = None):
         raise
 
 
-class SpoolPort(Protocol):
-    """What the mate link needs of the node's spool (the broker service owns it)."""
-
-    spool: object  # appliance.spool.store.Spool
-    writer: object  # appliance.spool.writer.SpoolWriter
-
-    def replace_spool(self, builder: SnapshotBuilder) -> None:
-        """Close the writer and spool, swap in the builder's spool, reopen both (a standby's full resync)."""
-
-
 class _Replication:
     """What both ends' adapters share: the live link, its connection, counters and the tick."""
 
@@ -149,11 +140,11 @@ class _Replication:
 
 
 class ActiveReplication(_Replication):
-    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort, epoch: Callable[[], int],
+    def __init__(self, *, secret: bytes, group: str, me: Role, spool: LocalSpool, epoch: Callable[[], int],
                  may_serve: Callable[[], bool], limits: LinkLimits = LinkLimits(),
                  on_acked: Callable[[int], None] = lambda seq: None) -> None:
         self._secret, self._group, self._me = secret, group, me
-        self.port = port
+        self.local = spool
         self._epoch = epoch
         self._may_serve = may_serve
         self.limits = limits
@@ -170,8 +161,7 @@ class ActiveReplication(_Replication):
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._imaging = asyncio.Lock()
-        self.port.writer.on_entries = self._on_entries
-        self.port.writer.on_rollback = lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head)
+        self.local.tap(self._on_entries, lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head))
         self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
         self._ticker = self._loop.create_task(self._ticks())
 
@@ -186,8 +176,7 @@ class ActiveReplication(_Replication):
             self.conn.close("node stopping")
         if self._server:
             self._server.close()
-        self.port.writer.on_entries = None
-        self.port.writer.on_rollback = None
+        self.local.tap(None, None)
 
     # --- views ---------------------------------------------------------------------------
 
@@ -225,7 +214,7 @@ class ActiveReplication(_Replication):
         if self.conn is not None:
             self.conn.close("replaced by a newer link from the standby")
         self.conn = conn
-        self.link = ActiveLink(self._epoch(), self.port.writer.head, now_ms(), self.limits)
+        self.link = ActiveLink(self._epoch(), self.local.writer.head, now_ms(), self.limits)
         self.links_made += 1
         log.info("mate link up with %s (epoch %d)", conn.peer, self.link.epoch)
 
@@ -263,7 +252,7 @@ class ActiveReplication(_Replication):
             self._loop.create_task(self._serve(link, conn, request))
 
     async def _serve(self, link: ActiveLink, conn: MateConnection, request) -> None:
-        spool = self.port.spool
+        spool = self.local.spool
         try:
             if isinstance(request, PlanNeeded):
                 base = await asyncio.to_thread(spool.log_base)
@@ -342,12 +331,12 @@ class ActiveReplication(_Replication):
 
 
 class StandbyReplication(_Replication):
-    def __init__(self, *, secret: bytes, group: str, me: Role, port: SpoolPort,
+    def __init__(self, *, secret: bytes, group: str, me: Role, spool: LocalSpool,
                  active_address: Callable[[], tuple[str, int] | None], incarnation: int,
                  highest_epoch: Callable[[], int], incoming_dir: Path, redial_s: float = 0.2,
                  link_timeout_ms: int = 1_000) -> None:
         self._secret, self._group, self._me = secret, group, me
-        self.port = port
+        self.local = spool
         self._active_address = active_address
         self._incarnation = incarnation
         self._highest_epoch = highest_epoch
@@ -373,9 +362,9 @@ class StandbyReplication(_Replication):
 
     async def stop(self) -> None:
         """End the dialler for good. One `cancel()` is not enough on Python 3.11: `asyncio.wait_for` swallows
-        a cancellation that lands as the connect it waits for completes (gh-86296), and the redial loop then
-        ran on while a take-over awaited it forever (the new active never served). So: a flag the loop
-        checks, and cancel again until the task is done."""
+        a cancellation that lands as the connect it waits for completes (gh-86296), and the redial loop would
+        run on while a take-over awaits it forever. So: a flag the loop checks, and cancel again until the
+        task is done."""
         self._stopping = True
         while self._task is not None and not self._task.done():
             self._task.cancel()
@@ -421,7 +410,7 @@ class StandbyReplication(_Replication):
             await asyncio.wait_for(established.wait(), 5.0)
             if self.link is not None and self.link.progress is not None:
                 self._last_progress = self.link.progress
-            self.link = StandbyLink(self.port.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
+            self.link = StandbyLink(self.local.writer.head, self._incarnation, self._highest_epoch(), now_ms(),
                                     link_timeout_ms=self._link_timeout_ms)
             self.links_made += 1
             self._drain()
@@ -472,7 +461,7 @@ class StandbyReplication(_Replication):
                     return
                 self._drain()
         except Exception as exc:  # noqa: BLE001 - our side failed (our disk, our bug): end the link, redial
-            # Without this the worker died silently and the link stayed up applying nothing: no ack ever again.
+            # Otherwise the worker would die silently and the link stay up applying nothing: no ack ever again.
             log.error("mate link: applying what the active sent failed here: %r", exc)
             if self.conn is not None:
                 self.conn.close(f"applying failed on the standby: {exc}")
@@ -484,13 +473,13 @@ class StandbyReplication(_Replication):
         link, conn = self.link, self.conn
         try:
             if isinstance(request, Apply):
-                while self.port.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
+                while self.local.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
                     # Wait for the oldest commit only, not for all of them: the writer keeps a batch to work on.
                     oldest = self._committing[0]
                     if not oldest.done():
                         await asyncio.wait({oldest})
                     self._committing.popleft()
-                writer = self.port.writer
+                writer = self.local.writer
                 # A catch-up's ops more than keep_ops before its target would be dropped from our log anyway:
                 # they change the state only (writer.py's rules), so each byte of theirs is written once less.
                 unlogged = max(0, link.caught_up_to - writer.limits.keep_ops) if link.resyncing else 0
@@ -504,7 +493,7 @@ class StandbyReplication(_Replication):
             elif isinstance(request, SnapshotBatch):
                 if request.first:
                     self._builder = await _in_thread(  # the id history keeps our spool's bound
-                        SnapshotBuilder, self._incoming_dir, self.port.writer.limits.max_message_ids,
+                        SnapshotBuilder, self._incoming_dir, self.local.writer.limits.max_message_ids,
                         undo=SnapshotBuilder.abandon)
                 await _in_thread(self._builder.add, request.bodies)
                 link.progressed(len(request.bodies), sum(map(len, request.bodies)), now_ms())
@@ -524,7 +513,7 @@ class StandbyReplication(_Replication):
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
                 self._builder = None  # swapped in now, or never: not to abandon
                 log.info("mate link: spool image checked: swapping it in")
-                await _in_thread(self.port.replace_spool, receiver)
+                await _in_thread(self.local.replace_spool, receiver)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
                 self.snapshots_installed += 1
@@ -534,7 +523,7 @@ class StandbyReplication(_Replication):
                 await acks.join()
                 await _in_thread(self._builder.finish, request.point)
                 builder, self._builder = self._builder, None  # swapped in now, or never: not to abandon
-                await _in_thread(self.port.replace_spool, builder)
+                await _in_thread(self.local.replace_spool, builder)
                 if not conn.closed:
                     link.snapshot_installed(request.point, now_ms())
                 self.snapshots_installed += 1

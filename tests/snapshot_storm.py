@@ -34,8 +34,8 @@ from pairmq.appliance.errors import LocalProtocolError
 from pairmq.appliance.roles import Role
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool.errors import SpoolBusy, SpoolFull
+from pairmq.appliance.spool.local import LocalSpool
 from pairmq.appliance.spool.store import Spool
-from pairmq.appliance.spool.writer import SpoolWriter
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 from tests.group import LOOPBACK
 
@@ -85,12 +85,8 @@ def _diverge(broker: BrokerService, n: int) -> bool:
 
 async def storm(directory: Path, installs: int, seed: int) -> dict:
     rng = random.Random(seed)
-    spool = Spool.open(directory / "active")
-    writer = SpoolWriter(spool)
-
-    class ActivePort:
-        def __init__(self) -> None:
-            self.spool, self.writer = spool, writer
+    active_spool = LocalSpool(directory / "active")
+    spool, writer = active_spool.spool, active_spool.writer
 
     ops = [o.SessionOpened("fleet", 5, 3600, 1)]
     for i in range(1, MESSAGES + 1):
@@ -100,13 +96,12 @@ async def storm(directory: Path, installs: int, seed: int) -> dict:
             ops = []
     await writer.submit_async(ops, EPOCH).future
 
-    standby_port = BrokerService(directory / "standby", epoch=lambda: EPOCH)
-    standby_port.serving = lambda: False
+    standby_port = BrokerService.open(directory / "standby", epoch=lambda: EPOCH, serving=lambda: False)
     host = LOOPBACK[Role.PRIMARY]
-    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=ActivePort(), epoch=lambda: EPOCH,
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, spool=active_spool, epoch=lambda: EPOCH,
                                may_serve=lambda: True)
     await active.start(host, 0)
-    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, port=standby_port,
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=standby_port.local,
                                  active_address=lambda: (host, active.bound_port), incarnation=1,
                                  highest_epoch=lambda: EPOCH - 1, incoming_dir=directory / "standby.incoming",
                                  redial_s=0.01)

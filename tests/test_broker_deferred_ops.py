@@ -42,9 +42,9 @@ class Recorder:
 
 class Broker(InProcessBroker):
     def __init__(self, tmp_path, defer_ms: int) -> None:
-        service = BrokerService(tmp_path / "spool", epoch=lambda: 1, defer_ms=defer_ms)
         self.recorder = Recorder()
-        service.message_events = MessageEvents(self.recorder)
+        service = BrokerService.open(tmp_path / "spool", epoch=lambda: 1, defer_ms=defer_ms,
+                                     message_events=MessageEvents(self.recorder))
         super().__init__(service)
 
     def view(self) -> dict:

@@ -29,7 +29,7 @@ WAIT_S = 10.0
 
 class Broker(InProcessBroker):
     def __init__(self, tmp_path, overload: OverloadLimits | None = None) -> None:
-        super().__init__(BrokerService(tmp_path / "spool", epoch=lambda: 1), overload)
+        super().__init__(BrokerService.open(tmp_path / "spool", epoch=lambda: 1), overload)
 
     def inflight(self) -> dict[str, int]:
         return self.call(lambda: {c.client_id: c.inflight for c in self.listener.connections()})
@@ -142,7 +142,7 @@ def test_a_read_after_the_gate_closed_is_refused(make):
 def test_a_subscribe_whose_retained_messages_pass_a_commits_bound_gets_its_suback_and_all_of_them(tmp_path):
     """The SUBSCRIBE's ops (its subscription and a queued copy of each retained match) are more than one
     commit may hold: they go in slices, and the SUBACK and every retained message still arrive."""
-    service = BrokerService(tmp_path / "spool", epoch=lambda: 1)
+    service = BrokerService.open(tmp_path / "spool", epoch=lambda: 1)
     service.writer.limits = dataclasses.replace(service.writer.limits, max_batch_ops=16)
     b = InProcessBroker(service)
     try:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pairmq.appliance.config import Timers
-from pairmq.appliance.heartbeats import HeartbeatThread
+from pairmq.appliance.node.heartbeats import HeartbeatThread
 from pairmq.appliance.quorum.auth import HeartbeatAuth
 from pairmq.appliance.quorum.core import QuorumCore, Timing
 from pairmq.appliance.roles import Role

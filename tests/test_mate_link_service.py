@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import types
 from pathlib import Path
 
 from pairmq.appliance.roles import Role
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.store import Spool
-from pairmq.appliance.spool.writer import SpoolWriter
+from pairmq.appliance.spool.local import LocalSpool
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
 from tests.test_spool_store import EVERY_OP, body
 
@@ -29,24 +29,16 @@ def in_a_loop(test):
     return run
 
 
-class Port:
-    """A node's spool and writer, as the mate link sees them (the broker service plays this part)."""
+class Port(LocalSpool):
+    """A node's spool and writer, as the mate link sees them; counts the full resyncs swapped in."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.spool = Spool.open(directory)
-        self.writer = SpoolWriter(self.spool)
+        super().__init__(directory)
         self.replaced = 0
 
     def replace_spool(self, builder) -> None:
-        self.spool.close()
-        builder.swap_into(self.directory)
-        self.spool = Spool.open(self.directory)
-        self.writer = SpoolWriter(self.spool)
+        super().replace_spool(builder)
         self.replaced += 1
-
-    def close(self) -> None:
-        self.spool.close()
 
 
 async def until(what: str, check, timeout_s: float = 15.0) -> None:
@@ -60,10 +52,10 @@ async def until(what: str, check, timeout_s: float = 15.0) -> None:
 async def group(tmp_path: Path, *, standby_secret: bytes = SECRET):
     active_port, standby_port = Port(tmp_path / "active"), Port(tmp_path / "standby")
     acked: list[int] = []
-    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=active_port, epoch=lambda: 4,
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, spool=active_port, epoch=lambda: 4,
                                may_serve=lambda: True, on_acked=acked.append)
     await active.start("127.0.0.1", 0)
-    standby = StandbyReplication(secret=standby_secret, group=GROUP, me=Role.BACKUP, port=standby_port,
+    standby = StandbyReplication(secret=standby_secret, group=GROUP, me=Role.BACKUP, spool=standby_port,
                                  active_address=lambda: ("127.0.0.1", active.bound_port), incarnation=1,
                                  highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
     return active, standby, active_port, standby_port, acked
@@ -150,10 +142,10 @@ class Recorder:
         self.closed = (reason, why)
 
 
-def broker_port(directory: Path):
+def broker_port(directory: Path, **kw):
     from pairmq.appliance.broker.service import BrokerService
 
-    return BrokerService(directory, epoch=lambda: 4)
+    return BrokerService.open(directory, epoch=lambda: 4, **kw)
 
 
 @in_a_loop
@@ -163,12 +155,12 @@ async def test_a_puback_waits_for_the_standbys_ack_and_the_standby_can_take_over
     from pairmq.appliance.mqtt import codec
     from pairmq.appliance.mqtt.properties import PropertyId as P
 
-    ap, sp = broker_port(tmp_path / "active"), broker_port(tmp_path / "standby")
-    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=ap, epoch=lambda: 4,
+    release = types.SimpleNamespace(allows=lambda seq: seq <= active.acked_seq)  # the rule with an in-sync mate
+    ap, sp = broker_port(tmp_path / "active", release=release), broker_port(tmp_path / "standby")
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, spool=ap.local, epoch=lambda: 4,
                                may_serve=lambda: True, on_acked=lambda seq: ap.release_held())
-    ap.may_release = lambda seq: seq <= active.acked_seq
     await active.start("127.0.0.1", 0)
-    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, port=sp,
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=sp.local,
                                  active_address=lambda: ("127.0.0.1", active.bound_port), incarnation=1,
                                  highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
     sub, pub = Recorder(), Recorder()
@@ -203,9 +195,8 @@ async def test_a_standbys_broker_core_is_inert_until_it_serves(tmp_path):
     before = Port(tmp_path / "spool")
     await write(before, [[o.SessionOpened("gone", 5, 1, 1000), o.SessionDisconnected("gone", 1000, 1)]])
     before.close()
-    broker = broker_port(tmp_path / "spool")
     serving = False
-    broker.serving = lambda: serving
+    broker = broker_port(tmp_path / "spool", serving=lambda: serving)
     await broker.start()
     await asyncio.sleep(1.3)  # past one tick
     assert "gone" in broker.core.sessions and broker.writer.metrics().ops == 0, "a standby expired a session"
@@ -236,7 +227,7 @@ async def test_stopping_the_standby_ends_its_dialler_even_when_a_cancellation_is
     """Found by tests/test_replication_faults.py: the backup took activity but never served (its take-over
     awaited the standby dialler's stop, whose one cancel the 3.11 wait_for had swallowed)."""
     port = Port(tmp_path / "standby")
-    standby = _SwallowsOneCancel(secret=SECRET, group=GROUP, me=Role.BACKUP, port=port,
+    standby = _SwallowsOneCancel(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=port,
                                  active_address=lambda: ("127.0.0.1", 9), incarnation=1, highest_epoch=lambda: 3,
                                  incoming_dir=tmp_path / "standby.incoming")
     await standby.start()

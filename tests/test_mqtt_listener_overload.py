@@ -47,7 +47,7 @@ class Node:
         self.loop = UvLoopThread() if loop_kind == "uvloop" else LoopThread()
         self.broker = None
         if with_broker:
-            self.broker = BrokerService(tmp_path / "spool", epoch=lambda: 1)
+            self.broker = BrokerService.open(tmp_path / "spool", epoch=lambda: 1)
             self.loop.run(self.broker.start())
         self.listener = MqttListener(HOST, 0, self.gate, on_event=self.events, broker=self.broker, **kw)
         self.loop.run(self.listener.start())

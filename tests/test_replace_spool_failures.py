@@ -1,18 +1,18 @@
-"""A full resync whose swap fails never leaves the node with a closed spool (BrokerService.replace_spool).
+"""A full resync whose swap fails never leaves the node with a closed spool (LocalSpool.replace_spool).
 
-The standby's broker service closes its spool, renames the received one over it and opens that. Before,
-a failure in between (the rename, the fsync, the open) left the service holding a closed spool and writer:
-the mate link redialled, but every op was refused and the next JOIN could not read the head. Now:
+The standby's LocalSpool closes its spool, renames the received one over it and opens that. A failure in
+between (the rename, the fsync, the open) must not leave it holding a closed spool and writer (every op
+refused, the next JOIN unable to read the head):
 - the swap fails before its rename: the old spool is open again, whole, and takes ops; the error still
   reaches the mate link (which closes the link and resyncs from there);
-- the swapped-in file cannot be opened: the service tells the node (`on_spool_lost`, which stops it with
+- the swapped-in file cannot be opened: it tells the node (`on_lost`, which stops it with
   that sentence) and raises; it never serves on without a spool.
 These run on real SQLite spools and a real SnapshotBuilder; the failures are real ones of the files.
 """
 
 import pytest
 
-from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.spool.local import LocalSpool
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool.codec import encode_op
 from pairmq.appliance.spool.store import FILE_NAME, SpoolCorruption
@@ -33,13 +33,12 @@ def _finished_builder(tmp_path):
 
 @pytest.fixture
 def standby(tmp_path):
-    """A standby's broker service on a spool of its own (one session, "stale"), the mate link's taps set."""
+    """A standby's spool of its own (one session, "stale"), the mate link's taps set."""
     write(tmp_path / "standby", [[o.SessionOpened("stale", 5, 60, 1)]], epoch=2)
-    service = BrokerService(tmp_path / "standby", epoch=lambda: 2)
-    taps = (lambda *a: None, lambda *a: None)
-    service.writer.on_entries, service.writer.on_rollback = taps
     lost: list[str] = []
-    service.on_spool_lost = lost.append
+    service = LocalSpool(tmp_path / "standby", on_lost=lost.append)
+    taps = (lambda *a: None, lambda *a: None)
+    service.tap(*taps)
     yield service, taps, lost
     service.spool.close()
 

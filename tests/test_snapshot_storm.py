@@ -101,10 +101,10 @@ async def test_a_standby_that_fails_to_apply_ends_the_link_and_catches_up_on_the
     nothing, so the active's mate never caught up."""
     host = LOOPBACK[Role.PRIMARY]
     ap, sp = Port(tmp_path / "active"), _FailsOneSwap(tmp_path / "standby")
-    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=ap, epoch=lambda: 4,
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, spool=ap, epoch=lambda: 4,
                                may_serve=lambda: True)
     await active.start(host, 0)
-    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, port=sp,
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=sp,
                                  active_address=lambda: (host, active.bound_port), incarnation=1,
                                  highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
     await write(ap, EVERY_OP)

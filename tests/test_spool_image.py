@@ -334,10 +334,10 @@ def test_an_image_outside_a_snapshot_plan_is_refused():
 
 async def image_group(tmp_path):
     active_port, standby_port = Port(tmp_path / "active"), Port(tmp_path / "standby")
-    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, port=active_port, epoch=lambda: 4,
+    active = ActiveReplication(secret=SECRET, group=GROUP, me=Role.PRIMARY, spool=active_port, epoch=lambda: 4,
                                may_serve=lambda: True)
     await active.start(LOOPBACK[Role.PRIMARY], 0)
-    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, port=standby_port,
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=standby_port,
                                  active_address=lambda: (LOOPBACK[Role.PRIMARY], active.bound_port), incarnation=1,
                                  highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
     return active, standby, active_port, standby_port

@@ -368,10 +368,10 @@ def host_holds(hosts, host: str) -> bool:  # noqa: F811
 
 
 def test_release_command_removes_a_leftover_vip(hosts, tmp_path):  # noqa: F811
-    """`python -m pairmq.appliance.vip release` (systemd's ExecStopPost) removes what a killed node left."""
+    """`python -m pairmq.appliance.node.vip release` (systemd's ExecStopPost) removes what a killed node left."""
     addresses = {r: hosts.address(r.value) for r in Role}
     group = Group(tmp_path / "group", addresses, hosts=hosts, vip=VIP_CONFIG)  # the file only: no node runs
-    argv = [sys.executable, "-m", "pairmq.appliance.vip", "release", "--role", "primary",
+    argv = [sys.executable, "-m", "pairmq.appliance.node.vip", "release", "--role", "primary",
             "--group", str(group.dir / "group.toml")]
     hosts.run("primary", ["ip", "addr", "add", f"{VIP}/24", "dev", "eth0"], check=True)
     assert host_holds(hosts, "primary")

@@ -13,8 +13,8 @@ Rules:
   submission names the writer `history` its core was built on, which a
   rollback (or our `fence()` on a refusal) ends. Otherwise a later PUBLISH
   the old core read before it learned of the failure could commit ahead of
-  the rolled-back earlier ones its publisher resends (docs/reliability.md,
-  finding 2: a QoS 2 stream reordered when the disk filled).
+  the rolled-back earlier ones its publisher resends (a QoS 2 stream
+  reordered when the disk fills; docs/reliability.md).
 - Persists are coalesced: those made while one event-loop callback runs (one
   read of a socket, one commit's callbacks) go to the writer as ONE submission
   at the end of that callback (`call_soon`), at most `max_batch_ops` ops each;
@@ -37,9 +37,10 @@ Rules:
   it was sent); `message_spooled` still waits for the commit.
 - Sends are coalesced too: the packets for one connection during one callback
   go out in one write at its end (a Close writes what was before it first).
-- With a standby (`may_release`, docs/mate_link.md), the effects behind a commit
+- With a standby (`release`, docs/mate_link.md), the effects behind a commit
   also wait for the release rule (the standby's ack, or its lease surely over),
-  in commit order; `release_held` runs what it allows.
+  in commit order; `release_held` runs what it allows, called by the mate
+  link the moment the standby acknowledges.
 - Writes never wait for the socket to drain here; the listener stops reading a
   client whose output backs up or whose in-flight window is full. `packet`
   returns a future that resolves once the effects it queued behind a commit
@@ -55,19 +56,38 @@ import collections
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..clock import wall_ms
 from ..mqtt.overload import MateBackpressure
 from ..mqtt.wire import ReasonCode as RC
 from ..spool.errors import SpoolBusy, SpoolFull
+from ..spool.local import LocalSpool
 from ..spool.store import Spool
 from ..spool.writer import SpoolWriter, WriterLimits
 from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
+from .message_events import MessageEvents
 
 log = logging.getLogger("pairmq.broker")
 TICK_S = 1.0
 DEFER_MS = 100  # the longest an op nobody waits for is held back (see the rules)
+
+
+def writer_limits(max_message_ids: int, spool_max_bytes: int | None = None) -> WriterLimits:
+    """The spool writer's limits for a core with these: the spool keeps as many message ids as the core (the
+    same ones: both evict the oldest accepted)."""
+    limits = WriterLimits(max_message_ids=max_message_ids)
+    if spool_max_bytes is not None:
+        # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
+        # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
+        limits = dataclasses.replace(limits, max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
+    return limits
+
+
+class ReleaseRule(Protocol):
+    """May the effects behind the commit ending at op `seq` run now (docs/mate_link.md)?"""
+
+    def allows(self, seq: int) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,28 +97,28 @@ class _Resolve:
 
 
 class BrokerService:
-    def __init__(self, spool_dir: Path, *, epoch: Callable[[], int], node_name: str = "pairmq",
-                 core_factory: Callable[[], BrokerCore] | None = None, spool_max_bytes: int | None = None,
-                 defer_ms: int = DEFER_MS) -> None:
-        self.spool = Spool.open(spool_dir)  # SpoolCorruption: refuse to serve from a corrupt spool
+    """`local`: the node's spool and writer (shared with the mate link). `release`: the release rule, None
+    without a standby (effects run at local durability). `serving()`: whether this node serves now; session
+    expiry, delayed wills and message expiry run only then (a standby expiring sessions or publishing wills
+    from its stale core would write its own ops into its spool). `mate_over_lag()`: the live mate link's
+    unacknowledged backlog is over max_lag (appliance/mqtt/overload.py: the listener stops reading
+    publishers meanwhile). `message_events`: set when the node logs them."""
+
+    def __init__(self, local: LocalSpool, *, epoch: Callable[[], int], node_name: str = "pairmq",
+                 core_factory: Callable[[], BrokerCore] | None = None, defer_ms: int = DEFER_MS,
+                 release: ReleaseRule | None = None, serving: Callable[[], bool] = lambda: True,
+                 mate_over_lag: Callable[[], bool] = lambda: False,
+                 message_events: MessageEvents | None = None) -> None:
+        self.local = local
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
+        self._history = self.writer.history  # the writer history self.core will be built on (see the rules)
         self.core = self._fresh_core()
-        # The spool keeps as many message ids as the core (the same ones: both evict the oldest accepted).
-        writer_limits = WriterLimits(max_message_ids=self.core.limits.max_message_ids)
-        if spool_max_bytes is not None:
-            # The core refuses publishes (0x97) at spool_max_bytes by its own count, which frees a body at once;
-            # the writer frees only at commit. Its limit is a backstop above, for what is still in flight.
-            writer_limits = dataclasses.replace(
-                writer_limits, max_spool_bytes=spool_max_bytes + spool_max_bytes // 4 + (8 << 20))
-        self.writer = SpoolWriter(self.spool, writer_limits)
-        self._history = self.writer.history  # the writer history self.core was built on (see the rules)
         self._rebuild_waits = False  # a rebuild waits for the old core's last submission to settle
         self._epoch = epoch
         self.conns: dict[int, object] = {}
         self._next_conn = 0
         self._tick_task: asyncio.Task | None = None
         self.commit_failures = 0
-        self.on_spool_lost: Callable[[str], None] | None = None  # the node stops (appliance/node.py)
         self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
         self._thens: list = []  # their `then` tuples, in order
         self._flush_scheduled = False
@@ -110,25 +130,40 @@ class BrokerService:
         self._last: asyncio.Future | None = None  # the latest submission's future
         self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
         self._batch_done: asyncio.Future | None = None  # what `packet` returned during this callback
-        # The mate link's release rule (docs/mate_link.md): may the effects behind the commit ending at this op
-        # run now? None: they run at local durability (no standby). What it refuses waits here, in commit order.
-        self.may_release: Callable[[int], bool] | None = None
-        # Session expiry, delayed wills and message expiry run only while this node serves: a standby expiring
-        # sessions or publishing wills from its stale core would write its own ops into its spool.
-        self.serving: Callable[[], bool] = lambda: True
-        self._held: collections.deque = collections.deque()  # (last op seq, then, core)
+        self._release = release
+        self.serving = serving
+        self._held: collections.deque = collections.deque()  # (last op seq, then, core): what the rule holds
         self.released_seq = 0  # the last op whose effects ran: what a re-admitted standby must hold
-        # Mate-link backpressure (appliance/mqtt/overload.py): is the live link's unacknowledged backlog over
-        # max_lag? The listener stops reading publishers meanwhile; the counters are this service's view's.
-        self.mate_over_lag: Callable[[], bool] = lambda: False
-        self.backpressure = MateBackpressure()
-        self.message_events = None  # a message_events.MessageEvents when the node logs them
+        self.mate_over_lag = mate_over_lag
+        self.backpressure = MateBackpressure()  # its counters are this service's view's
+        self.message_events = message_events
+
+    @classmethod
+    def open(cls, spool_dir: Path, *, spool_max_bytes: int | None = None,
+             on_lost: Callable[[str], None] | None = None, **kw) -> BrokerService:
+        """A service on a spool of its own (tests, tools); a node's wiring makes the LocalSpool itself."""
+        factory = kw.get("core_factory") or (lambda: BrokerCore(node_name=kw.get("node_name", "pairmq")))
+        limits = writer_limits(factory().limits.max_message_ids, spool_max_bytes)
+        return cls(LocalSpool(spool_dir, limits, on_lost=on_lost), **kw)
+
+    @property
+    def spool(self) -> Spool:
+        return self.local.spool
+
+    @property
+    def writer(self) -> SpoolWriter:
+        return self.local.writer
 
     def _fresh_core(self) -> BrokerCore:
         """A core restored from the spool; the caller sets `_history` to the writer's, read before this."""
         core = self._core_factory()
         restore(core, self.spool.load_state(), wall_ms())
         return core
+
+    def set_limits(self, limits) -> None:
+        """New limits (config-sync) on the core now; a rebuilt core gets them from the core factory."""
+        self.core.limits = limits
+        self.core.router.limits = limits
 
     async def start(self) -> None:
         self._tick_task = asyncio.get_running_loop().create_task(self._ticks())
@@ -353,7 +388,7 @@ class BrokerService:
             return
         entries = fut.result()
         seq = entries[-1].seq if entries else self.writer.durable.seq
-        if self._held or (self.may_release is not None and not self.may_release(seq)):
+        if self._held or (self._release is not None and not self._release.allows(seq)):
             self._held.append((seq, then, core))
             return
         self.released_seq = max(self.released_seq, seq)
@@ -366,7 +401,7 @@ class BrokerService:
         if self.message_events is not None:
             self.message_events.check_replicated()
         ran = 0
-        while self._held and (self.may_release is None or self.may_release(self._held[0][0])):
+        while self._held and (self._release is None or self._release.allows(self._held[0][0])):
             seq, then, core = self._held.popleft()
             self.released_seq = max(self.released_seq, seq)
             if core is self.core:
@@ -380,37 +415,7 @@ class BrokerService:
     def held_commits(self) -> int:
         return len(self._held)
 
-    # --- a standby's spool (the mate link writes it; the broker core is rebuilt from it on activation) ---
-
-    def replace_spool(self, builder) -> None:
-        """A full resync (the mate link calls it off the event loop): swap in the spool `builder` made."""
-        limits, directory = self.writer.limits, self.spool.path.parent
-        # The mate link's taps (mate_link/service.py sets them once, at start-up) move to the new writer:
-        # without them, once this node is active again its standby never hears of a new op, never
-        # catches up, and redundancy stays down for the whole epoch (found by the nemesis, issue 8).
-        taps = self.writer.on_entries, self.writer.on_rollback
-        self.spool.close()  # closes the writer too, after what it holds
-        try:
-            builder.swap_into(directory)
-        finally:
-            # Whichever file the swap left (the old spool if it failed before its rename, the new one after)
-            # is opened again: a node must never keep a closed spool, whose writer refuses every op and whose
-            # head the next link's JOIN cannot read. The swap's error still reaches the mate link (which
-            # closes the link and redials: the next resync starts from what is open now).
-            self._reopen(directory, limits, taps)
-
-    def _reopen(self, directory: Path, limits, taps) -> None:
-        try:
-            self.spool = Spool.open(directory)
-        except BaseException as exc:
-            # Nothing trustworthy to serve from (SpoolCorruption, or the disk): the node must stop rather than
-            # run on without a spool; a restart opens the file again and refuses it with the same sentence.
-            if self.on_spool_lost is not None:
-                self.on_spool_lost(f"the spool in {directory} could not be opened again after a full resync: {exc}")
-            raise
-        self.writer = SpoolWriter(self.spool, limits)
-        self.writer.on_entries, self.writer.on_rollback = taps
-        self._history = self.writer.history  # the standby rebuilds its core on activation, from this spool
+    # --- taking activity: the core is rebuilt from the spool the mate link kept ------------------------
 
     async def rebuild_core_off_loop(self) -> None:
         """`rebuild_core`, with the spool read and the new core restored in a worker thread: a big spool

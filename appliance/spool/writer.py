@@ -27,8 +27,8 @@ Rules:
   rolled-back ones) passes the history it was built on and is refused with
   `SpoolFull` until it rebuilds: otherwise a later op of that core could
   commit ahead of the rolled-back earlier ones its clients will resend, and a
-  publisher's messages would be stored out of order (docs/reliability.md,
-  finding 2). `fence()` starts a new history without a rollback.
+  publisher's messages would be stored out of order (docs/reliability.md).
+  `fence()` starts a new history without a rollback.
 - Any other failure (an I/O error, our own bug) fails everything pending and
   stops the writer: later submissions raise that error.
 - The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
@@ -114,7 +114,9 @@ class Submission:
 class SpoolWriter:
     """Owns the spool's write connection in a dedicated thread; see the rules above."""
 
-    def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits()) -> None:
+    def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits(), *,
+                 on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None,
+                 on_rollback: Callable[[ChainPoint], None] | None = None) -> None:
         assert spool.writer is None, f"spool {spool.path} already has a writer"
         self.spool = spool
         self.limits = limits
@@ -138,8 +140,8 @@ class SpoolWriter:
         # thread, right after the entries get their seqs, so they are seen in seq order and can be shipped
         # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
         # after a failed batch took the head back to `head`.
-        self.on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None
-        self.on_rollback: Callable[[ChainPoint], None] | None = None
+        self.on_entries = on_entries
+        self.on_rollback = on_rollback
         self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
         self._thread.start()
         spool.writer = self

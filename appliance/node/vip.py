@@ -1,4 +1,4 @@
-"""The optional virtual IP: the active holds it, and gives it up the moment it stops serving (issue 6).
+"""The optional virtual IP: the active holds it, and gives it up the moment it stops serving.
 
 Rules:
 1. Only the active holds the address. It is added when the node takes activity
@@ -12,7 +12,7 @@ Rules:
 3. A starting node removes the address from its interface before anything
    else: a node killed -9 while it held it left it there, and the kernel keeps
    answering ARP for it until someone deletes it. (The same removal runs as
-   `python -m pairmq.appliance.vip release`, for systemd's ExecStopPost.)
+   `python -m pairmq.appliance.node.vip release`, for systemd's ExecStopPost.)
 4. A failure (no CAP_NET_ADMIN or CAP_NET_RAW, no such interface) is one
    sentence in the log, the event log and the redundancy view, logged once per
    new sentence; it never stops the broker, whose host-list clients do not need
@@ -35,7 +35,7 @@ import sys
 import threading
 from typing import Callable
 
-from .config import VipConfig
+from ..config import VipConfig
 
 log = logging.getLogger("pairmq.vip")
 
@@ -339,21 +339,21 @@ class _ArpAnnouncer:
             self._socket.close()
 
 
-# --- `python -m pairmq.appliance.vip release`: systemd's ExecStopPost --------------------------------
+# --- `python -m pairmq.appliance.node.vip release`: systemd's ExecStopPost --------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     """Remove a node's virtual IP from its interface after the node stopped, however it stopped."""
-    parser = argparse.ArgumentParser(prog="python -m pairmq.appliance.vip", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pairmq.appliance.node.vip", description=main.__doc__)
     parser.add_argument("action", choices=["release"])
     parser.add_argument("--group", default=None, help="the group file (default: $PAIRMQ_GROUP or /etc/pairmq/group.toml)")
     parser.add_argument("--role", required=True, choices=["primary", "backup"])
     args = parser.parse_args(argv)
     import os
 
-    from .config import DEFAULT_GROUP_PATH, load_group
-    from .errors import ConfigError
-    from .roles import Role
+    from ..config import DEFAULT_GROUP_PATH, load_group
+    from ..errors import ConfigError
+    from ..roles import Role
 
     try:
         config = load_group(args.group or os.environ.get("PAIRMQ_GROUP") or DEFAULT_GROUP_PATH)

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
+from ..quorum.core import QuorumCore
+from ..roles import Role
 from . import sd_notify
-from .clock import now_ms
+from ..clock import now_ms
+from .quorum_handle import QuorumHandle
 
 log = logging.getLogger("pairmq.node")
 
@@ -39,31 +43,31 @@ async def watchdog_pings() -> None:
         await asyncio.sleep(interval)
 
 
-async def announce_ready(node) -> None:
-    """Wait until `node` has joined its group (the rules above), then send READY=1 with a status."""
+async def announce_ready(quorum: QuorumHandle, role: Role, standby_linked: Callable[[], bool | None]) -> None:
+    """Wait until the node has joined its group (the rules above), then send READY=1 with a status.
+    `standby_linked()`: whether the standby's mate link has made a session; None off a routing node."""
     settled_at = now_ms()
-    while (status := joined(node, settled_at, now_ms())) is None:
+    while (status := quorum.call(lambda core, now: joined(core, role, standby_linked, settled_at, now))) is None:
         await asyncio.sleep(JOIN_POLL_S)
     log.info("%s", status)
     sd_notify.notify(f"READY=1\nSTATUS={status}")
 
 
-def joined(node, settled_at: int, now: int) -> str | None:
-    """The READY=1 status sentence once `node` has joined its group, None while it has not."""
-    core = node.core
-    with node.heartbeats.lock:
-        seen = [r.value for r in core.peers if core.sees(r, now)]
-        active = core.active_role(now)
-    me = node.role.value
+def joined(core: QuorumCore, role: Role, standby_linked: Callable[[], bool | None], settled_at: int,
+           now: int) -> str | None:
+    """The READY=1 status sentence once the node has joined its group, None while it has not."""
+    seen = [r.value for r in core.peers if core.sees(r, now)]
+    active = core.active_role(now)
+    me = role.value
     if not seen:
         return f"{me}: no peer seen within {core.timing.quiet_ms} ms of start; running, waiting for the group"
-    if node.replication is not None and active is node.role.mate():
-        standby = node.replication.standby
-        if standby is None or standby.links_made == 0:
+    routing = role.routes_messages
+    if routing and active is role.mate():
+        if not standby_linked():
             return None
         return f"{me}: joined as standby (sees {', '.join(seen)}); mate link to the active {active.value} is up"
     waited_ms = now - settled_at
-    if active is None and node.role.routes_messages and waited_ms < JOIN_DECISION_QUIETS * core.timing.quiet_ms:
+    if active is None and routing and waited_ms < JOIN_DECISION_QUIETS * core.timing.quiet_ms:
         return None
     holder = f"the active is {active.value}" if active is not None else f"nobody is active after {waited_ms} ms"
     return f"{me}: joined (sees {', '.join(seen)}); {holder}"

@@ -1,6 +1,6 @@
 """A planned handover on a node: the adapter around the quorum core's rules (appliance/quorum/handover.py).
 
-Sequence, on the broker loop (every core call holds the heartbeat lock):
+Sequence, on the broker loop (every core call goes through the QuorumHandle):
 1. Begin: the core closes the MQTT gate or refuses with one sentence; in the same loop turn the
    listeners stop reading every client, so no packet is taken and no acknowledgement is produced
    after this instant (what the clients already sent waits in their sockets).
@@ -26,10 +26,13 @@ import asyncio
 import dataclasses
 import logging
 import time
+from typing import Callable
 
-from .clock import now_ms
-from .errors import LocalProtocolError
-from .roles import Role
+from ..broker.service import BrokerService
+from ..errors import LocalProtocolError
+from ..roles import Role
+from ..clock import now_ms
+from .quorum_handle import QuorumHandle
 
 log = logging.getLogger("pairmq.handover")
 DRAIN_POLL_S = 0.002
@@ -53,33 +56,43 @@ class Outcome:
 
 
 class HandoverRunner:
-    def __init__(self, node) -> None:
-        self.node = node
+    """`mate_reference`: the mate's MQTT address (the clients' Server Reference); `acked_seq()`: the highest op
+    the mate acknowledged; `listeners()`: the MQTT listeners now open."""
+
+    def __init__(self, quorum: QuorumHandle, role: Role, broker: BrokerService, *, mate_reference: str,
+                 acked_seq: Callable[[], int], listeners: Callable[[], list], events: Callable[..., None]) -> None:
+        self._quorum = quorum
+        self._role = role
+        self._broker = broker
+        self._mate_reference = mate_reference
+        self._acked_seq = acked_seq
+        self._live_listeners = listeners
+        self._events = events
         self._running = False
 
     async def run(self, why: str, *, force: bool = False) -> Outcome:
         """One handover (release, revert, auto-revert, SIGTERM). Raises LocalProtocolError when refused."""
-        node = self.node
-        if node.replication is None:
-            raise LocalProtocolError("the monitor never holds activity")
         if self._running:
             raise LocalProtocolError("a handover is already under way")
-        mate = node.role.mate()
+        role, quorum = self._role, self._quorum
+        mate = role.mate()
         started = now_ms()
-        with node.heartbeats.lock:
-            node.core.begin_handover(now_ms(), why, force=force)
-            draining = node.core.handover.draining is not None
-        node.heartbeats.wake()
+
+        def begin(core, now) -> bool:
+            core.begin_handover(now, why, force=force)
+            return core.handover.draining is not None
+
+        draining = quorum.call(begin)
+        quorum.wake()
         if not draining:
-            return Outcome("stepped down", f"{node.role.value}: {why} (forced): stepped down without an in-sync "
+            return Outcome("stepped down", f"{role.value}: {why} (forced): stepped down without an in-sync "
                                            f"{mate.value}")
         self._running = True
         try:
             self._listeners("hold_clients")
             final_seq = await self._drain()
         except BaseException:  # our bug or a cancellation: never leave the clients held and the gate shut
-            with node.heartbeats.lock:
-                node.core.abort_handover(now_ms(), "the handover failed on this node")
+            quorum.call(lambda core, now: core.abort_handover(now, "the handover failed on this node"))
             self._listeners("unhold_clients")
             raise
         finally:
@@ -87,82 +100,76 @@ class HandoverRunner:
         drain_ms = now_ms() - started
         if final_seq is None:
             self._listeners("unhold_clients")
-            with node.heartbeats.lock:
-                last = [d.reason for d in node.core.history if d.kind == "handover_aborted"]
+            last = quorum.call(lambda core, now: [d.reason for d in core.history if d.kind == "handover_aborted"])
             return Outcome("aborted", last[-1] if last else "handover aborted", drain_ms=drain_ms)
-        reference = node.config.mqtt_reference(mate)
+        reference = self._mate_reference
         dropped = sum(listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, reference)
                       for listener in self._live_listeners())
-        log.info("%s: handed over at op %d after %d ms; %d clients sent to %s", node.role.value, final_seq,
+        log.info("%s: handed over at op %d after %d ms; %d clients sent to %s", role.value, final_seq,
                  drain_ms, dropped, reference)
-        node.events.write("handover", why=why, final_op=final_seq, drain_ms=drain_ms, clients_dropped=dropped)
+        self._events("handover", why=why, final_op=final_seq, drain_ms=drain_ms, clients_dropped=dropped)
         active = await self._await_mate(mate)
-        return Outcome("handed over", f"{node.role.value}: {why}: the {mate.value} holds every op through "
+        return Outcome("handed over", f"{role.value}: {why}: the {mate.value} holds every op through "
                                       f"{final_seq}; activity handed over", final_seq, drain_ms,
                        active.value if active else None)
 
     async def run_on_sigterm(self) -> Outcome:
         """A handover for SIGTERM, waiting for a reachable mate to come back in sync. Raises
         LocalProtocolError when refused at the end of the wait."""
-        node, mate = self.node, self.node.role.mate()
+        role, mate = self._role, self._role.mate()
         deadline = time.monotonic() + SIGTERM_SYNC_WAIT_S
         waited_since = None
         while True:
             try:
                 outcome = await self.run("SIGTERM")
             except LocalProtocolError as refusal:
-                with node.heartbeats.lock:
-                    now = now_ms()
-                    catching_up = node.core.may_serve(now) and node.core.sees(mate, now)
+                catching_up = self._quorum.call(lambda core, now: core.may_serve(now) and core.sees(mate, now))
                 if not catching_up or time.monotonic() >= deadline:
                     raise
                 if waited_since is None:
                     waited_since = time.monotonic()
                     log.warning("%s: SIGTERM: %s; serving on until it is in sync (at most %.0f s)",
-                                node.role.value, refusal, SIGTERM_SYNC_WAIT_S)
+                                role.value, refusal, SIGTERM_SYNC_WAIT_S)
                 await asyncio.sleep(SYNC_RETRY_S)
                 continue
             if waited_since is not None:
-                log.warning("%s: SIGTERM: the %s was in sync after %.0f ms", node.role.value, mate.value,
+                log.warning("%s: SIGTERM: the %s was in sync after %.0f ms", role.value, mate.value,
                             (time.monotonic() - waited_since) * 1000)
             return outcome
 
     async def _drain(self) -> int | None:
         """The final op once the mate holds everything and the last acknowledgements are out; None if aborted."""
-        node = self.node
-        broker, active_link = node.broker, node.replication.active
+        broker = self._broker
         while True:
             broker.submit_deferred()  # ops the broker held back (a subscriber's acks) go to the mate too
             broker.release_held()
             writer = broker.writer
             head = writer.head.seq
-            done = writer.pending_ops == 0 and active_link.acked_seq >= head and broker.held_commits == 0
-            with node.heartbeats.lock:
-                if node.core.handover.draining is None:
+            done = writer.pending_ops == 0 and self._acked_seq() >= head and broker.held_commits == 0
+
+            def step(core, now) -> bool | None:
+                if core.handover.draining is None:
                     return None
-                if done and node.core.finish_handover(now_ms(), head):
-                    yielded = True
-                else:
-                    yielded = False
-                    node.core.handle_timer(now_ms())  # the drain bound is the core's rule
-            node.heartbeats.wake()
+                if done and core.finish_handover(now, head):
+                    return True
+                core.handle_timer(now)  # the drain bound is the core's rule
+                return False
+
+            yielded = self._quorum.call(step)
+            if yielded is None:
+                return None
+            self._quorum.wake()
             if yielded:
                 return head
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def _await_mate(self, mate: Role) -> Role | None:
-        node = self.node
         deadline = time.monotonic() + TAKEOVER_WAIT_S
         while time.monotonic() < deadline:
-            with node.heartbeats.lock:
-                active = node.core.active_role(now_ms())
-            if active is mate:
+            if self._quorum.call(lambda core, now: core.active_role(now)) is mate:
                 return mate
             await asyncio.sleep(0.01)
         return None
-
-    def _live_listeners(self):
-        return [lst for lst in (self.node.listener, self.node.tls_listener) if lst is not None]
 
     def _listeners(self, method: str) -> None:
         for listener in self._live_listeners():

@@ -7,7 +7,8 @@ Rules:
   loop only waits for the GIL (handed over every `sys.getswitchinterval()`).
 - Every call into the QuorumCore, from any thread, holds `lock`: the core is
   not thread-safe. Callers read the clock inside the lock, so a caller that
-  waited for it never asks with a stale `now`.
+  waited for it never asks with a stale `now`; other threads go through
+  `QuorumHandle.call` (quorum_handle.py), which does both.
 - Only this thread sends: heartbeats leave in the order the core made them.
   Another thread that changed the core (an operator's forced bid) calls
   `wake()` and this thread flushes.
@@ -17,7 +18,7 @@ Rules:
 - A step-down goes to `before_send` before the step-down's heartbeat leaves
   (that heartbeat may carry the yield that lets the mate take over at once):
   what only the active may hold outside the core, the virtual IP, is given
-  up first (appliance/vip.py).
+  up first (appliance/node/vip.py).
 - Decisions go to `on_decision` on this thread, outside the lock. Whatever
   must touch the broker is posted to its loop by the callback; safety never
   waits for that hand-off, because the MQTT gate asks the core on every packet.
@@ -34,8 +35,8 @@ import socket
 import threading
 from typing import Callable
 
-from .clock import now_ms
-from .quorum.core import Decision, QuorumCore
+from ..clock import now_ms
+from ..quorum.core import Decision, QuorumCore
 
 log = logging.getLogger("pairmq.heartbeats")
 

@@ -1,0 +1,163 @@
+"""The node's mate link: serve it while active, follow the active while standby, and tell the quorum
+core and the broker what the link knows (docs/mate_link.md).
+
+Rules:
+- The release rule (`MateRelease`, given to the broker at construction): the effects behind a commit
+  (a PUBACK, a PUBREC) run once the mate acknowledged its last op, or once acknowledgements no longer
+  need the mate (`QuorumCore.acks_need_mate`: the mate is out of sync and its lease has surely ended).
+  Each acknowledgement releases at once (the mate link's `on_acked`, on the broker loop); the end of a
+  lease is time, and is learnt by the sync below.
+- Every 50 ms, on the broker loop (the sync): the quorum core hears whether the mate is caught up (the
+  link is live and the mate acknowledged every op whose effects were released) and says whether
+  acknowledgements still need the mate.
+- Standby: dial the active and apply what it ships; a catch-up voids our in-sync lease at once.
+- Taking activity: the standby link is closed first, then the broker core is rebuilt from the spool
+  the link kept, and only then does the node serve (`ready`). A node serves the epoch it rebuilt for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from pathlib import Path
+from typing import Callable
+
+from pairmq.mate_link.active import LinkLimits
+from pairmq.mate_link.service import ActiveReplication, StandbyReplication
+
+from ..broker.service import BrokerService
+from ..config import GroupConfig
+from ..spool.local import LocalSpool
+from ..roles import Role
+from ..clock import now_ms
+from .quorum_handle import QuorumHandle
+
+log = logging.getLogger("pairmq.replication")
+SYNC_S = 0.05
+
+
+def active_end(config: GroupConfig, role: Role, spool: LocalSpool, secret: bytes, *, epoch: Callable[[], int],
+               may_serve: Callable[[], bool], on_acked: Callable[[int], None]) -> ActiveReplication:
+    """The mate link's server, as the active runs it: `on_acked(seq)` releases what the mate now holds."""
+    limits = config.limits
+    return ActiveReplication(secret=secret, group=config.name, me=role, spool=spool, epoch=epoch,
+                             may_serve=may_serve, on_acked=on_acked,
+                             limits=LinkLimits(max_lag_ops=limits.mate_max_lag_ops,
+                                               max_lag_bytes=limits.mate_max_lag_bytes))
+
+
+class MateRelease:
+    """The broker's release rule with a mate (see the rules)."""
+
+    def __init__(self, active: ActiveReplication) -> None:
+        self._active = active
+        self.need_mate = True  # until the quorum core says otherwise: the safe side
+
+    def allows(self, seq: int) -> bool:
+        return seq <= self._active.acked_seq or not self.need_mate
+
+
+class Replication:
+    """`config_mate_joined()`: whether the mate has joined our configuration (config-sync)."""
+
+    def __init__(self, quorum: QuorumHandle, config: GroupConfig, role: Role, *, spool: LocalSpool,
+                 broker: BrokerService, active: ActiveReplication, release: MateRelease, secret: bytes,
+                 data_dir: Path, epoch: Callable[[], int], may_serve: Callable[[], bool],
+                 config_mate_joined: Callable[[], bool]) -> None:
+        self._quorum, self._config, self._role = quorum, config, role
+        self._spool, self._broker, self.active, self._release = spool, broker, active, release
+        self._secret = secret
+        self._data_dir = data_dir
+        self._epoch, self._may_serve, self._config_mate_joined = epoch, may_serve, config_mate_joined
+        self.standby: StandbyReplication | None = None
+        self.ready_epoch = 0  # the epoch the broker core was rebuilt for
+        self._task: asyncio.Task | None = None
+        self._syncing = asyncio.Lock()  # one sync at a time: a take-over awaits the standby link's stop
+
+    def refusals(self) -> dict[str, int]:
+        """Mate-link connections refused or dropped, by reason: as the listener and as the dialler."""
+        counts = collections.Counter(self.active.counters)
+        if self.standby is not None:
+            counts.update(self.standby.counters)
+        return dict(counts)
+
+    def ready(self, epoch: int) -> bool:
+        return epoch != 0 and epoch == self.ready_epoch
+
+    def standby_linked(self) -> bool:
+        """Whether our standby link has made a session with the active (readiness: joined as standby)."""
+        return self.standby is not None and self.standby.links_made > 0
+
+    async def start(self, address: str) -> None:
+        await self.active.start(address, self._config.ports.mate_link)
+        self._task = asyncio.get_running_loop().create_task(self._sync_forever())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.standby is not None:
+            await self.standby.stop()
+        await self.active.stop()
+
+    def poke(self) -> None:
+        """Sync now (on the broker loop): e.g. right after an activation, so serving starts at once."""
+        asyncio.get_running_loop().create_task(self._sync_once())
+
+    async def _sync_once(self) -> None:
+        async with self._syncing:
+            try:
+                await self._sync()
+            except Exception:
+                log.exception("%s: mate link sync failed", self._role.value)
+
+    async def _sync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            await self._sync_once()  # a bug in one sync is logged; the next one still runs
+
+    async def _sync(self) -> None:
+        broker, now = self._broker, now_ms()
+        behind = self.active.behind(now)
+        if not behind and self.active.acked_seq < broker.released_seq:
+            behind = "has not acknowledged every op whose effects were released"
+        if not behind and not self._config_mate_joined():  # a standby stands by with our configuration too
+            behind = "has not joined our configuration"
+        resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
+        mate = self._role.mate()
+
+        def tell(core, _now):
+            core.mate_link(now, not behind, behind)
+            core.released_position(now, broker.released_seq)
+            need_mate = core.acks_need_mate(now)
+            if resyncing:
+                core.void_insync_lease(now, "catching up on the mate link")
+            return need_mate, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
+
+        self._release.need_mate, serving, epoch, mate_active = self._quorum.call(tell)
+        broker.release_held()  # the mate's lease may have ended since the last sync
+        if serving and not self.ready(epoch):
+            await self._take_over(epoch)
+        elif not serving and mate_active and self.standby is None:
+            self._follow()
+
+    def _follow(self) -> None:
+        config, may_serve = self._config, self._may_serve
+        mate = config.node(self._role.mate())
+        self.standby = StandbyReplication(
+            secret=self._secret, group=config.name, me=self._role, spool=self._spool,
+            active_address=lambda: (mate.address, config.ports.mate_link) if not may_serve() else None,
+            incarnation=self._quorum.call(lambda core, now: core.state.incarnation), highest_epoch=self._epoch,
+            incoming_dir=self._data_dir / "spool.incoming")
+        asyncio.get_running_loop().create_task(self.standby.start())
+
+    async def _take_over(self, epoch: int) -> None:
+        if self.standby is not None:
+            standby, self.standby = self.standby, None
+            with contextlib.suppress(Exception):
+                await standby.stop()
+        await self._broker.rebuild_core_off_loop()
+        self.ready_epoch = epoch
+        log.info("%s: broker core rebuilt from the spool for epoch %d", self._role.value, epoch)
