@@ -36,6 +36,7 @@ ADAPTERS = {  # the I/O around the cores: thin and mechanical
     "pairmq.appliance.broker.authn", "pairmq.appliance.broker.service",
     "pairmq.appliance.spool.image", "pairmq.appliance.spool.install", "pairmq.appliance.spool.load",
     "pairmq.appliance.spool.sql", "pairmq.appliance.spool.store", "pairmq.appliance.spool.writer",
+    "pairmq.appliance.spool.local",
     "pairmq.configsync.service", "pairmq.configsync.store",
     "pairmq.mate_link.service", "pairmq.mate_link.transport",
 }
@@ -58,8 +59,6 @@ LAYERS = [
 ]
 # Loose modules the node and api packages take in (issue 22); each entry goes when its module moves.
 MOVING = {
-    **dict.fromkeys(("replication", "configuration", "heartbeats", "planned_handover", "readiness", "sd_notify",
-                     "vip"), "node"),
     **dict.fromkeys(("management", "management_reads", "status_page", "secret_api",
                      "api_auth", "api_listener", "decision_stream", "metrics", "request_signing",
                      "admin_credential"), "api"),
