@@ -43,7 +43,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .eventlog import EventSettings
-from .management_settings import ManagementSettings, parse_settings, render_settings
+from .api.settings import ManagementSettings, parse_settings, render_settings
 from .roles import Role
 
 DEFAULT_GROUP_PATH = Path("/etc/pairmq/group.toml")
@@ -252,7 +252,7 @@ _SECTIONS = {
     "tls": {"cert_file", "key_file"},
     "events": {f.name for f in dataclasses.fields(EventSettings)},
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
-    "management": set(),  # appliance/management_settings.py checks its keys
+    "management": set(),  # appliance/api/settings.py checks its keys
 }
 _NODE_KEYS = {"address", "data_dir"}
 

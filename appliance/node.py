@@ -36,14 +36,16 @@ import signal
 import time
 
 from . import readiness, sd_notify
+from .api.app import ManagementServer
+from .api.decisions import DecisionFeed
+from .api.ports import ApiPorts, RoutingPorts
+from .api.secret_rotation import KeyringInstaller
 from .config import GroupConfig, load_keyring
-from .decision_stream import DecisionFeed
 from .errors import LocalProtocolError, PairMQError
 from .eventlog import EventLog
 from .heartbeats import HeartbeatThread
 from .private_files import private_dir
 from .keyring import STATE_FILE, CurrentKeyring, startup_keyring
-from .management import ManagementServer
 from .planned_handover import HandoverRunner
 from .quorum.auth import HeartbeatAuth
 from .quorum.core import QuorumCore, Timing
@@ -154,7 +156,7 @@ class Node:
         self._failure: str | None = None
         self._ready = {"quorum": False, "sockets": False}  # then READY=1 once joined (appliance/readiness.py)
         self._joining: asyncio.Task | None = None
-        self.management = ManagementServer(self)
+        self.management = ManagementServer(api_ports(self))
 
     # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
 
@@ -463,17 +465,6 @@ class Node:
         if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
-    # --- the group secret (rotation steps: appliance/secret_api.py install_keyring) -------
-
-    @property
-    def management_token(self) -> str:
-        return management_token(self.keys.keyring.send_secret)
-
-    def management_tokens(self) -> list[str]:
-        """Requests are accepted signed with the management key of any secret this node holds (a rotation
-        holds two); hex, as `management_token`."""
-        return [management_token(s) for s in self.keys.keys.values()]
-
     # --- views --------------------------------------------------------------------
 
     def activity_label(self, now: int) -> str:
@@ -484,10 +475,6 @@ class Node:
         if self.core.active_role(now) is self.role.mate():
             return "Mate Active"
         return "Standby"
-
-    def message_spool_view(self) -> dict | None:
-        """The broker's limits, refusal counters and spool writer (management API); None off a routing node."""
-        return None if self.broker is None else self.broker.view()
 
     def redundancy_view(self) -> dict:
         with self.heartbeats.lock:
@@ -554,11 +541,40 @@ def _decision_json(d, now: int) -> dict:
     return {"kind": d.kind, "epoch": d.epoch, "reason": d.reason, "ms_ago": now - d.at_ms}
 
 
-def management_token(secret: bytes) -> str:
-    """The management key (hex) that signs API requests (appliance/request_signing.py); never sent itself."""
-    from .request_signing import management_key
+def api_ports(node: Node) -> ApiPorts:
+    """The management API's narrow handles on this node (appliance/api/ports.py); the API never holds the node."""
 
-    return management_key(secret).hex()
+    def quorum(fn):
+        with node.heartbeats.lock:
+            return fn(node.core)
+
+    def keyed_links() -> list:
+        links = []
+        if node.replication is not None:
+            standby = node.replication.standby
+            links += [("mate link", node.replication.active.conn),
+                      ("mate link", standby.conn if standby is not None else None)]
+        if node.configuration is not None:
+            links += [("config-sync", node.configuration.sync.conn),
+                      ("config-sync", node.configuration.sync._follow_conn)]
+        return links
+
+    def listeners() -> list:
+        return [(x, tls) for x, tls in ((node.listener, False), (node.tls_listener, True)) if x is not None]
+
+    def mate_link() -> tuple:
+        active, standby = node.replication.active, node.replication.standby
+        link = active.link if active.conn is not None and not active.conn.closed else None
+        return link is not None or (standby is not None and standby.link is not None), link
+
+    routing = None if node.broker is None else RoutingPorts(
+        spool_view=node.broker.view, sessions=lambda: node.broker.core.sessions, listeners=listeners,
+        mate_link=mate_link, configuration=node.configuration)
+    installer = KeyringInstaller(node.role, node.keys, node.keyring_path, quorum, node.events, keyed_links)
+    return ApiPorts(role=node.role, config=node.config, keys=node.keys, decisions=node.decisions, events=node.events,
+                    now_ms=now_ms, quorum=quorum, may_serve=node.may_serve, redundancy_view=node.redundancy_view,
+                    force_activity=node.force_activity, handover=node.handover, install_keyring=installer.install,
+                    routing=routing)
 
 
 def run_node(config: GroupConfig, role: Role) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pairmq.appliance.node import management_token  # noqa: E402
+from pairmq.appliance.api.signing import management_token  # noqa: E402
 from pairmq.appliance.config import load_secret  # noqa: E402
 from pairmq.appliance.errors import PairMQError  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402

@@ -14,7 +14,7 @@ Rules:
 
 from __future__ import annotations
 
-from pairmq.appliance.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
+from pairmq.appliance.api.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
                                         write_admin)
 from pairmq.appliance.config import GroupConfig
 

@@ -27,8 +27,8 @@ import urllib.request
 
 from pairmq.appliance.config import GroupConfig, load_secret
 from pairmq.appliance.errors import ConfigError, PairMQError
-from pairmq.appliance.management_settings import client_context
-from pairmq.appliance.request_signing import sign
+from pairmq.appliance.api.settings import client_context
+from pairmq.appliance.api.signing import management_token, sign
 from pairmq.appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0
@@ -84,8 +84,6 @@ def token(config: GroupConfig) -> str:
     """The management key (hex) every request is signed with: $PAIRMQ_TOKEN, else derived from the group secret."""
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV].strip()
-    from pairmq.appliance.node import management_token
-
     try:
         return management_token(load_secret(config))
     except ConfigError as exc:

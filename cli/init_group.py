@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pairmq.appliance.config import GroupConfig, NodeSpec, parse_group, render_group, write_secret
 from pairmq.appliance.errors import ConfigError
-from pairmq.appliance.management_settings import ManagementSettings, make_self_signed
+from pairmq.appliance.api.settings import ManagementSettings, make_self_signed
 from pairmq.appliance.roles import Role
 
 GROUP_FILE = "group.toml"

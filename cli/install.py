@@ -136,7 +136,7 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
 def _admin_text(path: Path, group: Path) -> bytes:
     """The admin credential file's bytes, checked as a node checks it: without one the node's API has no
     browser login, and a copy only root can read would stop the node at start."""
-    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.api.admin_credential import read_admin
 
     if read_admin(path) is None:
         raise InstallError(f"no admin credential at {path}: write one with `pairmq admin passwd --group {group}` "

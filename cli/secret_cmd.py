@@ -85,7 +85,7 @@ def _config(args) -> GroupConfig:
 def _get(config: GroupConfig, role: Role, path: str) -> dict:
     """GET with the token of each key in the secret file, newest first, until the node takes one:
     mid-rotation a node may hold either key."""
-    from pairmq.appliance.node import management_token
+    from pairmq.appliance.api.signing import management_token
 
     ring = _read_file(config)
     key_ids = sorted(ring.keys, reverse=True)
@@ -288,7 +288,7 @@ def _fetch_step(config: GroupConfig, role: Role, name: str, n: int, new_id: int)
 
 def _token(ring: Keyring, state: dict) -> str:
     """The management token of a key the node holds (the new one once it has it)."""
-    from pairmq.appliance.node import management_token
+    from pairmq.appliance.api.signing import management_token
 
     held = [kid for kid in sorted(ring.keys, reverse=True) if kid in state["key_ids"]]
     if not held:

@@ -9,7 +9,7 @@ import urllib.request
 
 from pairmq.appliance.broker.access import AccessPolicy
 from pairmq.appliance.config import load_secret
-from pairmq.appliance.node import management_token
+from pairmq.appliance.api.signing import management_token
 from pairmq.appliance.roles import Role
 from pairmq.cli.api import signed_headers
 from pairmq.configsync.document import ConfigDocument

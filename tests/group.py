@@ -28,7 +28,7 @@ from pairmq.appliance.broker.access import AccessPolicy
 from pairmq.appliance.eventlog import EventSettings, read_events
 from pairmq.appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
                                write_secret)
-from pairmq.appliance.management_settings import ManagementSettings
+from pairmq.appliance.api.settings import ManagementSettings
 from pairmq.appliance.roles import Role
 
 from tests import probe
@@ -202,7 +202,7 @@ class Group:
         """GET a management API path on `role`, signed with the group's key (every route needs a credential);
         an error answer raises urllib's HTTPError."""
         from pairmq.appliance.config import load_secret
-        from pairmq.appliance.node import management_token
+        from pairmq.appliance.api.signing import management_token
         from pairmq.cli.api import _context, base_url, signed_headers
 
         url = base_url(self.config, role) + path

@@ -32,7 +32,7 @@ class Answer:
 def token(config) -> str:
     """The group's management key (hex): every route of the API needs a credential."""
     from pairmq.appliance.config import load_secret
-    from pairmq.appliance.node import management_token
+    from pairmq.appliance.api.signing import management_token
 
     return management_token(load_secret(config))
 
@@ -49,7 +49,7 @@ def admin_basic(config) -> dict:
     """A browser's credential: the admin user's password over HTTP Basic, the admin file written first."""
     import base64
 
-    from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
+    from pairmq.appliance.api.admin_credential import admin_path, new_credential, write_admin
 
     write_admin(admin_path(config), new_credential("admin", ADMIN_PASSWORD))
     return {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_PASSWORD}".encode()).decode()}

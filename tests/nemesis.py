@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 
 from pairmq.appliance.config import load_secret
-from pairmq.appliance.node import management_token
+from pairmq.appliance.api.signing import management_token
 from pairmq.appliance.roles import Role
 from tests.group import Group
 from tests.hostlist_stream import HostListStream

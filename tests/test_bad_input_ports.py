@@ -27,7 +27,7 @@ import urllib.request
 import pytest
 
 from pairmq.appliance.config import load_secret
-from pairmq.appliance.node import management_token
+from pairmq.appliance.api.signing import management_token
 from pairmq.appliance.roles import Role
 from pairmq.mate_link.secure import MAGIC, StandbyHandshake
 from tests.group import Group, active_group

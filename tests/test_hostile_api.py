@@ -22,10 +22,10 @@ import time
 
 import pytest
 
-from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
+from pairmq.appliance.api.admin_credential import admin_path, new_credential, write_admin
 from pairmq.appliance.config import load_secret
-from pairmq.appliance.management_settings import ManagementSettings, client_context, make_self_signed
-from pairmq.appliance.node import management_token
+from pairmq.appliance.api.settings import ManagementSettings, client_context, make_self_signed
+from pairmq.appliance.api.signing import management_token
 from pairmq.appliance.roles import Role
 from pairmq.cli.api import signed_headers
 from tests.group import LOOPBACK, REPO, active_group

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pairmq.appliance.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.api.admin_credential import new_credential, read_admin, write_admin
 from pairmq.appliance.roles import Role
 from pairmq.cli import install
 from tests.group import LOOPBACK, REPO
@@ -320,7 +320,7 @@ def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, s
 
 
 def test_the_management_certificate_and_key_are_installed_beside_the_group_file(root, source):
-    from pairmq.appliance.management_settings import make_self_signed
+    from pairmq.appliance.api.settings import make_self_signed
 
     make_self_signed(source / "management.pem", source / "management.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "o")
     (source / "group.toml").write_text(GROUP + '[management]\ncert_file = "management.pem"\nkey_file = "management.key"\n')

@@ -3,7 +3,7 @@ newest `limit` at or after `since`, oldest first, across segments, bounded in by
 
 import json
 
-from pairmq.appliance.management_reads import tail_events
+from pairmq.appliance.api.reads import tail_events
 
 
 def write_segments(directory, *segments):

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from pairmq.appliance.keyring import Keyring
-from pairmq.appliance.node import management_token
+from pairmq.appliance.api.signing import management_token
 from pairmq.appliance.roles import Role
 from tests.config_api import call, change
 from tests.group import REPO, active_group

@@ -42,6 +42,11 @@ def management_key(secret: bytes) -> bytes:
                 info=b"pairmq/management-key/v2").derive(secret)
 
 
+def management_token(secret: bytes) -> str:
+    """The management key in hex, as `PAIRMQ_TOKEN` holds it."""
+    return management_key(secret).hex()
+
+
 def _mac(key: bytes, method: str, host: str, path: str, body: bytes, ts_ms: int, nonce: str) -> str:
     message = b"\n".join([VERSION, method.upper().encode(), host.lower().encode(), path.encode(),
                           hashlib.sha256(body).hexdigest().encode(), str(ts_ms).encode(), nonce.encode()])

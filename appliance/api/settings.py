@@ -17,7 +17,7 @@ import os
 import ssl
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 KEYS = {"idle_timeout_ms", "body_timeout_ms", "max_connections", "max_connections_per_address", "cert_file",
         "key_file", "ca_file"}
@@ -75,8 +75,8 @@ def parse_settings(table: dict, base: Path) -> ManagementSettings:
     settings = ManagementSettings(**values)
     settings.validate()
     if settings.https:
-        from .config import TlsConfig
-        from .tls import check_tls_files
+        from ..config import TlsConfig
+        from ..tls import check_tls_files
 
         try:
             check_tls_files(TlsConfig(settings.cert_file, settings.key_file))

@@ -27,10 +27,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from .broker.access import (SALT_BYTES, AccessDocumentError, HashRecord, check_username, hash_password,
+from ..broker.access import (SALT_BYTES, AccessDocumentError, HashRecord, check_username, hash_password,
                             record_from_document)
-from .config import GroupConfig
-from .errors import ConfigError
+from ..config import GroupConfig
+from ..errors import ConfigError
 
 ADMIN_FILE = "admin"
 DEFAULT_USER = "admin"
