@@ -1,4 +1,4 @@
-"""`pairmq admin passwd`: the management API's admin credential (appliance/admin_credential.py).
+"""`pairmq admin passwd`: the management API's admin credential (appliance/api/admin_credential.py).
 
 Rules:
 - The credential is a group setting beside the secret (`admin`, mode 0600),

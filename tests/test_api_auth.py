@@ -1,4 +1,4 @@
-"""The management API's authentication middleware (appliance/api_auth.py) and admin file, in process.
+"""The management API's authentication middleware (appliance/api/auth.py) and admin file, in process.
 
 The middleware runs in a real aiohttp app behind a real socket (aiohttp's
 TestServer on this work tree's primary loopback address, a free port), in

@@ -1,4 +1,4 @@
-"""`GET /api/v1/events` reads the end of a node's event-log segments (appliance/management_reads.tail_events):
+"""`GET /api/v1/events` reads the end of a node's event-log segments (appliance/api/reads.py tail_events):
 newest `limit` at or after `since`, oldest first, across segments, bounded in bytes; torn lines skipped."""
 
 import json

@@ -4,10 +4,11 @@ Rules:
 - It binds the node's own address only (never 0.0.0.0).
 - Every route, reads and routes added later included, needs a credential:
   a request signed with the group's management key or the admin password
-  over HTTP Basic (auth.py, one middleware in front of everything). The password records and secret rotation need the key.
-- The listener bounds what a connection may cost (listener.py:
-  idle/head deadline, connection caps) and speaks HTTPS when [management]
-  names a certificate.
+  over HTTP Basic (auth.py, one middleware in front of everything). The
+  password records and secret rotation need the key.
+- The listener bounds what a connection may cost (listener.py: idle/head
+  deadline, connection caps) and speaks HTTPS when [management] names a
+  certificate.
 - Errors are JSON: {"error": "one sentence"}.
 - A change the node cannot take because it is not active (release-activity,
   revert-activity, config changes) is a 409 that names the active's
