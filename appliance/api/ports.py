@@ -37,6 +37,8 @@ class RoutingPorts:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ApiPorts:
+    """Everything the management API is given of its node, at construction, by the node's wiring."""
+
     role: Role
     config: GroupConfig
     keys: CurrentKeyring  # the secrets held now; requests are signed with their management keys
