@@ -30,7 +30,7 @@ from ..errors import LocalProtocolError
 from .admin_credential import AdminFile, admin_path
 from .auth import ApiAuth, auth_middleware, require_key
 from .listener import ConnectionCaps, GuardedRunner, GuardedSite
-from .ports import PORTS, ApiPorts
+from .ports import AUTH, CAPS, PORTS, ApiPorts
 from .reads import add_routes
 from .settings import server_context
 from .signing import management_key
@@ -68,9 +68,9 @@ def build_app(ports: ApiPorts, auth: ApiAuth | None = None, caps: ConnectionCaps
     auth = auth or new_auth(ports)
     app = web.Application(middlewares=[_errors_as_json, auth_middleware(auth)])
     app[PORTS] = ports
-    app["auth"] = auth
+    app[AUTH] = auth
     if caps is not None:
-        app["caps"] = caps
+        app[CAPS] = caps
     add_routes(app)
     app.router.add_get("/api/v1/redundancy", _redundancy)
     app.router.add_get("/api/v1/message-spool", _message_spool)

@@ -20,7 +20,9 @@ from ..config import GroupConfig
 from ..eventlog import EventLog
 from ..keyring import CurrentKeyring, Keyring
 from ..roles import Role
+from .auth import ApiAuth
 from .decisions import DecisionFeed
+from .listener import ConnectionCaps
 
 
 
@@ -69,4 +71,7 @@ class ApiPorts:
         return None if active is None else self.management_address(active)
 
 
-PORTS = web.AppKey("ports", ApiPorts)  # the app's one handle on its node
+# The app's keys: its one handle on its node, its credentials and its connection caps.
+PORTS = web.AppKey("ports", ApiPorts)
+AUTH = web.AppKey("auth", ApiAuth)
+CAPS = web.AppKey("caps", ConnectionCaps)

@@ -28,7 +28,7 @@ from aiohttp import web
 from ..broker.session import NEVER
 from ..eventlog import segments
 from .auth import PRINCIPAL
-from .ports import PORTS, RoutingPorts
+from .ports import AUTH, CAPS, PORTS, RoutingPorts
 
 SCHEMA = 1
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -106,8 +106,8 @@ def _bounded(rows: list[dict], limit: int, key: str) -> dict:
 async def _index(request: web.Request) -> web.Response:
     ports = request.app[PORTS]
     return web.json_response({"schema": SCHEMA, "role": ports.role.value, "group": ports.config.name,
-                              "principal": request.get(PRINCIPAL), "auth": request.app["auth"].view(),
-                              "connections": request.app["caps"].view() if "caps" in request.app else None,
+                              "principal": request.get(PRINCIPAL), "auth": request.app[AUTH].view(),
+                              "connections": request.app[CAPS].view() if CAPS in request.app else None,
                               "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
 

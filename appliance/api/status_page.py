@@ -32,6 +32,7 @@ from .signing import management_key, sign
 PEER_TIMEOUT_S = 0.8
 GROUP_CACHE_S = 0.5
 STATIC = resources.files(__package__) / "static"
+GROUP_VIEW = web.AppKey("group_view", "GroupView")
 STATIC_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
 
 
@@ -42,7 +43,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/status", _status)
     app.router.add_get("/api/v1/group", _group)
     app.router.add_get("/api/v1/decisions/stream", _stream)
-    app["group_view"] = GroupView(app[PORTS])
+    app[GROUP_VIEW] = GroupView(app[PORTS])
     app.on_startup.append(_attach_feed)
     app.on_shutdown.append(_close)
 
@@ -53,7 +54,7 @@ async def _attach_feed(app: web.Application) -> None:
 
 async def _close(app: web.Application) -> None:
     app[PORTS].decisions.close()  # open streams end now: the runner's cleanup does not wait for them
-    await app["group_view"].close()
+    await app[GROUP_VIEW].close()
 
 
 async def _index(request: web.Request) -> web.Response:
@@ -82,7 +83,7 @@ async def _status(request: web.Request) -> web.Response:
 
 
 async def _group(request: web.Request) -> web.Response:
-    return web.json_response(await request.app["group_view"].get())
+    return web.json_response(await request.app[GROUP_VIEW].get())
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
