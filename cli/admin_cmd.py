@@ -1,4 +1,4 @@
-"""`pairmq admin passwd`: the management API's admin credential (appliance/admin_credential.py).
+"""`pairmq admin passwd`: the management API's admin credential (appliance/api/admin_credential.py).
 
 Rules:
 - The credential is a group setting beside the secret (`admin`, mode 0600),
@@ -14,7 +14,7 @@ Rules:
 
 from __future__ import annotations
 
-from pairmq.appliance.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
+from pairmq.appliance.api.admin_credential import (DEFAULT_USER, admin_path, generate_password, new_credential,
                                         write_admin)
 from pairmq.appliance.config import GroupConfig
 

@@ -2,7 +2,7 @@
 
 Stdlib only (urllib + one thread per node), so a CLI call opens no event loop
 and every request closes its connection. Each request is signed with the
-group's management key (appliance/request_signing.py): the key never travels,
+group's management key (appliance/api/signing.py): the key never travels,
 and a captured request is good for that one request to that one node. Over
 HTTPS the node's certificate is verified against the group file's
 management.ca_file, by default the node certificate itself (pinned). Proxies from the environment are
@@ -29,7 +29,7 @@ from pairmq.appliance.config import GroupConfig, load_secret
 from pairmq.appliance.errors import ConfigError, PairMQError
 from pairmq.appliance.keyring import management_token
 from pairmq.appliance.management_settings import client_context
-from pairmq.appliance.request_signing import sign
+from pairmq.appliance.api.signing import sign
 from pairmq.appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0

@@ -15,7 +15,7 @@ Rules:
   run changes nothing and says so.
 - What gets which mode: /etc/pairmq 0750 root:pairmq, group.toml 0640 root:pairmq, the secret 0600
   root:root (the node reads it only as the systemd credential `pairmq-secret`), the admin credential
-  (appliance/admin_credential.py, default: `admin` beside the secret) 0640 root:pairmq (the node, running as
+  (appliance/api/admin_credential.py, default: `admin` beside the secret) 0640 root:pairmq (the node, running as
   pairmq, reads it and picks a new one up without a restart, but cannot change it; `pairmq admin passwd`
   keeps that owner and mode), the management API's certificate 0644 and key 0640 root:pairmq when the
   group file's [management] names them (relative to the group file, so they land in /etc/pairmq),
@@ -44,7 +44,7 @@ ETC = Path("/etc/pairmq")
 STATE = Path("/var/lib/pairmq")
 LOGS = Path("/var/log/pairmq")
 VENV = Path("/opt/pairmq/venv")
-ADMIN_FILE = "admin"  # appliance.admin_credential.ADMIN_FILE
+ADMIN_FILE = "admin"  # appliance.api.admin_credential.ADMIN_FILE
 UNIT_DIR = Path("/etc/systemd/system")
 UNIT_SOURCES = Path(__file__).resolve().parent.parent / "systemd"
 PROJECT = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
 def _admin_text(path: Path, group: Path) -> bytes:
     """The admin credential file's bytes, checked as a node checks it: without one the node's API has no
     browser login, and a copy only root can read would stop the node at start."""
-    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.api.admin_credential import read_admin
 
     if read_admin(path) is None:
         raise InstallError(f"no admin credential at {path}: write one with `pairmq admin passwd --group {group}` "

@@ -151,7 +151,7 @@ def up(term: Terminal, directory: Path) -> int:
             write_access(access_path(written.config.node(role).data_dir), AccessPolicy(allow_anonymous=True))
         term.note(f"anonymous MQTT clients are allowed; refuse them with `pairmq config anonymous refuse "
                   f"--group {layout.group_file}` after adding users")
-        from pairmq.appliance.admin_credential import DEFAULT_USER, generate_password
+        from pairmq.appliance.api.admin_credential import DEFAULT_USER, generate_password
 
         from .admin_cmd import set_admin
 

@@ -291,7 +291,7 @@ def _install_parser(commands) -> None:
 def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     from .init_group import group_addresses, write_group
 
-    from pairmq.appliance.admin_credential import DEFAULT_USER, check_password, generate_password
+    from pairmq.appliance.api.admin_credential import DEFAULT_USER, check_password, generate_password
 
     from .admin_cmd import set_admin
 

@@ -76,6 +76,11 @@ class ConfigSync:
         self.snapshots_installed = 0
         self.discarded: list[dict] = []  # our own changes a snapshot discarded, newest last (bounded)
 
+    @property
+    def follow_conn(self) -> MateConnection | None:
+        """The connection this node follows its mate's configuration on, while it stands by."""
+        return self._follow_conn
+
     # --- lifecycle ---
 
     async def start(self, address: str, port: int) -> None:

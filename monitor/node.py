@@ -22,12 +22,13 @@ import logging
 import signal
 
 from pairmq.appliance.config import GroupConfig, load_keyring
-from pairmq.appliance.decision_stream import DecisionFeed
+from pairmq.appliance.api.app import ManagementServer
+from pairmq.appliance.api.decisions import DecisionFeed
+from pairmq.appliance.api.ports import ApiPorts, RoutingPorts
+from pairmq.appliance.api.secret_rotation import KeyringInstaller
 from pairmq.appliance.errors import LocalProtocolError, PairMQError
 from pairmq.appliance.eventlog import EventLog
 from pairmq.appliance.keyring import STATE_FILE, CurrentKeyring, startup_keyring
-from pairmq.appliance.management import ManagementServer
-from pairmq.appliance.keyring import management_token
 from pairmq.appliance.node import readiness, sd_notify, views
 from pairmq.appliance.node.heartbeats import HeartbeatThread
 from pairmq.appliance.clock import now_ms
@@ -46,9 +47,6 @@ QUIET_KINDS = ("refuse", "sync", "boot", "bid", "bid_end")  # logged at INFO; ev
 
 class MonitorNode:
     """Wires one QuorumCore to its sockets, its event log and the management API."""
-
-    # What the management API reads of a node that routes messages; a monitor has none of it.
-    broker = listener = tls_listener = configuration = replication = None
 
     def __init__(self, config: GroupConfig, role: Role) -> None:
         self.config = config
@@ -77,10 +75,29 @@ class MonitorNode:
         self._ready = {"quorum": False, "sockets": False}  # then READY=1 once joined (appliance/node/readiness.py)
         self._joining: asyncio.Task | None = None
         self._add_parts()
-        self.management = ManagementServer(self)
+        self.management = ManagementServer(self._api_ports())
 
     def _add_parts(self) -> None:
         """What a subclass adds before the management API is built (a routing node: its broker and links)."""
+
+    def _api_ports(self) -> ApiPorts:
+        """What the management API is given of this node (appliance/api/ports.py)."""
+        def quorum(fn):
+            return self.quorum.call(lambda core, now: fn(core))
+
+        installer = KeyringInstaller(self.role, self.keys, self.keyring_path, quorum, self.events, self._keyed_links)
+        return ApiPorts(role=self.role, config=self.config, keys=self.keys, decisions=self.decisions,
+                        events=self.events, now_ms=now_ms, quorum=quorum, may_serve=self.may_serve,
+                        redundancy_view=self.redundancy_view, force_activity=self.force_activity,
+                        handover=self.handover, install_keyring=installer.install, routing=self._routing_ports())
+
+    def _routing_ports(self) -> RoutingPorts | None:
+        """A routing node's broker reads and configuration entry points; a monitor has none."""
+        return None
+
+    def _keyed_links(self) -> list:
+        """The connections a secret rotation step rekeys (a routing node's mate link and config-sync)."""
+        return []
 
     # --- what the management API and the MQTT gate ask ---------------------------------
 
@@ -95,10 +112,6 @@ class MonitorNode:
 
     def current_epoch(self) -> int:
         return self.quorum.call(lambda core, now: core.active_epoch or core.state.epoch)
-
-    def message_spool_view(self) -> dict | None:
-        """The broker's limits, refusal counters and spool writer (management API); None off a routing node."""
-        return None
 
     async def handover(self, why: str, *, force: bool = False, revert: bool = False):
         """release-activity / revert-activity (management API). Raises LocalProtocolError when refused."""
@@ -263,17 +276,6 @@ class MonitorNode:
     def _on_heartbeat_crash(self, exc: BaseException) -> None:
         self.events.write("heartbeat_thread_failed", error=repr(exc))
         self._fail(f"the {self.role.value} node's heartbeat thread failed: {exc!r} (traceback in the log)")
-
-    # --- the group secret (rotation steps: appliance/secret_api.py install_keyring) -------
-
-    @property
-    def management_token(self) -> str:
-        return management_token(self.keys.keyring.send_secret)
-
-    def management_tokens(self) -> list[str]:
-        """Requests are accepted signed with the management key of any secret this node holds (a rotation
-        holds two); hex, as `management_token`."""
-        return [management_token(s) for s in self.keys.keys.values()]
 
     # --- views --------------------------------------------------------------------
 

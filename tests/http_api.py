@@ -49,7 +49,7 @@ def admin_basic(config) -> dict:
     """A browser's credential: the admin user's password over HTTP Basic, the admin file written first."""
     import base64
 
-    from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
+    from pairmq.appliance.api.admin_credential import admin_path, new_credential, write_admin
 
     write_admin(admin_path(config), new_credential("admin", ADMIN_PASSWORD))
     return {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_PASSWORD}".encode()).decode()}

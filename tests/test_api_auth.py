@@ -1,4 +1,4 @@
-"""The management API's authentication middleware (appliance/api_auth.py) and admin file, in process.
+"""The management API's authentication middleware (appliance/api/auth.py) and admin file, in process.
 
 The middleware runs in a real aiohttp app behind a real socket (aiohttp's
 TestServer on this work tree's primary loopback address, a free port), in
@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from pairmq.appliance.admin_credential import AdminFile, new_credential, read_admin, write_admin
-from pairmq.appliance.api_auth import PRINCIPAL, ApiAuth, FailureLimiter, auth_middleware
+from pairmq.appliance.api.admin_credential import AdminFile, new_credential, read_admin, write_admin
+from pairmq.appliance.api.auth import PRINCIPAL, ApiAuth, FailureLimiter, auth_middleware
 from pairmq.appliance.errors import ConfigError
 from pairmq.appliance.roles import Role
 from pairmq.cli.api import signed_headers
@@ -205,7 +205,7 @@ def test_any_authorization_header_is_refused_cleanly(tmp_path):
 
     from aiohttp.test_utils import make_mocked_request
 
-    from pairmq.appliance.api_auth import Refused
+    from pairmq.appliance.api.auth import Refused
 
     request = make_mocked_request("GET", "/api/v1/redundancy", headers={"Host": "127.0.0.1:8080"})
     path = tmp_path / "admin"
@@ -238,7 +238,7 @@ def test_signed_request_checks_run_in_order_and_nonces_are_spent_within_the_wind
     """request_signing.Verifier, stepped with explicit wall-clock times: malformed, stale, another node,
     bad MAC, replay; a nonce is remembered only after its MAC verified, and forgotten once its request
     would be stale anyway; the table is bounded."""
-    from pairmq.appliance.request_signing import SignatureRefused, Verifier, sign
+    from pairmq.appliance.api.signing import SignatureRefused, Verifier, sign
 
     hosts = {"10.0.0.1:8080"}
 
@@ -267,7 +267,7 @@ def test_signed_request_checks_run_in_order_and_nonces_are_spent_within_the_wind
 
 
 def test_connection_caps_in_total_and_per_address():
-    from pairmq.appliance.api_listener import ConnectionCaps
+    from pairmq.appliance.api.listener import ConnectionCaps
 
     caps = ConnectionCaps(max_total=3, max_per_address=2)
     assert caps.admit("a1", "10.0.0.9") and caps.admit("a2", "10.0.0.9")

@@ -20,7 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from pairmq.appliance.management_reads import ENDPOINTS
+from pairmq.appliance.api.reads import ENDPOINTS
 from pairmq.appliance.roles import Role
 from tests import paho_clients
 from tests.config_api import call

@@ -95,7 +95,7 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_init_prints_a_generated_admin_password_once_or_takes_the_operators(tmp_path):
-    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.api.admin_credential import read_admin
     from pairmq.appliance.broker.access import verify_password
 
     result = pairmq("init", "--dir", str(tmp_path / "a"))
@@ -320,7 +320,7 @@ def test_force_activity_is_signed_and_sends_the_acknowledgement(stand_in):
     """The request is signed with the group's management key over its method, host, path and body; the key
     itself is nowhere in what went over the wire."""
     from pairmq.appliance.keyring import management_key
-    from pairmq.appliance.request_signing import Verifier
+    from pairmq.appliance.api.signing import Verifier
 
     code, out, err = run_main("redundancy", "force-activity", "--role", "backup", "--i-understand-data-loss",
                               "--group", str(stand_in))

@@ -11,8 +11,8 @@ import threading
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from pairmq.appliance import decision_stream
-from pairmq.appliance.decision_stream import HISTORY, DecisionFeed
+from pairmq.appliance.api import decisions
+from pairmq.appliance.api.decisions import HISTORY, DecisionFeed
 from pairmq.appliance.quorum.state import Decision
 from pairmq.appliance.roles import Role
 from tests.group import LOOPBACK
@@ -75,7 +75,7 @@ def test_decisions_from_another_thread_reach_every_stream_in_order():
 
 
 def test_a_client_that_stops_reading_is_dropped(monkeypatch):
-    monkeypatch.setattr(decision_stream, "WRITE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(decisions, "WRITE_TIMEOUT_S", 0.5)
 
     async def main():
         feed = DecisionFeed("backup", incarnation=1)

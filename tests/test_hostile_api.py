@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from pairmq.appliance.admin_credential import admin_path, new_credential, write_admin
+from pairmq.appliance.api.admin_credential import admin_path, new_credential, write_admin
 from pairmq.appliance.config import load_secret
 from pairmq.appliance.management_settings import ManagementSettings, client_context, make_self_signed
 from pairmq.appliance.keyring import management_token

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pairmq.appliance.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.api.admin_credential import new_credential, read_admin, write_admin
 from pairmq.appliance.roles import Role
 from pairmq.cli import install
 from tests.group import LOOPBACK, REPO

@@ -89,7 +89,7 @@ def test_up_status_down(local_dir):
     # The embedded default lets anonymous clients in, explicitly: an access file on each routing node.
     assert "anonymous MQTT clients are allowed" in up.stderr
     # And an admin password for the management API, printed once, whose scrypt record is the admin file.
-    from pairmq.appliance.admin_credential import read_admin
+    from pairmq.appliance.api.admin_credential import read_admin
     from pairmq.appliance.broker.access import verify_password
 
     [password] = [line.rsplit(": ", 1)[1] for line in up.stderr.splitlines() if "admin password" in line]

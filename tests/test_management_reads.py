@@ -1,9 +1,9 @@
-"""`GET /api/v1/events` reads the end of a node's event-log segments (appliance/management_reads.tail_events):
+"""`GET /api/v1/events` reads the end of a node's event-log segments (appliance/api/reads.py tail_events):
 newest `limit` at or after `since`, oldest first, across segments, bounded in bytes; torn lines skipped."""
 
 import json
 
-from pairmq.appliance.management_reads import tail_events
+from pairmq.appliance.api.reads import tail_events
 
 
 def write_segments(directory, *segments):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pairmq.appliance.decision_stream import MAX_STREAMS
+from pairmq.appliance.api.decisions import MAX_STREAMS
 from pairmq.appliance.quorum.auth import REASONS
 from pairmq.appliance.roles import Role
 from pairmq.cli import api

@@ -57,15 +57,6 @@ LAYERS = [
                     "pairmq.appliance.keyring", "pairmq.appliance.eventlog", "pairmq.appliance.tls",
                     "pairmq.appliance.management_settings")),
 ]
-# Loose modules the node and api packages take in (issue 22); each entry goes when its module moves.
-MOVING = {
-    **dict.fromkeys(("management", "management_reads", "status_page", "secret_api",
-                     "api_auth", "api_listener", "decision_stream", "metrics", "request_signing",
-                     "admin_credential"), "api"),
-}
-# What breaks the rules today and the restructuring (issue 22) removes; each entry goes with its edge.
-PENDING_UPWARD: set[tuple[str, str]] = set()
-PENDING_CYCLES: set[frozenset[str]] = set()
 
 
 # --- the import graph ----------------------------------------------------------------------------------------------
@@ -122,7 +113,7 @@ RAW_IMPORTS = {m: _imports(m, p, MODULES) for m, p in MODULES.items()}
 
 
 def _layer(module: str) -> int | None:
-    """The rank of a module's layer (0 is the top): the longest prefix LAYERS names, else MOVING's word."""
+    """The rank of a module's layer (0 is the top): the longest prefix LAYERS names."""
     if module == "pairmq.appliance":  # the package's own (empty) __init__
         return len(LAYERS) - 1
     best, rank = "", None
@@ -130,9 +121,6 @@ def _layer(module: str) -> int | None:
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
                 best, rank = prefix, i
-    moving = MOVING.get(module.removeprefix("pairmq.appliance.")) if module.startswith("pairmq.appliance.") else None
-    if rank is None and moving is not None:
-        rank = [name for name, _ in LAYERS].index(moving)
     return rank
 
 
@@ -175,19 +163,16 @@ def _upward() -> set[tuple[str, str]]:
 
 def test_every_module_has_a_layer():
     assert [m for m in sorted(MODULES) if _layer(m) is None] == []
-    assert sorted(n for n in MOVING if f"pairmq.appliance.{n}" not in MODULES) == [], "moved: delete from MOVING"
 
 
 def test_no_import_cycle():
     found = set(_cycles())
-    assert sorted(map(sorted, found - PENDING_CYCLES)) == [], "import cycles"
-    assert sorted(map(sorted, PENDING_CYCLES - found)) == [], "gone: delete from PENDING_CYCLES"
+    assert sorted(map(sorted, found)) == [], "import cycles"
 
 
 def test_no_upward_import():
     found = _upward()
-    assert sorted(found - PENDING_UPWARD) == [], "imports from a higher layer"
-    assert sorted(PENDING_UPWARD - found) == [], "gone: delete from PENDING_UPWARD"
+    assert sorted(found) == [], "imports from a higher layer"
 
 
 def test_the_graph_sees_lazy_and_relative_imports():

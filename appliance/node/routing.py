@@ -24,6 +24,7 @@ import secrets
 
 from pairmq.monitor.node import MonitorNode
 
+from ..api.ports import RoutingPorts
 from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
 from ..broker.message_events import MessageEvents
@@ -122,8 +123,22 @@ class RoutingNode(MonitorNode):
     def _serves(self) -> bool:
         return self.may_serve()
 
-    def message_spool_view(self) -> dict | None:
-        return self.broker.view()
+    def _routing_ports(self) -> RoutingPorts:
+        def listeners() -> list:
+            return [(x, tls) for x, tls in ((self.listener, False), (self.tls_listener, True)) if x is not None]
+
+        def mate_link() -> tuple:
+            active, standby = self.replication.active, self.replication.standby
+            link = active.link if active.conn is not None and not active.conn.closed else None
+            return link is not None or (standby is not None and standby.link is not None), link
+
+        return RoutingPorts(spool_view=self.broker.view, sessions=lambda: self.broker.core.sessions,
+                            listeners=listeners, mate_link=mate_link, configuration=self.configuration)
+
+    def _keyed_links(self) -> list:
+        standby = self.replication.standby
+        return [("mate link", self.replication.active.conn), ("mate link", standby.conn if standby else None),
+                ("config-sync", self.configuration.sync.conn), ("config-sync", self.configuration.sync.follow_conn)]
 
     # --- running -------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .quorum.auth import REASONS
+from ..quorum.auth import REASONS
+from .ports import ApiPorts, RoutingPorts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -65,14 +66,14 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def collect(node, view: dict | None = None) -> list[Metric]:
+def collect(ports: ApiPorts, view: dict | None = None) -> list[Metric]:
     """Every metric of this node now; `view` is its redundancy view if the caller has one already."""
-    view = view if view is not None else node.redundancy_view()  # takes the heartbeat lock once
-    role = node.role.value
+    view = view if view is not None else ports.redundancy_view()  # takes the heartbeat lock once
+    role = ports.role.value
     g, c = _gauge, _counter
     metrics = [
         g("pairmq_node_info", "This node: its role, address and group (always 1).").add(
-            1, role=role, address=node.spec.address, group=node.config.name),
+            1, role=role, address=ports.address, group=ports.config.name),
         g("pairmq_active", "1 while this node holds activity and serves MQTT clients, else 0.").add(
             int(view["serving"]), role=role),
         g("pairmq_epoch", "The highest epoch this node knows (every activity period has a higher one).").add(
@@ -96,23 +97,23 @@ def collect(node, view: dict | None = None) -> list[Metric]:
     for reason in REASONS:
         rejected.add(view["rejected_heartbeats"].get(reason, 0), reason=reason)
     metrics += [rejected, c("pairmq_decisions_total", "Redundancy decisions this node process made.").add(
-        node.decisions.seq),
+        ports.decisions.seq),
         g("pairmq_decision_streams", "Open decision streams (GET /api/v1/decisions/stream).").add(
-            node.decisions.streams),
+            ports.decisions.streams),
         c("pairmq_decision_streams_dropped_total", "Decision streams dropped because the client read too slowly.").add(
-            node.decisions.dropped)]
+            ports.decisions.dropped)]
     if view["in_sync"] is not None:
         metrics.append(g("pairmq_in_sync", "1 while this routing node holds the active's data (or is it).").add(
             int(view["in_sync"])))
-    if node.broker is not None:
-        metrics += _routing(node)
+    if ports.routing is not None:
+        metrics += _routing(ports.routing)
     return metrics
 
 
-def _routing(node) -> list[Metric]:
+def _routing(routing: RoutingPorts) -> list[Metric]:
     g, c = _gauge, _counter
-    metrics = _mate_link(node)
-    spool = node.broker.view()
+    metrics = _mate_link(routing)
+    spool = routing.spool_view()
     metrics += [
         g("pairmq_spool_queued_messages", "QoS 1/2 messages queued for sessions in the spool.").add(
             spool["queued_messages"]),
@@ -121,7 +122,8 @@ def _routing(node) -> list[Metric]:
         g("pairmq_spool_pending_ops", "Ops waiting for the spool writer's next commit.").add(
             spool["writer"]["pending_ops"]),
     ]
-    listeners = [x for x in (node.listener, node.tls_listener) if x is not None]
+    running = routing.listeners()
+    listeners = [x for x, _ in running]
     stats = [x.stats() for x in listeners]
     metrics += [
         c("pairmq_messages_received_total", "PUBLISH packets received from clients.").add(
@@ -129,7 +131,7 @@ def _routing(node) -> list[Metric]:
         c("pairmq_messages_sent_total", "PUBLISH packets sent to clients.").add(sum(s["messages_out"] for s in stats)),
         g("pairmq_mqtt_clients", "Connected MQTT clients.").add(sum(x.client_count for x in listeners)),
     ]
-    if node.listener is not None:
+    if running and not running[0][1]:  # the plain listener comes first; its numbers are the overload policy's
         s = stats[0]
         metrics += [
             g("pairmq_overload_window", "Each client's in-flight window now (100 when idle, towards 1 under load).").add(
@@ -144,23 +146,20 @@ def _routing(node) -> list[Metric]:
             c("pairmq_connect_busy_refusals_total", "CONNECTs refused with 0x89 server busy (queue full).").add(
                 s["busy_refusals"]),
         ]
-    if node.configuration is not None:
-        sync = node.configuration.sync
-        metrics += [
-            g("pairmq_config_version", "The version of the replicated configuration in force.").add(
-                node.configuration.store.head.version),
-            g("pairmq_config_sync_in_sync", "1 when config-sync's status is In-Sync, else 0.").add(
-                int(sync.status().value == "In-Sync")),
-        ]
+    sync = routing.configuration.sync
+    metrics += [
+        g("pairmq_config_version", "The version of the replicated configuration in force.").add(
+            routing.configuration.store.head.version),
+        g("pairmq_config_sync_in_sync", "1 when config-sync's status is In-Sync, else 0.").add(
+            int(sync.status().value == "In-Sync")),
+    ]
     return metrics
 
 
-def _mate_link(node) -> list[Metric]:
+def _mate_link(routing: RoutingPorts) -> list[Metric]:
     """On the active: how far the standby is behind. Elsewhere only whether a link is up."""
     g = _gauge
-    active, standby = node.replication.active, node.replication.standby
-    link = active.link if active.conn is not None and not active.conn.closed else None
-    up = link is not None or (standby is not None and standby.link is not None)
+    up, link = routing.mate_link()
     metrics = [g("pairmq_mate_link_up", "1 while a mate link is established (as the active or the standby).").add(
         int(up))]
     if link is not None:
@@ -184,19 +183,19 @@ def _counter(name: str, text: str) -> Metric:
     return Metric(name, "counter", text)
 
 
-def status_document(node) -> dict:
+def status_document(ports: ApiPorts) -> dict:
     """The status page's view of one node: the redundancy view's headline and every metric by name."""
-    view = node.redundancy_view()
+    view = ports.redundancy_view()
     values: dict[str, object] = {}
-    for m in collect(node, view):
+    for m in collect(ports, view):
         if len(m.samples) == 1 and not (m.samples[0][0].keys() - {"role"}):
             values[m.name] = m.samples[0][1]
         else:
             values[m.name] = {next(iter(labels.values()), ""): v for labels, v in m.samples}
     config_sync = None
-    if node.configuration is not None:
-        sync = node.configuration.sync
-        config_sync = {"status": sync.status().value, "version": node.configuration.store.head.version}
+    if ports.routing is not None:
+        configuration = ports.routing.configuration
+        config_sync = {"status": configuration.sync.status().value, "version": configuration.store.head.version}
     keys = ("role", "address", "group", "activity", "serving", "epoch", "active_role", "redundancy_status",
             "in_sync", "peers", "uptime_ms", "resync")
     return {"schema": 1, **{k: view[k] for k in keys}, "config_sync": config_sync,

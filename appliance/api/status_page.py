@@ -2,11 +2,11 @@
 `/api/v1/decisions/stream` (docs/operations.md).
 
 Rules:
-- The page (appliance/static/: HTML, CSS, vanilla JS, no external assets) is served by every node. It reads
+- The page (static/ beside this file: HTML, CSS, vanilla JS, no external assets) is served by every node. It reads
   only the node that served it: `/api/v1/group` is that node asking all three nodes' `/api/v1/status` (its
   own without HTTP), so the browser needs no CORS and only one reachable address, and a later API
   credential is checked once, here. Each peer request is signed with the group's management key
-  (appliance/request_signing.py), never a token a sniffer could reuse; over HTTPS the peer's certificate
+  (signing.py), never a token a sniffer could reuse; over HTTPS the peer's certificate
   is verified as the CLI verifies it. A peer that does not answer within PEER_TIMEOUT_S is an entry
   `{"reachable": false, "error"}`.
 - Bounded: one fan-out at a time; its answer serves every request for GROUP_CACHE_S, so ten open pages
@@ -23,14 +23,16 @@ from importlib import resources
 import aiohttp
 from aiohttp import web
 
+from ..roles import Role
 from . import metrics
-from .management_settings import client_context
-from .request_signing import sign
-from .roles import Role
+from .ports import PORTS, ApiPorts
+from ..management_settings import client_context
+from .signing import management_key, sign
 
 PEER_TIMEOUT_S = 0.8
 GROUP_CACHE_S = 0.5
-STATIC = resources.files("pairmq.appliance") / "static"
+STATIC = resources.files(__package__) / "static"
+GROUP_VIEW = web.AppKey("group_view", "GroupView")
 STATIC_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
 
 
@@ -41,18 +43,18 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/status", _status)
     app.router.add_get("/api/v1/group", _group)
     app.router.add_get("/api/v1/decisions/stream", _stream)
-    app["group_view"] = GroupView(app["node"])
+    app[GROUP_VIEW] = GroupView(app[PORTS])
     app.on_startup.append(_attach_feed)
     app.on_shutdown.append(_close)
 
 
 async def _attach_feed(app: web.Application) -> None:
-    app["node"].decisions.attach(asyncio.get_running_loop())
+    app[PORTS].decisions.attach(asyncio.get_running_loop())
 
 
 async def _close(app: web.Application) -> None:
-    app["node"].decisions.close()  # open streams end now: the runner's cleanup does not wait for them
-    await app["group_view"].close()
+    app[PORTS].decisions.close()  # open streams end now: the runner's cleanup does not wait for them
+    await app[GROUP_VIEW].close()
 
 
 async def _index(request: web.Request) -> web.Response:
@@ -72,27 +74,27 @@ async def _static(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    text = metrics.render(metrics.collect(request.app["node"]))
+    text = metrics.render(metrics.collect(request.app[PORTS]))
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(metrics.status_document(request.app["node"]))
+    return web.json_response(metrics.status_document(request.app[PORTS]))
 
 
 async def _group(request: web.Request) -> web.Response:
-    return web.json_response(await request.app["group_view"].get())
+    return web.json_response(await request.app[GROUP_VIEW].get())
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
-    return await request.app["node"].decisions.stream(request)
+    return await request.app[PORTS].decisions.stream(request)
 
 
 class GroupView:
     """All three nodes' status documents as the serving node sees them, fetched at most every GROUP_CACHE_S."""
 
-    def __init__(self, node) -> None:
-        self.node = node
+    def __init__(self, ports: ApiPorts) -> None:
+        self.ports = ports
         self._session: aiohttp.ClientSession | None = None
         self._pending: asyncio.Future | None = None
         self._document: dict | None = None
@@ -112,27 +114,27 @@ class GroupView:
                 self._pending = None
 
     async def _fetch(self) -> dict:
-        node = self.node
+        ports = self.ports
         if self._session is None:
-            context = client_context(node.config.management)
+            context = client_context(ports.config.management)
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S),
                                                   trust_env=False,
                                                   connector=aiohttp.TCPConnector(ssl=context if context is not None else True))
         entries = await asyncio.gather(*(self._one(role) for role in Role))
-        self._document = {"schema": 1, "group": node.config.name, "served_by": node.role.value, "nodes": entries}
+        self._document = {"schema": 1, "group": ports.config.name, "served_by": ports.role.value, "nodes": entries}
         self._at = asyncio.get_running_loop().time()
         return self._document
 
     async def _one(self, role: Role) -> dict:
-        node = self.node
-        address = node.config.node(role).address
-        if role is node.role:
-            return {**metrics.status_document(node), "reachable": True}
+        ports = self.ports
+        address = ports.config.node(role).address
+        if role is ports.role:
+            return {**metrics.status_document(ports), "reachable": True}
         host = f"[{address}]" if ":" in address else address
         try:
-            document = await _peer_get(self._session, node.config.management.scheme,
-                                       f"{host}:{node.config.ports.management}", "/api/v1/status",
-                                       bytes.fromhex(node.management_token))
+            document = await _peer_get(self._session, ports.config.management.scheme,
+                                       f"{host}:{ports.config.ports.management}", "/api/v1/status",
+                                       management_key(ports.keys.keyring.send_secret))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             return {"role": role.value, "address": address, "reachable": False, "error": _describe(exc)}
         return {**document, "reachable": True}

@@ -5,7 +5,8 @@ Rules:
   the file `admin` beside the secret file (mode 0600), identical on all three
   hosts. Installed under systemd it is 0640 root:pairmq (cli/install.py): the
   node reads it but cannot change it; a new file written over an existing one
-  keeps that owner and mode (never more than 0640), so the node still reads it. Every node checks it, the monitor too (it holds no replicated
+  keeps that owner and mode (never more than 0640), so the node still reads
+  it. Every node checks it, the monitor too (it holds no replicated
   configuration), and it works while no node is active (config-sync changes
   need an active node, so a group without one would lock its operator out of
   the very API that diagnoses it).
@@ -14,7 +15,7 @@ Rules:
 - A node re-reads the file when its size, mtime or inode change, so
   `pairmq admin passwd` takes effect without a restart; a file that became
   unreadable or malformed keeps the last good record in force and says why.
-- No file: HTTP Basic is refused (the bearer token still works); a malformed
+- No file: HTTP Basic is refused (signed requests still work); a malformed
   file at start-up stops the node with one sentence.
 """
 
@@ -27,10 +28,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from .broker.access import (SALT_BYTES, AccessDocumentError, HashRecord, check_username, hash_password,
+from ..broker.access import (SALT_BYTES, AccessDocumentError, HashRecord, check_username, hash_password,
                             record_from_document)
-from .config import GroupConfig
-from .errors import ConfigError
+from ..config import GroupConfig
+from ..errors import ConfigError
 
 ADMIN_FILE = "admin"
 DEFAULT_USER = "admin"

@@ -6,10 +6,10 @@ Rules:
   the middleware runs before routing's own answers, so an unknown path
   without a credential is a 401 too and routes cannot be probed.
 - Two credentials: a signed request (`Authorization: PairMQ-HMAC ...`,
-  appliance/request_signing.py: what the CLI and the nodes' status fan-out
-  send; the key is derived from the group secret and never travels), or
-  HTTP Basic with the admin user's password (appliance/admin_credential.py;
-  what a browser and a Prometheus scraper send). There is no bearer token:
+  signing.py: what the CLI and the nodes' status fan-out send; the key is
+  derived from the group secret and never travels), or HTTP Basic with the
+  admin user's password (admin_credential.py; what a browser and a
+  Prometheus scraper send). There is no bearer token:
   anything sent as-is on the wire could be replayed by whoever saw it.
 - A missing or wrong credential is a 401 JSON error with WWW-Authenticate
   challenges for both schemes (Basic first, so a browser shows its prompt).
@@ -53,9 +53,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from ..broker.access import VerifiedCache, verify_password
 from .admin_credential import AdminFile
-from .broker.access import VerifiedCache, verify_password
-from .request_signing import SCHEME, SignatureRefused, Verifier
+from .signing import SCHEME, SignatureRefused, Verifier
 
 MAX_PENDING_CHECKS = 8
 MAX_HEADER_CHARS = 4096

@@ -25,8 +25,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .api_auth import PRINCIPAL
-from .eventlog import segments
+from ..broker.session import NEVER
+from ..eventlog import segments
+from .auth import PRINCIPAL
+from .ports import AUTH, CAPS, PORTS, RoutingPorts
 
 SCHEMA = 1
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -86,22 +88,14 @@ def _check_known(request: web.Request, *known: str) -> None:
         raise BadQuery(f"unknown query parameter {unknown[0][:40]!r} (allowed: {allowed})")
 
 
-def _head(request: web.Request) -> tuple[dict, object | None]:
-    """The common fields, and the broker service if this node serves clients now."""
-    node = request.app["node"]
-    serving = node.broker is not None and node.may_serve()
-    head = {"schema": SCHEMA, "role": node.role.value, "serving": serving}
+def _head(request: web.Request) -> tuple[dict, RoutingPorts | None]:
+    """The common fields, and the broker's reads if this node serves clients now."""
+    ports = request.app[PORTS]
+    serving = ports.routing is not None and ports.may_serve()
+    head = {"schema": SCHEMA, "role": ports.role.value, "serving": serving}
     if not serving:
-        head["active"] = active_management_address(node)
-    return head, (node.broker if serving else None)
-
-
-def active_management_address(node) -> str | None:
-    """host:port of the active node's management API, as this node sees it; None if none is active."""
-    active = node.quorum.call(lambda core, now: core.active_role(now))
-    if active is None:
-        return None
-    return f"{node.config.node(active).address}:{node.config.ports.management}"
+        head["active"] = ports.active_management_address()
+    return head, (ports.routing if serving else None)
 
 
 def _bounded(rows: list[dict], limit: int, key: str) -> dict:
@@ -110,28 +104,26 @@ def _bounded(rows: list[dict], limit: int, key: str) -> dict:
 
 
 async def _index(request: web.Request) -> web.Response:
-    node = request.app["node"]
-    return web.json_response({"schema": SCHEMA, "role": node.role.value, "group": node.config.name,
-                              "principal": request.get(PRINCIPAL), "auth": request.app["auth"].view(),
-                              "connections": request.app["caps"].view() if "caps" in request.app else None,
+    ports = request.app[PORTS]
+    return web.json_response({"schema": SCHEMA, "role": ports.role.value, "group": ports.config.name,
+                              "principal": request.get(PRINCIPAL), "auth": request.app[AUTH].view(),
+                              "connections": request.app[CAPS].view() if CAPS in request.app else None,
                               "endpoints": [{"method": m, "path": p, "what": w} for m, p, w in ENDPOINTS]})
 
 
 async def _clients(request: web.Request) -> web.Response:
     _check_known(request, "limit")
     limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    head, broker = _head(request)
+    head, routing = _head(request)
     rows = []
-    if broker is not None:
-        node = request.app["node"]
+    if routing is not None:
         now = time.time()
-        for listener, tls in ((node.listener, False), (node.tls_listener, True)):
-            if listener is None:
-                continue
+        sessions = routing.sessions()
+        for listener, tls in routing.listeners():
             for conn in listener.connections():
                 if not conn.accepted or conn.closing or conn.client_id is None:
                     continue
-                session = broker.core.sessions.get(conn.client_id)
+                session = sessions.get(conn.client_id)
                 rows.append({
                     "client_id": conn.client_id, "username": conn.username, "peer": conn.peer, "tls": tls,
                     "protocol": PROTOCOLS.get(conn.protocol_version, str(conn.protocol_version)),
@@ -148,12 +140,10 @@ async def _clients(request: web.Request) -> web.Response:
 async def _sessions(request: web.Request) -> web.Response:
     _check_known(request, "limit")
     limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    head, broker = _head(request)
+    head, routing = _head(request)
     rows = []
-    if broker is not None:
-        from .broker.session import NEVER
-
-        for session in broker.core.sessions.values():
+    if routing is not None:
+        for session in routing.sessions().values():
             online = session.conn is not None
             expires = session.expires_at_ms()
             rows.append({
@@ -177,10 +167,10 @@ async def _subscriptions(request: web.Request) -> web.Response:
     client = request.query.get("client")
     if client is not None and not 1 <= len(client) <= MAX_CLIENT_ID_CHARS:
         raise BadQuery("client must be a client id of 1 to 65535 characters")
-    head, broker = _head(request)
+    head, routing = _head(request)
     rows = []
-    if broker is not None:
-        sessions = broker.core.sessions
+    if routing is not None:
+        sessions = routing.sessions()
         chosen = [sessions[client]] if client is not None and client in sessions else (
             [] if client is not None else sessions.values())
         for session in chosen:
@@ -205,9 +195,9 @@ async def _events(request: web.Request) -> web.Response:
         if not math.isfinite(since) or since < 0:
             raise BadQuery(f"since must be a time in seconds since the epoch (like the events' ts), "
                            f"not {since_text[:40]!r}")
-    node = request.app["node"]
-    events, scanned_all = await asyncio.to_thread(tail_events, node.events.directory, since, limit)
-    return web.json_response({"schema": SCHEMA, "role": node.role.value, "serving": node.may_serve(),
+    ports = request.app[PORTS]
+    events, scanned_all = await asyncio.to_thread(tail_events, ports.events.directory, since, limit)
+    return web.json_response({"schema": SCHEMA, "role": ports.role.value, "serving": ports.may_serve(),
                               "since": since, "events": events, "complete": scanned_all})
 
 

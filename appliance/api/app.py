@@ -4,17 +4,18 @@ Rules:
 - It binds the node's own address only (never 0.0.0.0).
 - Every route, reads and routes added later included, needs a credential:
   a request signed with the group's management key or the admin password
-  over HTTP Basic (appliance/api_auth.py, one middleware in front of
-  everything). The password records and secret rotation need the key.
-- The listener bounds what a connection may cost (appliance/api_listener.py:
-  idle/head deadline, connection caps) and speaks HTTPS when [management]
-  names a certificate.
+  over HTTP Basic (auth.py, one middleware in front of everything). The
+  password records and secret rotation need the key.
+- The listener bounds what a connection may cost (listener.py: idle/head
+  deadline, connection caps) and speaks HTTPS when [management] names a
+  certificate.
 - Errors are JSON: {"error": "one sentence"}.
 - A change the node cannot take because it is not active (release-activity,
   revert-activity, config changes) is a 409 that names the active's
   management address in `active` (null when none is active). force-activity
   is the exception by design: it is how a non-active node is made active.
-- The read endpoints behind the CLI's show commands are in management_reads.py.
+- The read endpoints behind the CLI's show commands are in reads.py. The API
+  reads and asks its node only through `ApiPorts` (ports.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import logging
 
 from aiohttp import http_exceptions, web
 
+from ..errors import LocalProtocolError
 from .admin_credential import AdminFile, admin_path
-from .api_auth import ApiAuth, auth_middleware, require_key
-from .api_listener import ConnectionCaps, GuardedRunner, GuardedSite
-from .management_settings import server_context
-from .errors import LocalProtocolError
-from .management_reads import active_management_address, add_routes
+from .auth import ApiAuth, auth_middleware, require_key
+from .listener import ConnectionCaps, GuardedRunner, GuardedSite
+from .ports import AUTH, CAPS, PORTS, ApiPorts
+from .reads import add_routes
+from ..management_settings import server_context
+from .signing import management_key
 
 
 class _BadRequestsAreOneLine(logging.Filter):
@@ -47,25 +50,27 @@ class _BadRequestsAreOneLine(logging.Filter):
         return True
 
 
-def new_auth(node) -> ApiAuth:
-    """The node's API credentials; a malformed admin file stops the node here with one sentence."""
-    address, port = node.spec.address, node.config.ports.management
+def new_auth(ports: ApiPorts) -> ApiAuth:
+    """The node's API credentials; a malformed admin file stops the node here with one sentence.
+    Requests are accepted signed with the management key of any secret the node holds (a rotation holds two)."""
+    address, port = ports.address, ports.config.ports.management
     host = f"[{address}]" if ":" in address else address
     hosts = {f"{host}:{port}".lower()} | ({host.lower()} if port in (80, 443) else set())
-    return ApiAuth(lambda: [bytes.fromhex(t) for t in node.management_tokens()], AdminFile(admin_path(node.config)),
-                   hosts=hosts, body_timeout_s=node.config.management.body_timeout_ms / 1000)
+    return ApiAuth(lambda: [management_key(s) for s in ports.keys.keys.values()],
+                   AdminFile(admin_path(ports.config)),
+                   hosts=hosts, body_timeout_s=ports.config.management.body_timeout_ms / 1000)
 
 
-def build_app(node, auth: ApiAuth | None = None, caps: ConnectionCaps | None = None) -> web.Application:
+def build_app(ports: ApiPorts, auth: ApiAuth | None = None, caps: ConnectionCaps | None = None) -> web.Application:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _BadRequestsAreOneLine) for f in server_log.filters):
         server_log.addFilter(_BadRequestsAreOneLine())
-    auth = auth or new_auth(node)
+    auth = auth or new_auth(ports)
     app = web.Application(middlewares=[_errors_as_json, auth_middleware(auth)])
-    app["node"] = node
-    app["auth"] = auth
+    app[PORTS] = ports
+    app[AUTH] = auth
     if caps is not None:
-        app["caps"] = caps
+        app[CAPS] = caps
     add_routes(app)
     app.router.add_get("/api/v1/redundancy", _redundancy)
     app.router.add_get("/api/v1/message-spool", _message_spool)
@@ -76,7 +81,7 @@ def build_app(node, auth: ApiAuth | None = None, caps: ConnectionCaps | None = N
     app.router.add_get("/api/v1/config", _config)
     app.router.add_get("/api/v1/config/document", _config_document)
     app.router.add_post("/api/v1/config/changes", _config_changes)
-    from .secret_api import add_routes as add_secret_routes
+    from .secret_rotation import add_routes as add_secret_routes
     from .status_page import add_routes as add_status_routes  # /, /metrics, status, group, decision stream
 
     add_secret_routes(app)
@@ -99,14 +104,14 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def _redundancy(request: web.Request) -> web.Response:
-    return web.json_response(request.app["node"].redundancy_view())
+    return web.json_response(request.app[PORTS].redundancy_view())
 
 
 async def _message_spool(request: web.Request) -> web.Response:
-    view = request.app["node"].message_spool_view()
-    if view is None:
-        return _error(404, f"the {request.app['node'].role.value} routes no messages: it has no message spool")
-    return web.json_response(view)
+    ports = request.app[PORTS]
+    if ports.routing is None:
+        return _error(404, f"the {ports.role.value} routes no messages: it has no message spool")
+    return web.json_response(ports.routing.spool_view())
 
 
 async def _change_body(request: web.Request, flag: str) -> dict | web.Response:
@@ -121,19 +126,19 @@ async def _change_body(request: web.Request, flag: str) -> dict | web.Response:
 
 
 async def _force_activity(request: web.Request) -> web.Response:
-    node = request.app["node"]
+    ports = request.app[PORTS]
     body = await _change_body(request, "acknowledge_data_loss")
     if isinstance(body, web.Response):
         return body
     try:
-        node.force_activity(body.get("acknowledge_data_loss", False))
+        ports.force_activity(body.get("acknowledge_data_loss", False))
     except LocalProtocolError as exc:
         return _error(409, str(exc))
-    return web.json_response({"result": "forced bid started", "role": node.role.value})
+    return web.json_response({"result": "forced bid started", "role": ports.role.value})
 
 
 async def _release_activity(request: web.Request) -> web.Response:
-    """A planned handover to the mate (appliance/planned_handover.py); answers once it is over."""
+    """A planned handover to the mate; answers once it is over."""
     body = await _change_body(request, "force")
     if isinstance(body, web.Response):
         return body
@@ -148,36 +153,39 @@ async def _revert_activity(request: web.Request) -> web.Response:
 
 
 async def _handover(request: web.Request, why: str, **kw) -> web.Response:
-    node = request.app["node"]
+    ports = request.app[PORTS]
     try:
-        outcome = await node.handover(why, **kw)
+        outcome = await ports.handover(why, **kw)
     except LocalProtocolError as exc:
-        return _refusal(node, str(exc))
+        return _refusal(ports, str(exc))
     if outcome.result == "aborted":
-        return _refusal(node, outcome.sentence)
-    return web.json_response(outcome.json(node.role))
+        return _refusal(ports, outcome.sentence)
+    return web.json_response(outcome.json(ports.role))
 
 
-def _refusal(node, sentence: str) -> web.Response:
+def _active_elsewhere(ports: ApiPorts) -> str | None:
+    """The active node's management address; None if none is active, or it is this node."""
+    active = ports.active_management_address()
+    return None if active == ports.management_address(ports.role) else active
+
+
+def _refusal(ports: ApiPorts, sentence: str) -> web.Response:
     """409 naming the active node's management address (null if none is active, or it is this node)."""
-    active = active_management_address(node)
-    mine = f"{node.spec.address}:{node.config.ports.management}"
-    return web.json_response({"error": sentence, "active": None if active == mine else active}, status=409)
+    return web.json_response({"error": sentence, "active": _active_elsewhere(ports)}, status=409)
 
 
 # --- configuration (config-sync) ------------------------------------------------------------------
 
 
 def _configuration(request: web.Request):
-    configuration = request.app["node"].configuration
-    if configuration is None:
-        raise web.HTTPNotFound(reason=f"the {request.app['node'].role.value} holds no replicated configuration")
-    return configuration
+    ports = request.app[PORTS]
+    if ports.routing is None:
+        raise web.HTTPNotFound(reason=f"the {ports.role.value} holds no replicated configuration")
+    return ports.routing.configuration
 
 
 async def _config_sync(request: web.Request) -> web.Response:
-    node = request.app["node"]
-    return web.json_response({"role": node.role.value, **_configuration(request).sync.view()})
+    return web.json_response({"role": request.app[PORTS].role.value, **_configuration(request).sync.view()})
 
 
 async def _config(request: web.Request) -> web.Response:
@@ -212,7 +220,7 @@ async def _config_changes(request: web.Request) -> web.Response:
     from pairmq.configsync.document import ConfigChangeError
     from pairmq.configsync.service import NotActive
 
-    node = request.app["node"]
+    ports = request.app[PORTS]
     configuration = _configuration(request)
     try:
         body = await request.json()
@@ -221,8 +229,8 @@ async def _config_changes(request: web.Request) -> web.Response:
     changes = body.get("changes") if isinstance(body, dict) else None
     if not isinstance(changes, list) or not 1 <= len(changes) <= 1000:
         return _error(400, "the body must be {\"changes\": [change, ...]} with 1 to 1000 changes")
-    if not node.may_serve():
-        refusal = NotActive(configuration.sync._active_name())
+    if not ports.may_serve():
+        refusal = NotActive(_active_elsewhere(ports))
         return web.json_response({"error": str(refusal), "active": refusal.active}, status=409)
     try:
         doc = configuration.document
@@ -243,21 +251,21 @@ async def _config_changes(request: web.Request) -> web.Response:
 
 
 class ManagementServer:
-    def __init__(self, node) -> None:
-        self.node = node
-        self.auth = new_auth(node)
-        settings = node.config.management
+    def __init__(self, ports: ApiPorts) -> None:
+        self.ports = ports
+        self.auth = new_auth(ports)
+        settings = ports.config.management
         self.caps = ConnectionCaps(settings.max_connections, settings.max_connections_per_address)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        settings = self.node.config.management
+        settings = self.ports.config.management
         idle_s = settings.idle_timeout_ms / 1000
         # keepalive_timeout is aiohttp's one timer for "no complete request head yet", from the first byte on.
-        self._runner = GuardedRunner(build_app(self.node, self.auth, self.caps), self.caps, access_log=None,
+        self._runner = GuardedRunner(build_app(self.ports, self.auth, self.caps), self.caps, access_log=None,
                                      keepalive_timeout=idle_s)
         await self._runner.setup()
-        site = GuardedSite(self._runner, self.node.spec.address, self.node.config.ports.management,
+        site = GuardedSite(self._runner, self.ports.address, self.ports.config.ports.management,
                            reuse_address=True, ssl_context=server_context(settings), handshake_s=idle_s)
         await site.start()
 
