@@ -16,7 +16,7 @@ from pairmq.appliance.api.app import build_app
 from pairmq.appliance.api.auth import ApiAuth
 from pairmq.appliance.api.decisions import DecisionFeed
 from pairmq.appliance.api.ports import ApiPorts
-from pairmq.appliance.api.signing import management_token
+from pairmq.appliance.keyring import management_token
 from pairmq.appliance.config import GroupConfig, NodeSpec, Timers
 from pairmq.appliance.errors import LocalProtocolError
 from pairmq.appliance.keyring import CurrentKeyring, Keyring

@@ -33,7 +33,7 @@ from .listener import ConnectionCaps, GuardedRunner, GuardedSite
 from .ports import AUTH, CAPS, PORTS, ApiPorts
 from .reads import add_routes
 from ..management_settings import server_context
-from .signing import management_key
+from ..keyring import management_key
 
 
 class _BadRequestsAreOneLine(logging.Filter):

@@ -27,7 +27,8 @@ from ..roles import Role
 from . import metrics
 from .ports import PORTS, ApiPorts
 from ..management_settings import client_context
-from .signing import management_key, sign
+from ..keyring import management_key
+from .signing import sign
 
 PEER_TIMEOUT_S = 0.8
 GROUP_CACHE_S = 0.5
