@@ -135,7 +135,8 @@ class ConfigStore:
     # --- internals ---
 
     def _create(self) -> None:
-        # Plain SQL, the schema sqlite-utils wrote for earlier stores (it cost every node start ~0.15 s of imports).
+        # Plain SQL, the schema sqlite-utils wrote for earlier stores, without importing sqlite-utils at every node
+        # start.
         self.conn.execute("CREATE TABLE IF NOT EXISTS [changes] ([version] INTEGER PRIMARY KEY, "
                           "[change] TEXT NOT NULL, [chain] TEXT NOT NULL, [at_ms] INTEGER NOT NULL)")
         self.conn.execute("CREATE TABLE IF NOT EXISTS [head] ([id] INTEGER PRIMARY KEY, [version] INTEGER NOT NULL, "

@@ -77,9 +77,9 @@ _usual_switch_s: float | None = None  # the process's GIL switch interval outsid
 def _catching_up(yes: bool) -> None:
     """A standby's catch-up runs with a short GIL switch interval (CATCHUP_SWITCH_S), the rest of the time with
     the process's usual one. Its event loop (decoding, verifying) and its spool writer (SQLite, which gives the GIL
-    up at each statement) then trade the GIL every 0.5 ms instead of 5: the writer no longer waits out the loop's
-    5 ms to take it back after each statement (docs/benchmarks.md). Process-wide, so only while the node is a
-    standby catching up: on an active, a short interval costs QoS 1 throughput (appliance/node/process.py)."""
+    up at each statement) then trade the GIL often, so the writer does not wait out the loop's whole interval to
+    take it back after each statement (docs/benchmarks.md, "Replication"). Process-wide, so only while the node
+    is a standby catching up: on an active, a short interval costs QoS 1 throughput (appliance/node/process.py)."""
     global _usual_switch_s
     if yes and _usual_switch_s is None:
         _usual_switch_s = sys.getswitchinterval()

@@ -28,7 +28,7 @@ Rules:
   (a page on another site cannot send that without a CORS preflight, which
   this API never grants), else 403 and nothing happens; it cannot read the
   MQTT users' password records nor drive secret rotation (`require_key`).
-- scrypt (~50 ms) never runs on the event loop: one thread verifies; a
+- scrypt (tens of milliseconds by design) never runs on the event loop: one thread verifies; a
   password that verified is remembered (keyed hash, bounded cache), so a
   browser's Basic header on every request costs one scrypt; at most
   `MAX_PENDING_CHECKS` checks wait at once, the rest get 429.

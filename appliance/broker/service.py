@@ -419,7 +419,7 @@ class BrokerService:
 
     async def rebuild_core_off_loop(self) -> None:
         """`rebuild_core`, with the spool read and the new core restored in a worker thread: a big spool
-        (1,000,000 queued messages: ~20 s) must not stall the event loop, whose stamps prove to the quorum
+        (seconds of work) must not stall the event loop, whose stamps prove to the quorum
         that this node is alive (R6); nothing else touches the new core until it is swapped in."""
         history = self.writer.history  # read before the spool: a rollback after it costs one more rebuild
         state = await asyncio.to_thread(self.spool.load_state)

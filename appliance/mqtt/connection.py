@@ -39,7 +39,8 @@ _OUTPUT = 4
 _TURN = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
 _HANDOVER = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
 _MATE = 32  # a publisher held while the mate link's backlog is over max_lag (overload.MateBackpressure)
-# One 256 KiB read holds ~2,500 small PUBLISHes: other clients, timers and heartbeats get the loop back after this many.
+# One 256 KiB read holds thousands of small PUBLISHes: other clients, timers and heartbeats get the loop back after
+# this many.
 PACKETS_PER_TURN = 256
 
 

@@ -8,9 +8,10 @@ import gc
 from ..config import GroupConfig
 from ..roles import Role
 
-# The heartbeat thread needs the GIL, and a full (generation 2) garbage collection holds it throughout
-# (~0.7 us per tracked object): a connection storm, which grows the heap in steps, must not run one
-# after another, so a full collection waits for 1,000 younger ones instead of 10.
+# The heartbeat thread needs the GIL, and a full (generation 2) collection holds it throughout, for time
+# that grows with the heap; a connection storm grows the heap in steps that would each trigger one under
+# CPython's default thresholds. A full collection only after 1,000 younger ones keeps them out of a storm
+# (docs/benchmarks.md, "Storm vs. lease"); cyclic garbage that old waits longer, reference counting frees the rest.
 GC_THRESHOLDS = (700, 10, 1000)
 # sys.getswitchinterval() stays at its default: a shorter one costs QoS 1 throughput on an active; only a
 # standby catching up on the mate link runs at a shorter one meanwhile (mate_link/service.py _catching_up).

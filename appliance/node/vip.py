@@ -122,7 +122,7 @@ class VipHolder:
 
     def _main(self) -> None:
         try:
-            _warm_up()  # scapy's import takes 0.3-1.5 s: not between taking activity and the first announcement
+            _warm_up()  # scapy's import is slow: not between taking activity and the first announcement
         except Exception as exc:  # the announcement says so again, in its own sentence
             log.error("cannot load scapy for gratuitous ARP: %r", exc)
         while True:

@@ -1,4 +1,4 @@
-"""Planned handover of activity: the quorum core's part (issue 4), sans-I/O.
+"""Planned handover of activity: the quorum core's part (docs/mate_link.md), sans-I/O.
 
 Rules:
 H1 One handover for every cause: `pairmq redundancy release-activity`, `revert-activity`, auto-revert

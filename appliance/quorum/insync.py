@@ -34,7 +34,7 @@ class MateSync:
     """Active side: does our mate still hold everything we acknowledged this epoch?"""
 
     insync_ms: int
-    caught_up: bool = True  # the mate link's word (issue 4); True until it exists
+    caught_up: bool = True  # the mate link's word; True until it exists
     behind: str = "fell behind"  # and why not, when it is not: "is not connected on the mate link"...
     synced: bool = False
     incarnation: int = 0
