@@ -36,13 +36,15 @@ from pairmq.appliance.node.quorum_handle import QuorumHandle
 from pairmq.appliance.private_files import private_dir
 from pairmq.appliance.quorum.auth import HeartbeatAuth
 from pairmq.appliance.quorum.core import QuorumCore, Timing
+from pairmq.appliance.quorum.decisions import DecisionKind
 from pairmq.appliance.roles import Role
 from pairmq.appliance.stable_file import FileStore
 
 log = logging.getLogger("pairmq.node")
 
 ALIVE_STAMP_S = 0.1  # the event loop's liveness stamp; R6's bound (timers.broker_stall_ms) is ~50 of these
-QUIET_KINDS = ("refuse", "sync", "boot", "bid", "bid_end")  # logged at INFO; every other decision at WARNING
+QUIET_KINDS = frozenset({DecisionKind.BOOT, DecisionKind.BID, DecisionKind.BID_END, DecisionKind.REFUSE,
+                         DecisionKind.SYNC})  # logged at INFO; every other decision at WARNING
 
 
 class MonitorNode:
@@ -238,7 +240,7 @@ class MonitorNode:
         self.events.write("redundancy_decision", kind=decision.kind, epoch=decision.epoch, reason=decision.reason,
                           core_ms=decision.at_ms)
         self._follow(decision)
-        if decision.kind in ("activate", "step_down"):
+        if decision.kind in (DecisionKind.ACTIVATE, DecisionKind.STEP_DOWN):
             sd_notify.notify(f"STATUS={decision.reason}")
 
     def _follow(self, decision) -> None:

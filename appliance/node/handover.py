@@ -29,9 +29,10 @@ import time
 from typing import Callable
 
 from ..broker.service import BrokerService
-from ..errors import LocalProtocolError
-from ..roles import Role
 from ..clock import now_ms
+from ..errors import LocalProtocolError
+from ..quorum.decisions import DecisionKind
+from ..roles import Role
 from .quorum_handle import QuorumHandle
 
 log = logging.getLogger("pairmq.handover")
@@ -100,7 +101,8 @@ class HandoverRunner:
         drain_ms = now_ms() - started
         if final_seq is None:
             self._listeners("unhold_clients")
-            last = quorum.call(lambda core, now: [d.reason for d in core.history if d.kind == "handover_aborted"])
+            last = quorum.call(lambda core, now: [d.reason for d in core.history
+                                                  if d.kind == DecisionKind.HANDOVER_ABORTED])
             return Outcome("aborted", last[-1] if last else "handover aborted", drain_ms=drain_ms)
         reference = self._mate_reference
         dropped = sum(listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, reference)

@@ -37,6 +37,7 @@ from typing import Callable
 
 from ..clock import now_ms
 from ..quorum.core import Decision, QuorumCore
+from ..quorum.decisions import DecisionKind
 
 log = logging.getLogger("pairmq.heartbeats")
 
@@ -165,7 +166,7 @@ class HeartbeatThread:
             now = now_ms()
             ready = not self._ready and (now >= self.core.boot_at + self.core.timing.quiet_ms
                                          or any(self.core.sees(r, now) for r in self.core.peers))
-        if self._before_send is not None and any(d.kind == "step_down" for d in decisions):
+        if self._before_send is not None and any(d.kind == DecisionKind.STEP_DOWN for d in decisions):
             self._before_send(decisions)
         for data in datagrams:
             for addr in self._peers:

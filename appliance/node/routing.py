@@ -34,6 +34,7 @@ from ..errors import LocalProtocolError
 from ..mqtt.budget import preauth_from_config
 from ..mqtt.listener import MqttListener
 from ..quorum.core import QuorumCore
+from ..quorum.decisions import DecisionKind
 from ..quorum.wire import Activity
 from ..roles import Role
 from ..spool.local import LocalSpool
@@ -220,20 +221,20 @@ class RoutingNode(MonitorNode):
 
     def _follow(self, decision) -> None:
         """On the heartbeat thread: the gate already follows the core; only the clients wait for the loop."""
-        if decision.kind == "step_down":
+        if decision.kind == DecisionKind.STEP_DOWN:
             self._post(self._drop_clients_after_step_down)
-        if decision.kind == "auto_revert":
+        if decision.kind == DecisionKind.AUTO_REVERT:
             self._post(self._auto_revert)
-        if decision.kind == "activate" and self.vip is not None:
+        if decision.kind == DecisionKind.ACTIVATE and self.vip is not None:
             self.vip.hold(decision.reason)
-        if decision.kind == "activate":
+        if decision.kind == DecisionKind.ACTIVATE:
             self._post(self.replication.poke)  # rebuild the broker core now, not at the next 50 ms sync
 
     def _before_heartbeats_leave(self, decisions) -> None:
         """A step-down's heartbeat (maybe a yield the mate acts on) leaves only once the VIP is gone."""
         if self.vip is not None:
             for decision in decisions:
-                if decision.kind == "step_down":
+                if decision.kind == DecisionKind.STEP_DOWN:
                     self.vip.release(decision.reason)
 
     def _auto_revert(self) -> None:
