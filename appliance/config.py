@@ -22,7 +22,7 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   file) turns on MQTT over TLS (>= 1.2) on ports.mqtt_tls (8883): both files
   must exist and load, the key must be unencrypted and match the certificate.
   Checked at load (appliance/tls.py), so a node never starts half-configured.
-- an optional [vip] table: the virtual IP the active holds (appliance/vip.py).
+- an optional [vip] table: the virtual IP the active holds (appliance/node/vip.py).
   `address` is an IPv4 address with its prefix length (10.0.0.100/24), not the
   network or broadcast address of its subnet and not any node's address;
   `interface` names the NIC, one name for both message-routing hosts or one

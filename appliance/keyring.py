@@ -182,7 +182,7 @@ def fingerprint(secret: bytes) -> str:
 
 
 def management_key(secret: bytes) -> bytes:
-    """The HMAC key of signed management requests (appliance/request_signing.py), derived from the group secret."""
+    """The HMAC key of signed management requests (appliance/api/signing.py), derived from the group secret."""
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"pairmq-group-secret",
                 info=b"pairmq/management-key/v2").derive(secret)
 

@@ -109,7 +109,7 @@ class MqttListener:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.host = host
-        self.virtual_ip = virtual_ip  # also accepted there, whenever this host holds it (appliance/vip.py)
+        self.virtual_ip = virtual_ip  # also accepted there, whenever this host holds it (appliance/node/vip.py)
         self._vip_server: asyncio.AbstractServer | None = None
         self.requested_port = port
         self.max_packet_size = max_packet_size

@@ -1,4 +1,4 @@
-"""A message-routing node (primary or backup): a MonitorNode (pairmq/monitor/node.py) plus the broker,
+"""A message-routing node (primary or backup): a MonitorNode (monitor/node.py) plus the broker,
 its MQTT listeners, the mate link (replication.py), config-sync (configuration.py), planned handovers
 (handover.py) and the optional virtual IP (vip.py). This module is wiring: each part gets the narrow
 dependencies it needs at construction.
