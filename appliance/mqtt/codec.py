@@ -467,6 +467,11 @@ class PacketReader:
     def buffered_bytes(self) -> int:
         return len(self._buf) - self._start
 
+    def clear(self) -> None:
+        """Drop what is buffered: the connection is closing and will read no packet again."""
+        self._buf = bytearray()
+        self._start = 0
+
     def feed(self, data: bytes) -> None:
         if self._error is None:  # a dead reader holds nothing
             if self._start:

@@ -295,6 +295,7 @@ class MqttSession:
         self.closing = True
         self.close_reason = why
         self._forwarding = False
+        self._reader.clear()  # a closing connection hands nothing on: its buffer is freed now, not with it
         return True
 
     # --- outputs -----------------------------------------------------------------------------
