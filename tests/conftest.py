@@ -66,9 +66,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """Before xdist reads its options: no `-n` given means WORKERS, scheduled by scope_of."""
-    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return  # a worker runs its share itself: it must not start workers of its own
+    if config.option.numprocesses is None:
         config.option.numprocesses = WORKERS
-    if config.pluginmanager.hasplugin("xdist") and config.option.dist == "no" and config.option.numprocesses:
+    if config.option.dist == "no" and config.option.numprocesses:
         config.option.dist = "loadscope"
 
 
