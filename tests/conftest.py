@@ -1,9 +1,10 @@
-"""Command-line options of the fault-injection suite (tests/netns/test_nemesis.py, docs/reliability.md).
+"""How the suite runs (the rules below), and the command-line options of the fault-injection suite
+(tests/netns/test_nemesis.py, docs/reliability.md):
 
-    pytest tests/netns/test_nemesis.py                  the bounded CI run (fixed seeds)
-    pytest tests/netns/test_nemesis.py --soak 30        random seeds for 30 minutes; prints any failing seed
-    pytest tests/netns/test_nemesis.py --seed 1234      rerun one seed's schedule
-    ... --report DIR                              also write the report (JSON and table) there
+    pytest tests/netns/test_nemesis.py                the bounded CI run (fixed seeds)
+    pytest tests/netns/test_nemesis.py --soak 30      random seeds for 30 minutes; prints any failing seed
+    pytest tests/netns/test_nemesis.py --seed 1234    rerun one seed's schedule
+    ... --report DIR                                  also write the report (JSON and table) there
 
 and of the coverage-guided fuzz run (tests/sim/test_hostile_fuzz.py, docs/security.md):
 
@@ -91,6 +92,8 @@ def scope_of(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.option.dist != "loadscope":
+        return None  # another --dist asked for: xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
     class ByScope(LoadScopeScheduling):
