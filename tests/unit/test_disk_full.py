@@ -199,6 +199,11 @@ ABANDON_MID_BATCH = textwrap.dedent("""
 
     directory = Path(sys.argv[1])
     bodies = [encode_op(o.MessageIdSeen("c", f"id-{i}", i)) for i in range(20_000)]
+    timing = SnapshotBuilder(directory / "timing")
+    started = time.monotonic()
+    timing.add(bodies)
+    batch_s = time.monotonic() - started  # this machine's batch now: the abandons below spread over it
+    timing.abandon()
     outcomes = set()
     for attempt in range(30):
         builder = SnapshotBuilder(directory / f"incoming-{attempt}")
@@ -212,7 +217,7 @@ ABANDON_MID_BATCH = textwrap.dedent("""
 
         worker = threading.Thread(target=add)
         worker.start()
-        time.sleep(0.02 + attempt * 0.003)  # from early in the batch to after it
+        time.sleep(batch_s * attempt / 20)  # from early in the batch to well after it
         builder.abandon()
         worker.join()
     print(sorted(outcomes))
