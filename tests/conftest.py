@@ -25,14 +25,16 @@ import pytest
 # - Each worker runs its groups on loopback addresses of its own: PAIRMQ_TEST_LOOPBACK (127.0.0.1 by default)
 #   plus 10 × (worker number + 1), so groups of two workers never share an address or a ports lock.
 # - A module runs whole on one worker (its module-scoped group starts once); the modules of a SHARED_SCOPES
-#   entry run on one worker, one after another, because they share a resource; the slowest scopes start first.
+#   entry run on one worker, one after another, because they share a resource.
+# - Scopes start in SCOPE_ORDER: the ones whose nodes wait on real timers before the CPU-bound simulators and
+#   Spark, which would starve those timers if they ran alongside (the netns chain, the longest, first of all).
 WORKERS = 4
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
     "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_e2e.py"),  # one JVM's memory at a time
 }
-FIRST_FOLDERS = ("netns", "sim", "processes")  # the long scopes first, so no worker starts one at the end
+SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -100,7 +102,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
-    config.option.loadscopereorder = False  # keep the collection's order: the long scopes first
+    config.option.loadscopereorder = False  # keep the collection's order: SCOPE_ORDER
     return ByScope(config, log)
 
 
@@ -113,6 +115,5 @@ def mark_and_order(items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike, or xdist refuses the collections
         def rank(item: pytest.Item) -> int:
             scope = scope_of(item.nodeid)
-            return 0 if scope in SHARED_SCOPES else next(
-                (i + 1 for i, f in enumerate(FIRST_FOLDERS) if scope.startswith(f"tests/{f}/")), len(FIRST_FOLDERS) + 1)
+            return next((i for i, first in enumerate(SCOPE_ORDER) if scope.startswith(first)), len(SCOPE_ORDER))
         items.sort(key=rank)
