@@ -10,14 +10,17 @@ and an ETA) and redundancy Down on both routing nodes; then the resync is done a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
+from io import StringIO
+
+from rich.console import Console
 
 from pairmq.appliance.config import Limits, Timers
 from pairmq.appliance.roles import Role
+from pairmq.cli.main import main
+from pairmq.cli.terminal import Terminal
 from bench.spoolfill import fill
-from tests.harness.group import REPO, Group
+from tests.harness.group import Group
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 MESSAGES = 100_000
@@ -25,13 +28,18 @@ PAYLOAD_BYTES = 4096  # an image big enough (~440 MB) that the CLI, half a secon
 
 
 def show_redundancy(g: Group, *, some_node_up: bool = True) -> dict[str, dict]:
-    """{role: node view}; {} when no node answers yet (allowed only with `some_node_up=False`)."""
-    out = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--json",
-                          "--group", str(g.dir / "group.toml")], capture_output=True, text=True, cwd=REPO, timeout=30)
-    if out.returncode != 0 and not some_node_up and "no node of group" in out.stderr:
+    """{role: node view}; {} when no node answers yet (allowed only with `some_node_up=False`).
+
+    The command's own main() in this process: a program's start per sample would leave a loaded machine
+    too few samples of a resync that lasts about a second."""
+    out, err = Console(file=StringIO(), width=200, color_system=None), Console(file=StringIO(), width=200,
+                                                                              color_system=None)
+    code = main(["show", "redundancy", "--json", "--group", str(g.dir / "group.toml")], Terminal(out=out, err=err))
+    stdout, stderr = out.file.getvalue(), err.file.getvalue()
+    if code != 0 and not some_node_up and "no node of group" in stderr:
         return {}
-    assert out.returncode == 0, out.stderr
-    return {n["role"]: n for n in json.loads(out.stdout)["nodes"]}
+    assert code == 0, stderr
+    return {n["role"]: n for n in json.loads(stdout)["nodes"]}
 
 
 def test_a_snapshot_resync_shows_its_progress_then_redundancy_up(tmp_path):
