@@ -1,6 +1,6 @@
 """The brokers under test: start, wait until they answer CONNECT, measure their CPU and memory, stop.
 
-  pairmq             a local group (tests/group.py: real node processes on
+  pairmq             a local group (tests/harness/group.py: real node processes on
                      127.0.0.1/.2/.3, the fixed ports, under their lock); the
                      load goes to the active primary.
   mosquitto          Debian's /usr/sbin/mosquitto on 127.0.0.1 and a free port,
@@ -25,8 +25,8 @@ from typing import Callable
 from pairmq.appliance.broker.access import AccessPolicy, Action, Effect, Rule
 from pairmq.appliance.eventlog import EventSettings
 from pairmq.appliance.roles import Role
-from tests.group import active_group
-from tests.mqttraw import connect_packet
+from tests.harness.group import active_group
+from tests.harness.mqttraw import connect_packet
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

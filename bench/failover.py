@@ -4,7 +4,7 @@
 
 Theory of operation
 -------------------
-1. Trials. Each trial starts a *fresh* local group (tests/group.py: real node
+1. Trials. Each trial starts a *fresh* local group (tests/harness/group.py: real node
    processes on 127.0.0.1/.2/.3, the fixed ports, default timers) in its own
    directory, waits until a node accepts an MQTT CONNECT and its mate reports
    being in sync, then SIGKILLs the active node. A client probes the survivor
@@ -24,7 +24,7 @@ Theory of operation
    of UDP :8300 on `lo`, kernel timestamps) when the capture can be opened.
 
 The fixed ports are shared with other people's tests: every group we run holds
-tests/group.py's lock on the loopback ports, and before it starts we also wait
+tests/harness/group.py's lock on the loopback ports, and before it starts we also wait
 until nothing listens on UDP :8300 or TCP :1883/:8080. Every group and busy loop
 we start is stopped on exit, Ctrl-C and SIGTERM (the busy loops also end by
 themselves when the bench dies).
@@ -61,8 +61,8 @@ from pairmq.appliance.clock import now_ms  # noqa: E402
 from pairmq.appliance.config import Timers  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench import report  # noqa: E402
-from tests.group import Group  # noqa: E402
-from tests.probe import connack, one_round  # noqa: E402
+from tests.harness.group import Group  # noqa: E402
+from tests.harness.probe import connack, one_round  # noqa: E402
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 GOAL_P50_MS, GOAL_P99_MS = 800, 1500
@@ -132,7 +132,7 @@ class LostPortRace(Exception):
 def running_group(directory: Path, port_wait_s: float, attempts: int = 5):
     """A running group of ours: one node serving, its mate in sync, all past their boot hold.
 
-    `with Group(...)` holds tests/group.py's shared lock on the loopback ports
+    `with Group(...)` holds tests/harness/group.py's shared lock on the loopback ports
     (and waits for stragglers) until the group is stopped; on top of it we also
     wait for `ss` to show the ports free, as people without the lock would.
     """

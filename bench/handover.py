@@ -4,9 +4,9 @@
 
 Theory of operation
 -------------------
-One local group (tests/group.py: real node processes on 127.0.0.1/.2/.3, default timers, holding
+One local group (tests/harness/group.py: real node processes on 127.0.0.1/.2/.3, default timers, holding
 the shared lock on the fixed ports) runs with the primary active and the backup in sync. A QoS 1
-publisher (tests/hostlist.py: paho-mqtt, MQTT 5, host list primary,backup, following the Server
+publisher (tests/harness/hostlist.py: paho-mqtt, MQTT 5, host list primary,backup, following the Server
 Reference of a DISCONNECT 0x9C) sends a sequence-numbered stream, one message at a time. N planned
 handovers alternate release-activity (primary → backup) and revert-activity (backup → primary)
 through the management API, each once the mate stands by in sync again. Unavailability, as the
@@ -34,8 +34,8 @@ from pairmq.appliance.errors import PairMQError  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench.report import write_docs  # noqa: E402
 from pairmq.cli import api  # noqa: E402
-from tests.group import active_group  # noqa: E402
-from tests.hostlist import HostListPublisher  # noqa: E402
+from tests.harness.group import active_group  # noqa: E402
+from tests.harness.hostlist import HostListPublisher  # noqa: E402
 
 DOC_BEGIN, DOC_END = "<!-- handover:begin -->", "<!-- handover:end -->"
 GOAL_MS = 200

@@ -11,7 +11,7 @@ size, the fitted exponent of CPU against bytes (1 = linear, 2 = quadratic) and t
 the largest size to the smallest (flat means linear). A size whose single decode costs more than
 `--codec-cap-s` of CPU is the last one measured.
 
-Flood: a loopback group (tests/group.py) with two users and anonymous access refused. A legitimate
+Flood: a loopback group (tests/harness/group.py) with two users and anonymous access refused. A legitimate
 client logged in before the flood sends a PINGREQ every 50 ms; its round trips (p50/p99; a PINGRESP
 that does not come within 2 s counts as 2 s and as late) are measured during each phase, run by a
 separate attacker process so the measuring loop shares no CPU with it: half-sent CONNECTs
@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pairmq.appliance.mqtt.codec import PacketReader  # noqa: E402
-from tests.mqttraw import utf8, vbi  # noqa: E402
+from tests.harness.mqttraw import utf8, vbi  # noqa: E402
 
 DOC_BEGIN, DOC_END = "<!-- hostile:begin -->", "<!-- hostile:end -->"
 USER, PASSWORD = "alice", b"alice-legit-pw"
@@ -364,7 +364,7 @@ def flood_part(args) -> tuple[list[dict], dict]:
 def _flood(args, workdir: Path) -> tuple[list[dict], dict]:
     from pairmq.appliance.broker.access import AccessPolicy, hash_password
     from pairmq.appliance.roles import Role
-    from tests.group import Group
+    from tests.harness.group import Group
 
     results, group_info = [], {}
     policy = AccessPolicy(False, {u: hash_password(PASSWORD, os.urandom(16)) for u in (USER, FRESH_USER)})

@@ -1,6 +1,6 @@
 """The benchmark's load generator: a raw MQTT 3.1.1 client on asyncio Protocols (uvloop when installed).
 
-Packets are pre-encoded by tests/mqttraw.py (the tests' raw client shares
+Packets are pre-encoded by tests/harness/mqttraw.py (the tests' raw client shares
 them); writes are pipelined; every QoS 1 PUBLISH received is answered with one
 PUBACK write per read. Every broker gets exactly this client.
 """
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 
-from tests.mqttraw import DISCONNECT_PACKET, connect_packet, subscribe_packet
+from tests.harness.mqttraw import DISCONNECT_PACKET, connect_packet, subscribe_packet
 
 CONNECT_TIMEOUT_S = 60.0
 

@@ -30,7 +30,7 @@ from pairmq.appliance.eventlog import EventSettings  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench.brokers import Target, cpu_s  # noqa: E402
 from bench.throughput import qos1  # noqa: E402
-from tests.group import active_group  # noqa: E402
+from tests.harness.group import active_group  # noqa: E402
 
 ROUTING = (Role.PRIMARY, Role.BACKUP)
 TICKS_S = os.sysconf("SC_CLK_TCK")

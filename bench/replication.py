@@ -10,7 +10,7 @@ measurement bench/resync.py's, the table and the docs section bench/report.py's.
 Theory of operation
 -------------------
 Targets, each started by this script and stopped after its turn, one at a time, each under the
-fixed loopback ports' lock (tests/group.py), so no other group shares the CPUs meanwhile:
+fixed loopback ports' lock (tests/harness/group.py), so no other group shares the CPUs meanwhile:
   pairmq-group   a local group (primary, backup, monitor on 127.0.0.1/.2/.3): the primary releases a
                  PUBACK only after its own group commit AND the backup's acknowledgement of the op
                  (replicated). This is what bench/throughput.py measures as "pairmq".
@@ -53,7 +53,7 @@ from bench.brokers import Target, log, run_pairmq  # noqa: E402
 from bench.report import Result, fsync_ms, machine, table, write_docs  # noqa: E402
 from bench.throughput import cancellable, git_state, install_signal_handlers, latency_test, qos1_test  # noqa: E402
 from bench.resync import view  # noqa: E402
-from tests.group import active_group, fixed_ports  # noqa: E402
+from tests.harness.group import active_group, fixed_ports  # noqa: E402
 
 TARGETS = ("pairmq-group", "pairmq-single", "nats-r3")
 TESTS = ("qos1", "latency", "resync")

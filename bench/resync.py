@@ -33,7 +33,7 @@ from pairmq.appliance.roles import Role
 from bench.brokers import log
 from bench.spoolfill import fill
 from pairmq.cli.api import base_url, get_json, token
-from tests.group import Group
+from tests.harness.group import Group
 
 POLL_S = 0.1
 KINDS = ("snapshot", "incremental")

@@ -3,7 +3,7 @@
     python bench/storm_lease.py [--runs 10] [--clients 10000]
     python bench/storm_lease.py --one HOST --pid PID [--clients N]   (one storm, JSON on stdout)
 
-Each run starts a fresh local group (tests/group.py: real node processes on
+Each run starts a fresh local group (tests/harness/group.py: real node processes on
 127.0.0.1/.2/.3 under the fixed ports' lock), waits until the primary serves
 and the backup reports in sync, then opens N raw MQTT 3.1.1 connections to
 the primary at once (bench/throughput.py's storm client) and waits a few
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from pairmq.appliance.roles import Role  # noqa: E402
-from tests.group import Group  # noqa: E402
+from tests.harness.group import Group  # noqa: E402
 from throughput import Target, raise_fd_limit, storm  # noqa: E402
 
 P, B = Role.PRIMARY, Role.BACKUP

@@ -5,14 +5,14 @@
     PAIRMQ_PROFILE_DIR=/tmp/prof python bench/throughput.py ...   (cProfile of the PairMQ primary's main thread)
 
 Modules: bench/brokers.py starts and measures the brokers, bench/mqttload.py
-is the load client (its packets come from tests/mqttraw.py, the tests' raw
+is the load client (its packets come from tests/harness/mqttraw.py, the tests' raw
 client), bench/report.py writes the table and the docs section; this file
 holds the tests and main.
 
 Theory of operation
 -------------------
 Brokers, each started by this script and stopped after its turn:
-  pairmq             a local group (tests/group.py: real node processes on
+  pairmq             a local group (tests/harness/group.py: real node processes on
                      127.0.0.1/.2/.3, the fixed ports, under their lock); the
                      load goes to the active primary, which acknowledges QoS 1
                      only after its SQLite spool's group commit (fsync).
@@ -76,8 +76,8 @@ from bench.mqttload import CONNECT_TIMEOUT_S, Client, close_all, connect, subscr
 from bench.report import (  # noqa: E402
     WARMUP_S, Result, fsync_ms, goals, ratios, section, table, write_docs,
 )
-from tests.group import fixed_ports  # noqa: E402
-from tests.mqttraw import Qos1Encoder, connect_packet, publish_qos0  # noqa: E402
+from tests.harness.group import fixed_ports  # noqa: E402
+from tests.harness.mqttraw import Qos1Encoder, connect_packet, publish_qos0  # noqa: E402
 
 TESTS = ("qos0", "qos1", "latency", "storm")
 

@@ -24,7 +24,7 @@ Rules:
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`): abandoning the builder
   under a running batch would close its SQLite connection mid-statement, a SIGSEGV in libsqlite3
-  (tests/test_snapshot_storm.py).
+  (tests/processes/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
   `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release); every

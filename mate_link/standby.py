@@ -4,7 +4,7 @@ Rules:
 - The first message is our JOIN (head, incarnation); the first we accept is the active's PLAN.
 - A PLAN other than IN_STEP makes us `resyncing` until we hold its target: the node drops its
   in-sync lease at once, since catch-up batches can end inside one of the active's submissions
-  (tests/replication_sim.py replays it); a new lease comes only from the active's grant.
+  (tests/harness/replication_sim.py replays it); a new lease comes only from the active's grant.
 - Epoch fence: a message from an epoch lower than the highest we have seen is refused
   (`LinkFault`): a deposed active must not write into us.
 - The plan's catch-up must start at our head (INCREMENTAL after our seq, IN_STEP at our head);

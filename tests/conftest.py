@@ -1,33 +1,55 @@
-"""Command-line options of the fault-injection suite (tests/test_nemesis.py, docs/reliability.md).
+"""How the suite runs (the rules below), and the command-line options of the fault-injection suite
+(tests/netns/test_nemesis.py, docs/reliability.md):
 
-    pytest tests/test_nemesis.py                  the bounded CI run (fixed seeds)
-    pytest tests/test_nemesis.py --soak 30        random seeds for 30 minutes; prints any failing seed
-    pytest tests/test_nemesis.py --seed 1234      rerun one seed's schedule
-    ... --report DIR                              also write the report (JSON and table) there
+    pytest tests/netns/test_nemesis.py                the bounded CI run (fixed seeds)
+    pytest tests/netns/test_nemesis.py --soak 30      random seeds for 30 minutes; prints any failing seed
+    pytest tests/netns/test_nemesis.py --seed 1234    rerun one seed's schedule
+    ... --report DIR                                  also write the report (JSON and table) there
 
-and of the coverage-guided fuzz run (tests/test_hostile_fuzz.py, docs/security.md):
+and of the coverage-guided fuzz run (tests/sim/test_hostile_fuzz.py, docs/security.md):
 
-    pytest tests/test_hostile_fuzz.py                     the bounded CI run (a fixed number of inputs per target)
-    pytest tests/test_hostile_fuzz.py --fuzz-minutes 10   each target for 10 minutes
+    pytest tests/sim/test_hostile_fuzz.py                     the bounded CI run (a fixed number of inputs per target)
+    pytest tests/sim/test_hostile_fuzz.py --fuzz-minutes 10   each target for 10 minutes
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+# Rules of a run, all in this file:
+# - A test's folder marks it: tests/processes/ `processes`, tests/netns/ `netns` (a file adds its other marks).
+# - The suite runs on WORKERS pytest-xdist workers unless told otherwise (`-n 0` or `-p no:xdist`: one process).
+# - Each worker runs its groups on loopback addresses of its own: PAIRMQ_TEST_LOOPBACK (127.0.0.1 by default)
+#   plus 10 × (worker number + 1), so groups of two workers never share an address or a ports lock.
+# - A module runs whole on one worker (its module-scoped group starts once); the modules of a SHARED_SCOPES
+#   entry run on one worker, one after another, because they share a resource.
+# - Scopes start in SCOPE_ORDER: the ones whose nodes wait on real timers before the CPU-bound simulators and
+#   Spark, which would starve those timers if they ran alongside (the netns chain, the longest, first of all).
+WORKERS = 2  # 4 starved the nodes of handover and failover tests on a loaded 2-core machine
+FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
+SHARED_SCOPES = {
+    "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
+    "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_e2e.py"),  # one JVM's memory at a time
+}
+SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("nemesis", "fault-injection suite (tests/test_nemesis.py)")
+    group = parser.getgroup("nemesis", "fault-injection suite (tests/netns/test_nemesis.py)")
     group.addoption("--soak", type=float, metavar="MINUTES", default=None,
                     help="run the nemesis with random seeds for this many minutes instead of the CI seeds")
     group.addoption("--seed", type=int, metavar="N", default=None, help="run the nemesis with this one seed")
     group.addoption("--report", metavar="PATH", default=None, help="directory for the nemesis report")
-    parser.getgroup("fuzz", "coverage-guided fuzzing (tests/test_hostile_fuzz.py)").addoption(
+    parser.getgroup("fuzz", "coverage-guided fuzzing (tests/sim/test_hostile_fuzz.py)").addoption(
         "--fuzz-minutes", type=float, metavar="MINUTES", default=None,
         help="fuzz each decoder for this many minutes instead of the CI's fixed number of inputs")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_and_order(items)
     minutes = config.getoption("--soak")
     if minutes is not None and minutes <= 0:
         raise pytest.UsageError(f"--soak takes a positive number of minutes, not {minutes}")
@@ -42,3 +64,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("soak") and "test_hostile_fuzz" in item.nodeid:
                 item.add_marker(pytest.mark.timeout(int(fuzz_minutes * 60) + 300), append=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Before xdist reads its options: no `-n` given means WORKERS, scheduled by scope_of."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return  # a worker runs its share itself: it must not start workers of its own
+    if config.option.numprocesses is None:
+        config.option.numprocesses = WORKERS
+    if config.option.dist == "no" and config.option.numprocesses:
+        config.option.dist = "loadscope"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...: set before any test module is imported
+    if worker:
+        first = os.environ.get("PAIRMQ_TEST_LOOPBACK", "127.0.0.1")
+        base, last = first.rsplit(".", 1)
+        os.environ["PAIRMQ_TEST_LOOPBACK"] = f"{base}.{int(last) + 10 * (int(worker[2:]) + 1)}"
+
+
+def scope_of(nodeid: str) -> str:
+    for scope, prefixes in SHARED_SCOPES.items():
+        if nodeid.startswith(prefixes):
+            return scope
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.option.dist != "loadscope":
+        return None  # another --dist asked for: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection's order: SCOPE_ORDER
+    return ByScope(config, log)
+
+
+def mark_and_order(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if folder in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[folder])
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike, or xdist refuses the collections
+        def rank(item: pytest.Item) -> int:
+            scope = scope_of(item.nodeid)
+            return next((i for i, first in enumerate(SCOPE_ORDER) if scope.startswith(first)), len(SCOPE_ORDER))
+        items.sort(key=rank)

@@ -1,0 +1,332 @@
+"""`pairmq install` and systemd/install.sh in a throwaway root, for each role.
+
+The root gets a real /etc/passwd (useradd --root writes it), real files with modes and owners, units
+enabled with `systemctl --root` (symlinks). The software is the venv these tests run in, linked into the
+root at /opt/pairmq/venv and passed with --venv (building a venv with pip would need the network).
+systemd is not PID 1 here, so nothing is started: see docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pairmq.appliance.api.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.roles import Role
+from pairmq.cli import install
+from tests.harness.group import LOOPBACK, REPO
+
+VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
+ADMIN_PASSWORD = "an admin password of some length"
+GROUP = """\
+[group]
+name = "orders"
+secret_file = "secret"
+[nodes.primary]
+address = "10.0.0.1"
+[nodes.backup]
+address = "10.0.0.2"
+[nodes.monitor]
+address = "10.0.0.3"
+"""
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    for tool in ("useradd", "systemctl", "systemd-analyze", "setpriv"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: run .ci/setup (it installs passwd, systemd and util-linux)")
+    if os.geteuid() != 0:
+        pytest.fail("these tests install into a throwaway root with useradd --root and chown: run them as root")
+    r = tmp_path / "root"
+    (r / "etc").mkdir(parents=True)
+    (r / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (r / "etc/group").write_text("root:x:0:\n")
+    for name, line in (("shadow", "root:*:19000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
+        (r / "etc" / name).write_text(line)
+        (r / "etc" / name).chmod(0o640)
+    (r / "opt/pairmq").mkdir(parents=True)
+    (r / "opt/pairmq/venv").symlink_to(VENV)
+    return r
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    s = tmp_path / "src"
+    s.mkdir()
+    (s / "group.toml").write_text(GROUP)
+    fd = os.open(s / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, (b"ab" * 32) + b"\n")
+    os.close(fd)
+    write_admin(s / "admin", new_credential("admin", ADMIN_PASSWORD))  # what `pairmq init` writes beside it
+    return s
+
+
+def pairmq_install(root: Path, source: Path, *extra: str, via: str = "pairmq", role: str = "primary",
+                   user: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [str(REPO / "systemd/install.sh")] if via == "install.sh" else [sys.executable, "-m", "pairmq.cli.main", "install"]
+    argv = [*(user or []), *command, "--role", role, "--group", str(source / "group.toml"),
+            "--root", str(root), "--venv", "/opt/pairmq/venv", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60)
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if "venv" in path.parts:
+            continue
+        st = path.lstat()
+        content = path.read_bytes() if path.is_file() and not path.is_symlink() else os.readlink(path) if path.is_symlink() else None
+        out[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, content)
+    return out
+
+
+def ids(root: Path) -> tuple[int, int]:
+    user = next(line.split(":") for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("pairmq:"))
+    return int(user[2]), int(user[3])
+
+
+def mode_owner(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return oct(st.st_mode & 0o7777), st.st_uid, st.st_gid
+
+
+def verify(unit_text: str, name: str, root: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """systemd-analyze verify on the installed unit, ExecStart pointed into the root (verify needs it to exist)."""
+    tmp.mkdir(exist_ok=True)
+    (tmp / name).write_text(unit_text.replace("/opt/pairmq/venv/", f"{root}/opt/pairmq/venv/"))
+    instance = name.replace("@.service", "@primary.service")
+    return subprocess.run(["/usr/bin/systemd-analyze", "verify", str(tmp / instance)], capture_output=True, text=True,
+                          cwd=tmp, timeout=60)
+
+
+@pytest.mark.parametrize("role", [r.value for r in Role])
+def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, source, tmp_path, role):
+    first = pairmq_install(root, source, via="install.sh", role=role)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == ""
+    uid, gid = ids(root)
+    assert uid != 0 and gid != 0
+    assert "pairmq:" in (root / "etc/group").read_text()
+    assert mode_owner(root / "etc/pairmq") == ("0o750", 0, gid)
+    assert mode_owner(root / "etc/pairmq/group.toml") == ("0o640", 0, gid)
+    assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert (root / "etc/pairmq/admin").read_bytes() == (source / "admin").read_bytes()
+    assert mode_owner(root / "var/lib/pairmq") == ("0o750", uid, gid)
+    assert mode_owner(root / "var/log/pairmq") == ("0o750", uid, gid)
+    assert (root / "etc/pairmq/group.toml").read_text() == GROUP
+    assert (root / "etc/pairmq/secret").read_bytes() == (source / "secret").read_bytes()
+    unit_file = "pairmq-monitor.service" if role == "monitor" else "pairmq@.service"
+    unit = "pairmq-monitor.service" if role == "monitor" else f"pairmq@{role}.service"
+    installed = root / "etc/systemd/system" / unit_file
+    assert mode_owner(installed) == ("0o644", 0, 0)
+    assert installed.read_text() == (REPO / "systemd" / unit_file).read_text()
+    wants = root / "etc/systemd/system/multi-user.target.wants" / unit
+    assert os.readlink(wants) == f"/etc/systemd/system/{unit_file}"
+    assert not (root / f"etc/systemd/system/{unit}.d").exists()  # no [vip]: no capabilities
+
+    checked = verify(installed.read_text(), unit_file, root, tmp_path / "verify")
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+
+    before = snapshot(root)
+    second = pairmq_install(root, source, via="pairmq", role=role)  # the other entry point: one implementation
+    assert second.returncode == 0, second.stderr
+    lines = second.stdout.splitlines()
+    assert all(line.startswith("unchanged") for line in lines[:-1]), lines
+    assert lines[-1] == f"nothing changed: this host was already installed as the {role}"
+    assert snapshot(root) == before
+
+
+def test_verify_check_can_fail(root, tmp_path):
+    """The verify step above would catch a broken unit: a typo'd key and a missing ExecStart both show."""
+    text = (REPO / "systemd/pairmq-monitor.service").read_text()
+    typo = verify(text.replace("NoNewPrivileges=yes", "NoNewPrivilege=yes"), "pairmq-monitor.service", root, tmp_path / "a")
+    assert "Unknown key 'NoNewPrivilege'" in typo.stderr
+    missing = verify(text.replace("/opt/pairmq/venv/bin/pairmq", "/opt/pairmq/venv/bin/nope"), "pairmq-monitor.service",
+                     root, tmp_path / "b")
+    assert missing.returncode != 0 and "is not executable" in missing.stderr
+
+
+def test_vip_drop_in_only_with_vip_and_removed_without(root, source, tmp_path):
+    """[vip] is added to the group file's schema by the virtual-IP work; here the plan's `vip` is set as
+    the group file's [vip] table sets it, and install() writes, verifies and later removes the drop-in."""
+    plan = install.plan("backup", source / "group.toml", root=root, venv=Path("/opt/pairmq/venv"))
+    assert plan.vip is False
+    install.install(dataclasses.replace(plan, vip=True), say=lambda s: None)
+    drop_in = root / "etc/systemd/system/pairmq@backup.service.d/vip.conf"
+    assert mode_owner(drop_in) == ("0o644", 0, 0)
+    assert "CAP_NET_ADMIN CAP_NET_RAW" in drop_in.read_text() and "AF_PACKET" in drop_in.read_text()
+    merged = (root / "etc/systemd/system/pairmq@.service").read_text() + drop_in.read_text()
+    checked = verify(merged, "pairmq@.service", root, tmp_path / "verify")
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    # systemd merges the drop-in's lists into the unit's: packet sockets and the two capabilities, no more
+    assert packet_sockets_allowed(tmp_path / "verify") == "✗"
+    verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "plain")
+    assert packet_sockets_allowed(tmp_path / "plain") == "✓"
+
+    said = install.install(plan, say=lambda s: None)  # [vip] gone from the group file: capabilities gone too
+    assert not drop_in.exists()
+    assert "removed: /etc/systemd/system/pairmq@backup.service.d/vip.conf (the group file has no [vip] table)" in said
+
+
+def packet_sockets_allowed(unit_dir: Path) -> str:
+    """systemd-analyze security's mark for AF_PACKET: ✗ allowed, ✓ refused."""
+    out = subprocess.run(["/usr/bin/systemd-analyze", "security", "--offline=yes", str(unit_dir / "pairmq@primary.service")],
+                         capture_output=True, text=True, cwd=unit_dir, timeout=60).stdout
+    [line] = [line for line in out.splitlines() if "RestrictAddressFamilies=~AF_PACKET" in line]
+    return line.split()[0]
+
+
+def _refused(root, source, *extra, role="primary", user=None) -> str:
+    before = snapshot(root)
+    done = pairmq_install(root, source, *extra, role=role, user=user)
+    assert done.returncode != 0, done.stdout
+    assert snapshot(root) == before, "a refused install changed the root"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_refusals_are_one_sentence_and_change_nothing(root, source):
+    assert "unknown role 'mirror': choose primary, backup or monitor" in _refused(root, source, role="mirror")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    assert "pairmq install must run as root" in _refused(root, source, user=nobody)
+
+    group = source / "group.toml"
+    group.rename(source / "elsewhere.toml")
+    assert f"group file {group} does not exist" in _refused(root, source)
+    group.write_text(GROUP + "[nodes.witness]\naddress = '10.0.0.4'\n")
+    assert "unknown key 'witness' in [nodes]" in _refused(root, source)
+    group.write_text(GROUP.replace("[nodes.monitor]\naddress = \"10.0.0.3\"\n", ""))
+    assert "the group file needs a [nodes.monitor] table" in _refused(root, source, role="monitor")
+    group.write_text(GROUP.replace('address = "10.0.0.2"', 'address = "10.0.0.2"\ndata_dir = "/srv/pairmq"'))
+    assert "nodes.backup.data_dir is '/srv/pairmq'; under systemd it must be /var/lib/pairmq" in _refused(
+        root, source, role="backup")
+    group.write_text(GROUP)
+
+    (source / "secret").chmod(0o644)
+    assert "is readable by others (mode 644)" in _refused(root, source)
+    (source / "secret").chmod(0o600)
+    (source / "short").write_text("abcd\n")
+    (source / "short").chmod(0o600)
+    assert "is too short" in _refused(root, source, "--secret", str(source / "short"))
+    assert "--venv /opt/nothing has no executable bin/pairmq" in _refused(root, source, "--venv", "/opt/nothing")
+    done = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "install", "--role", "monitor", "--group",
+                           str(source / "group.toml"), "--root", "relative/root"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "error: --root relative/root must be an existing directory, given as an absolute path")
+
+
+def test_changed_group_file_and_secret_are_replaced_and_said(root, source):
+    assert pairmq_install(root, source, role="monitor").returncode == 0
+    (source / "group.toml").write_text(GROUP.replace('name = "orders"', 'name = "orders"\nauto_revert = true'))
+    (source / "secret").write_bytes(b"cd" * 32 + b"\n")
+    again = pairmq_install(root, source, role="monitor")
+    assert again.returncode == 0, again.stderr
+    uid, gid = ids(root)
+    changed = [line for line in again.stdout.splitlines() if not line.startswith("unchanged")]
+    assert changed == ["changed: /etc/pairmq/group.toml (0640, root:pairmq)",
+                       "changed: /etc/pairmq/secret (0600, root:root)"]
+    assert (root / "etc/pairmq/group.toml").read_text() == (source / "group.toml").read_text()
+    assert (root / "etc/pairmq/secret").read_bytes() == b"cd" * 32 + b"\n"
+    assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
+    assert [p.name for p in (root / "etc/pairmq").iterdir() if p.name.startswith(".")] == []  # no temp files left
+
+
+def test_the_roles_address_must_be_this_hosts():
+    """Installed on / (never here: it would change this machine), the role's address must be local, so a
+    host installed with another host's role is refused before anything changes."""
+    assert install.address_is_local(LOOPBACK[Role.PRIMARY])
+    assert not install.address_is_local("192.0.2.1")  # TEST-NET-1: on no host
+
+
+LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine's local package mirror (file://, no network)
+
+
+def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_path):
+    """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
+    Without any index pip cannot get the build requirements (setuptools, wheel): one sentence naming pip's
+    reason, no units installed. The next run, given the local mirror, builds it (dependencies left out:
+    the mirror need not hold them all) rather than taking the half-built venv for done."""
+    if not (LOCAL_INDEX / "setuptools").is_dir() or not (LOCAL_INDEX / "wheel").is_dir():
+        pytest.fail(f"{LOCAL_INDEX} has no setuptools or wheel: this test needs the machine's local package mirror")
+    (root / "opt/pairmq/venv").unlink()
+    # pip builds a local tree in place (build/, *.egg-info): give it a copy, not this work tree
+    tree = tmp_path / "pairmq-src"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local"))
+    command = [sys.executable, "-m", "pairmq.cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
+               "--root", str(root), "--package", str(tree)]
+    failed = subprocess.run([*command, "--pip-option=--no-index"], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stdout
+    [line] = failed.stderr.strip().splitlines()
+    assert line == (f"error: pip could not install {tree} into /opt/pairmq/venv: "
+                    "ERROR: No matching distribution found for setuptools>=68"), line
+    assert (root / "opt/pairmq/venv/bin/python").exists() and not (root / "opt/pairmq/venv/bin/pairmq").exists()
+    assert not (root / "etc/systemd/system/pairmq@.service").exists(), "units installed without the software"
+
+    built = subprocess.run([*command, "--pip-option=--no-deps", f"--pip-option=--index-url=file://{LOCAL_INDEX}"],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert f"built: /opt/pairmq/venv with {tree}" in built.stdout.splitlines()
+    venv = root / "opt/pairmq/venv"
+    installed = subprocess.run([str(venv / "bin/python"), "-c", "import pairmq.appliance.config as c; print(c.__file__)"],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert installed.stdout.startswith(str(venv / "lib")), installed  # a copy in the venv, not this work tree
+    assert os.access(venv / "bin/pairmq", os.X_OK)
+    checked = verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "v")
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert again.stdout.splitlines()[-1] == "nothing changed: this host was already installed as the primary"
+
+
+def read_as_service_user(root: Path, name: str) -> subprocess.CompletedProcess:
+    """Read /etc/pairmq/<name> in a process running as the pairmq user and group (no other groups), as the
+    unit runs the node; through a directory descriptor, since the throwaway root's own parents are root's."""
+    uid, gid = ids(root)
+    fd = os.open(root / "etc/pairmq", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
+                               f"import os, sys; sys.stdout.buffer.write(os.read(os.open({name!r}, os.O_RDONLY, "
+                               f"dir_fd={fd}), 1 << 16))"], capture_output=True, pass_fds=(fd,), timeout=30)
+    finally:
+        os.close(fd)
+
+
+def test_the_admin_credential_is_installed_readable_by_the_node_and_passwd_keeps_it_so(root, source):
+    assert pairmq_install(root, source, role="backup").returncode == 0
+    done = read_as_service_user(root, "admin")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (source / "admin").read_bytes()
+    assert read_as_service_user(root, "secret").returncode != 0  # the secret stays root's (a credential)
+    # `pairmq admin passwd` run by root over the installed file: still the node's to read.
+    write_admin(root / "etc/pairmq/admin", new_credential("admin", "a new admin password here"))
+    uid, gid = ids(root)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert read_as_service_user(root, "admin").returncode == 0
+    assert read_admin(root / "etc/pairmq/admin").username == "admin"
+
+
+def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, source):
+    (source / "admin").unlink()
+    assert "no admin credential at" in _refused(root, source)
+
+
+def test_the_management_certificate_and_key_are_installed_beside_the_group_file(root, source):
+    from pairmq.appliance.management_settings import make_self_signed
+
+    make_self_signed(source / "management.pem", source / "management.key", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "o")
+    (source / "group.toml").write_text(GROUP + '[management]\ncert_file = "management.pem"\nkey_file = "management.key"\n')
+    done = pairmq_install(root, source, role="monitor")
+    assert done.returncode == 0, done.stderr
+    uid, gid = ids(root)
+    assert mode_owner(root / "etc/pairmq/management.pem") == ("0o644", 0, 0)
+    assert mode_owner(root / "etc/pairmq/management.key") == ("0o640", 0, gid)
+    assert read_as_service_user(root, "management.key").stdout == (source / "management.key").read_bytes()

@@ -1,0 +1,149 @@
+"""Durability with real processes and a real (tiny) filesystem: kill -9 mid-stream, a full disk.
+
+The child writes through the real writer and prints each seq the moment its
+future resolves; whatever it printed was acknowledged, so it must be on disk
+after the kill, with the chain intact.
+"""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.errors import SpoolFull
+from pairmq.appliance.spool.state import StateModel
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+
+from tests.harness.tmpfs import small_disks
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = textwrap.dedent("""
+    import sys, threading
+    from pairmq.appliance.spool import ops as o
+    from pairmq.appliance.spool.store import Spool
+    from pairmq.appliance.spool.writer import SpoolWriter
+
+    directory, first_msg_id, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    writer = SpoolWriter(Spool.open(directory))
+    writer.submit([o.SessionOpened("sub", 5, 3600, 1)], epoch).future.result()
+    window = threading.Semaphore(400)
+
+    def acknowledged(sub, msg_id):
+        def done(future):
+            window.release()
+            if future.exception() is None:
+                sys.stdout.write(f"{sub.entries[-1].seq} {msg_id}\\n")
+                sys.stdout.flush()
+        return done
+
+    for msg_id in range(first_msg_id, first_msg_id + 2_000_000):
+        window.acquire()
+        sub = writer.submit([o.MessageStored(msg_id, "t", b"x" * 100, 1, False, b"", 0, "p", 1),
+                             o.MessageQueued("sub", msg_id, 1, False)], epoch)
+        sub.future.add_done_callback(acknowledged(sub, msg_id))
+""")
+
+
+def run_and_kill(directory, first_msg_id, epoch, after_acks):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(first_msg_id), str(epoch)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    acked = []
+    try:
+        for line in child.stdout:
+            acked.append(tuple(map(int, line.split())))
+            if len(acked) == after_acks:
+                os.kill(child.pid, signal.SIGKILL)  # mid-stream: hundreds of submissions are in flight
+                break
+        acked += [tuple(map(int, line.split())) for line in child.stdout]  # printed before it died: acknowledged
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL and len(acked) >= after_acks, "the child died on its own"
+    return acked
+
+
+@pytest.mark.processes
+def test_kill_9_mid_stream_loses_no_acknowledged_op(tmp_path):
+    everything = []
+    for round_, epoch in enumerate((1, 1, 2)):
+        acked = run_and_kill(tmp_path, first_msg_id=1 + round_ * 10_000_000, epoch=epoch,
+                             after_acks=3000 + 1000 * round_)
+        with Spool.open(tmp_path) as spool:  # verifies the whole chain
+            state = spool.load_state()
+            entries = spool.read_entries(0, 10_000_000)
+        assert state.head.seq >= max(seq for seq, _ in acked)
+        assert [e.seq for e in entries] == list(range(1, state.head.seq + 1))
+        queued = {e.msg_id for e in state.sessions["sub"].queue}
+        everything += [msg_id for _, msg_id in acked]
+        missing = [msg_id for msg_id in everything if msg_id not in queued]
+        assert missing == [], f"acknowledged messages lost after kill -9 (round {round_}): {missing[:5]}"
+        assert state.position[0] == epoch
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    with small_disks([tmp_path / "tiny"], "1m") as (mount_point,):
+        yield mount_point
+
+
+def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
+    ballast = tiny_fs / "ballast"
+    ballast.write_bytes(b"\0" * 128 * 1024)  # 16 KiB pages: a spool takes more of the 1 MiB for its first ops
+    directory = tiny_fs / "spool"
+    durable = []  # (entries, ops) of acknowledged submissions
+    errors = []
+    with Spool.open(directory) as spool:
+        writer = SpoolWriter(spool)
+        opened = writer.submit([o.SessionOpened("sub", 5, 0, 1)], 1)
+        durable.append((opened.future.result(5), opened.ops))
+        for msg_id in range(1, 10_000, 4):
+            subs = [writer.submit([o.MessageStored(i, "t", b"y" * 3000, 1, False, b"", 0, "p", 1),
+                                   o.MessageQueued("sub", i, 1, False)], 1) for i in range(msg_id, msg_id + 4)]
+            for sub in subs:
+                try:
+                    durable.append((sub.future.result(10), sub.ops))
+                except SpoolFull as exc:
+                    errors.append(exc)
+            if errors:
+                break
+        assert errors, "the 1 MiB filesystem never filled up"
+        assert all(isinstance(e, SpoolFull) for e in errors)
+        assert "the disk is full (database or disk is full)" in str(errors[0]) and str(directory) in str(errors[0])
+        m = writer.metrics()
+        assert writer.head == writer.durable == m.durable and m.pending_ops == 0 and m.failed_batches >= 1
+
+        # Submissions queued behind a batch that fails chained on it: they fail too, though they would fit.
+        lock = sqlite3.connect(spool.path, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        big = writer.submit([o.MessageStored(99_999, "t", b"z" * 500_000, 1, False, b"", 0, "p", 1),
+                             o.MessageQueued("sub", 99_999, 1, False)], 1)
+        small = [writer.submit([o.MessageIdSeen("c", f"small-{i}", i)], 1) for i in range(3)]
+        lock.execute("ROLLBACK")
+        lock.close()
+        with pytest.raises(SpoolFull, match="the disk is full"):
+            big.future.result(10)
+        for sub in small:
+            with pytest.raises(SpoolFull, match="the disk is full"):
+                sub.future.result(10)
+        assert writer.head == writer.durable == m.durable, "the head went back to the last committed op"
+
+        ballast.unlink()  # space comes back: the same writer carries on
+        more = writer.submit([o.MessageIdSeen("c", "after", 1)], 1)
+        durable.append((more.future.result(5), more.ops))
+        writer.close()
+    model = StateModel()
+    for entries, ops in sorted(durable, key=lambda d: d[0][0].seq):
+        for entry, op in zip(entries, ops):
+            model.apply(entry.seq, op)
+        model.head = entries[-1].point
+    with Spool.open(directory) as spool:
+        state = spool.load_state()
+    assert state == model.state(), "exactly the acknowledged submissions, nothing half-applied"
+    assert len(state.sessions["sub"].queue) == len(durable) - 2 > 10
