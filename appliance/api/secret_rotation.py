@@ -16,6 +16,7 @@ a retired key is cut.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -83,18 +84,17 @@ async def _step(request: web.Request) -> web.Response:
     return web.json_response({**_view(ports), "changed": new != current})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class KeyringInstaller:
     """Makes a rotation step take effect: `quorum(fn)` runs fn on the quorum core under its lock; `links()` are
     the mate-link and config-sync connections open now, each named (None where there is none)."""
 
-    def __init__(self, role: Role, keys: CurrentKeyring, path: Path, quorum: Callable[[Callable[[Any], Any]], Any],
-                 events: EventLog, links: Callable[[], list[tuple[str, Any]]]) -> None:
-        self.role = role
-        self.keys = keys
-        self.path = path
-        self.quorum = quorum
-        self.events = events
-        self.links = links
+    role: Role
+    keys: CurrentKeyring
+    path: Path
+    quorum: Callable[[Callable[[Any], Any]], Any]
+    events: EventLog
+    links: Callable[[], list[tuple[str, Any]]]
 
     def install(self, new: Keyring, step: str, key_id: int) -> None:
         """Persist first (a restart resumes in this step), then heartbeats and the next link handshakes use it."""

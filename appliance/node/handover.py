@@ -56,26 +56,25 @@ class Outcome:
                 "drain_ms": self.drain_ms, "active": self.new_active}
 
 
+@dataclasses.dataclass(slots=True)
 class HandoverRunner:
     """`mate_reference`: the mate's MQTT address (the clients' Server Reference); `acked_seq()`: the highest op
     the mate acknowledged; `listeners()`: the MQTT listeners now open."""
 
-    def __init__(self, quorum: QuorumHandle, role: Role, broker: BrokerService, *, mate_reference: str,
-                 acked_seq: Callable[[], int], listeners: Callable[[], list], events: Callable[..., None]) -> None:
-        self._quorum = quorum
-        self._role = role
-        self._broker = broker
-        self._mate_reference = mate_reference
-        self._acked_seq = acked_seq
-        self._live_listeners = listeners
-        self._events = events
-        self._running = False
+    quorum: QuorumHandle
+    role: Role
+    broker: BrokerService
+    mate_reference: str = dataclasses.field(kw_only=True)
+    acked_seq: Callable[[], int] = dataclasses.field(kw_only=True)
+    listeners: Callable[[], list] = dataclasses.field(kw_only=True)
+    events: Callable[..., None] = dataclasses.field(kw_only=True)
+    _running: bool = dataclasses.field(default=False, init=False)
 
     async def run(self, why: str, *, force: bool = False) -> Outcome:
         """One handover (release, revert, auto-revert, SIGTERM). Raises LocalProtocolError when refused."""
         if self._running:
             raise LocalProtocolError("a handover is already under way")
-        role, quorum = self._role, self._quorum
+        role, quorum = self.role, self.quorum
         mate = role.mate()
         started = now_ms()
 
@@ -104,12 +103,12 @@ class HandoverRunner:
             last = quorum.call(lambda core, now: [d.reason for d in core.history
                                                   if d.kind == DecisionKind.HANDOVER_ABORTED])
             return Outcome("aborted", last[-1] if last else "handover aborted", drain_ms=drain_ms)
-        reference = self._mate_reference
+        reference = self.mate_reference
         dropped = sum(listener.drop_clients(MQTT_REASON_USE_ANOTHER_SERVER, reference)
-                      for listener in self._live_listeners())
+                      for listener in self.listeners())
         log.info("%s: handed over at op %d after %d ms; %d clients sent to %s", role.value, final_seq,
                  drain_ms, dropped, reference)
-        self._events("handover", why=why, final_op=final_seq, drain_ms=drain_ms, clients_dropped=dropped)
+        self.events("handover", why=why, final_op=final_seq, drain_ms=drain_ms, clients_dropped=dropped)
         active = await self._await_mate(mate)
         return Outcome("handed over", f"{role.value}: {why}: the {mate.value} holds every op through "
                                       f"{final_seq}; activity handed over", final_seq, drain_ms,
@@ -118,14 +117,14 @@ class HandoverRunner:
     async def run_on_sigterm(self) -> Outcome:
         """A handover for SIGTERM, waiting for a reachable mate to come back in sync. Raises
         LocalProtocolError when refused at the end of the wait."""
-        role, mate = self._role, self._role.mate()
+        role, mate = self.role, self.role.mate()
         deadline = time.monotonic() + SIGTERM_SYNC_WAIT_S
         waited_since = None
         while True:
             try:
                 outcome = await self.run("SIGTERM")
             except LocalProtocolError as refusal:
-                catching_up = self._quorum.call(lambda core, now: core.may_serve(now) and core.sees(mate, now))
+                catching_up = self.quorum.call(lambda core, now: core.may_serve(now) and core.sees(mate, now))
                 if not catching_up or time.monotonic() >= deadline:
                     raise
                 if waited_since is None:
@@ -141,13 +140,13 @@ class HandoverRunner:
 
     async def _drain(self) -> int | None:
         """The final op once the mate holds everything and the last acknowledgements are out; None if aborted."""
-        broker = self._broker
+        broker = self.broker
         while True:
             broker.submit_deferred()  # ops the broker held back (a subscriber's acks) go to the mate too
             broker.release_held()
             writer = broker.writer
             head = writer.head.seq
-            done = writer.pending_ops == 0 and self._acked_seq() >= head and broker.held_commits == 0
+            done = writer.pending_ops == 0 and self.acked_seq() >= head and broker.held_commits == 0
 
             def step(core, now) -> bool | None:
                 if core.handover.draining is None:
@@ -157,10 +156,10 @@ class HandoverRunner:
                 core.handle_timer(now)  # the drain bound is the core's rule
                 return False
 
-            yielded = self._quorum.call(step)
+            yielded = self.quorum.call(step)
             if yielded is None:
                 return None
-            self._quorum.wake()
+            self.quorum.wake()
             if yielded:
                 return head
             await asyncio.sleep(DRAIN_POLL_S)
@@ -168,11 +167,11 @@ class HandoverRunner:
     async def _await_mate(self, mate: Role) -> Role | None:
         deadline = time.monotonic() + TAKEOVER_WAIT_S
         while time.monotonic() < deadline:
-            if self._quorum.call(lambda core, now: core.active_role(now)) is mate:
+            if self.quorum.call(lambda core, now: core.active_role(now)) is mate:
                 return mate
             await asyncio.sleep(0.01)
         return None
 
     def _listeners(self, method: str) -> None:
-        for listener in self._live_listeners():
+        for listener in self.listeners():
             getattr(listener, method)()
