@@ -7,6 +7,7 @@ granted by mistake would leak every message it matches.
 
 import hashlib
 import itertools
+import sys
 import threading
 import time
 
@@ -49,28 +50,32 @@ def test_a_short_salt_is_refused():
 def test_scrypt_releases_the_gil():
     """The node verifies passwords in threads: that only helps if the event loop's thread keeps running.
 
-    Were the GIL held, the main thread would stall for a whole scrypt call at least once per call; we
-    require its longest stall to be well under the shortest call (both stretch alike on a busy machine).
-    """
-    durations = []
+    With the switch interval out of reach, the only way the main thread (which gives the GIL up only in its
+    `sleep(0)`) gets a turn while the worker is inside scrypt is scrypt releasing the GIL; a call that held it
+    (a regular expression, say) leaves it no turn there at all."""
+    inside = threading.Event()
     done = threading.Event()
 
     def work():
         for _ in range(4):
-            t = time.perf_counter()
+            inside.set()
             hashlib.scrypt(b"pw", salt=SALT, n=1 << 15, r=8, p=1, maxmem=64 << 20)
-            durations.append(time.perf_counter() - t)
+            inside.clear()
         done.set()
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    last, longest = time.perf_counter(), 0.0
-    while not done.is_set():
-        sum(range(100))
-        now = time.perf_counter()
-        longest, last = max(longest, now - last), now
-    thread.join()
-    assert longest < 0.6 * min(durations), (longest, durations)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(60)
+    try:
+        thread = threading.Thread(target=work)
+        turns_inside = 0
+        thread.start()
+        while not done.is_set():
+            time.sleep(0)
+            turns_inside += inside.is_set()
+        thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert turns_inside > 0
 
 
 def test_verified_cache_is_keyed_bounded_and_forgets_old_records():
