@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
 from pairmq.appliance.api.decisions import MAX_STREAMS
+from pairmq.appliance.broker.service import DEFER_MS
 from pairmq.appliance.quorum.auth import REASONS
 from pairmq.appliance.roles import Role
 from pairmq.cli import api
@@ -118,6 +120,15 @@ def test_metrics_are_well_formed_on_every_node_and_move_with_messages_and_failov
         for c in (sub, pub):
             c.disconnect()
             c.loop_stop()
+        # The subscriber's PUBACKs and its session's end travel lazily (no client waits for them): let them reach
+        # the backup before the kill, so that only the parked five are queued there.
+        def ends_replicated() -> bool:
+            m = scrape(g, P)
+            return (value(m, "pairmq_spool_sessions") == 1 and value(m, "pairmq_spool_pending_ops") == 0
+                    and value(m, "pairmq_mate_link_lag_ops") == 0)
+        g.wait_for("the clients' ends on the backup", ends_replicated)
+        time.sleep(2 * DEFER_MS / 1000)  # an op nobody waits for may be held back this long before it is written
+        g.wait_for("the clients' ends on the backup", ends_replicated)
 
         g.kill(P)
         g.wait_for("the backup to serve", lambda: value(scrape(g, B), "pairmq_active", role="backup") == 1)
