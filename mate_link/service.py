@@ -10,21 +10,19 @@ Rules:
   node's spool and writer through the LocalSpool the node's wiring hands them.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
-- A full resync ships the spool's file image (spool/image.py): one read transaction's snapshot of the
-  active's spool (the live file when it holds exactly that snapshot, else a copy by SQLite's backup
-  API), opened in a worker thread, then streamed in IMAGE
+- A full resync ships the spool's image (spool/image.py): a checkpoint of the active's state written
+  for it in a worker thread, then streamed in IMAGE
   pieces, never more than IMAGE_UNSENT_MAX queued unsealed (no round trip per piece); the standby
   writes each piece in a worker thread as it arrives and checks the whole (size, SHA-256, the
-  store's checks but the pages, the head) before it swaps it in; the active checks the image's pages
-  while it streams them and sends IMAGE_END only if they passed. A refused image is logged, counted
+  checkpoint's header and point) before it swaps it in; the active reads the image back
+  while it streams it and sends IMAGE_END only if they passed. A refused image is logged, counted
   (`bad_image`, on the side that refused it) and the link closes; the standby's spool is untouched. The standby stops reading while more than
   IMAGE_QUEUED_MAX_BYTES of pieces wait to be written (bounded memory; TCP holds the active back),
   and a piece written counts as hearing from the active: the silence is ours then, not the active's.
 - A thread cannot be cancelled: when the standby's link ends (or the node stops it to take over) while
   a snapshot batch, its finish or the spool swap runs in a thread, we wait for that thread before
   anything else touches the builder or the spool (`_in_thread`, `_wait_out`): abandoning the builder
-  under a running batch would close its SQLite connection mid-statement, a SIGSEGV in libsqlite3
-  (tests/processes/test_snapshot_storm.py).
+  under a running batch would close its file under it (tests/processes/test_snapshot_storm.py).
 - A `LinkFault`, a bad frame or silence past the link timeout closes the link; the standby dials
   again and resyncs from its head. Nothing here decides activity: the quorum core reads
   `caught_up(now)` (MateSync's input) and the broker reads `acked_seq` (what it may release); every
@@ -39,7 +37,6 @@ import hashlib
 import logging
 import os
 import shutil
-import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -269,24 +266,25 @@ class ActiveReplication(_Replication):
                 if conn is self.conn and not conn.closed:
                     link.entries_read(entries)
             elif isinstance(request, MakeSnapshot):
-                await self._send_image(link, conn, spool.path)
+                await self._send_image(link, conn)
         except LookupError as exc:  # the log was truncated under a catch-up: start over
             conn.close(f"resync restarts: {exc}")
             return
-        except (sqlite3.Error, SpoolCorruption) as exc:  # our spool cannot be read: this link cannot serve
+        except (OSError, SpoolCorruption) as exc:  # our spool cannot be read: this link cannot serve
             log.error("mate link: reading our spool for the standby failed: %r", exc)
             conn.close(f"reading the active's spool failed: {exc}")
             return
         self._drain()
 
-    async def _send_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path) -> None:
-        """The full resync: copy the spool (one read transaction), stream the copy, then IMAGE_END."""
+    async def _send_image(self, link: ActiveLink, conn: MateConnection) -> None:
+        """The full resync: checkpoint the state for the standby, stream the checkpoint, then IMAGE_END."""
         async with self._imaging:  # one image at a time; an earlier link's ends at its next piece
             if conn is self.conn and not conn.closed:
-                out_dir = image_dir(spool_path)
+                spool = self.local.spool
+                out_dir = image_dir(spool.directory, self.local.writer.metrics().stored_bytes)
                 try:
-                    await self._stream_image(link, conn, spool_path, out_dir)
-                except (OSError, sqlite3.Error) as exc:  # our disk or our spool: no image for this link
+                    await self._stream_image(link, conn, spool, out_dir)
+                except OSError as exc:  # our disk: no image for this link
                     log.error("mate link: cannot make or send the spool image: %r", exc)
                     conn.close(f"the spool image failed here: {exc}")
                 except SpoolCorruption as exc:  # its pages failed their check: never ended, never installed
@@ -296,8 +294,8 @@ class ActiveReplication(_Replication):
                 finally:
                     await asyncio.to_thread(shutil.rmtree, out_dir, True)
 
-    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool_path: Path, out_dir: Path) -> None:
-        image = await asyncio.to_thread(SpoolImage, spool_path, out_dir)
+    async def _stream_image(self, link: ActiveLink, conn: MateConnection, spool, out_dir: Path) -> None:
+        image = await asyncio.to_thread(SpoolImage, spool, out_dir)
         try:
             await self._stream_pieces(link, conn, image)
         finally:
@@ -306,10 +304,10 @@ class ActiveReplication(_Replication):
     async def _stream_pieces(self, link: ActiveLink, conn: MateConnection, image: SpoolImage) -> None:
         info = image.info
         log.info("mate link: spool image of %d bytes at op %d for the standby (%s)", info.size, info.point.seq,
-                 "the live spool file" if info.how == "live" else "a copy by SQLite's backup API")
+                 info.how)
         digest, offset = hashlib.sha256(), 0
         pieces = image.chunks(digest)
-        # Its pages are checked while they go out (spool/image.py): the standby relies on that and the SHA-256.
+        # It is read back while it goes out (spool/image.py): the standby relies on that and the SHA-256.
         checked = asyncio.ensure_future(asyncio.to_thread(image.check))
         try:
             while (data := await asyncio.to_thread(next, pieces, None)) is not None:
@@ -325,7 +323,7 @@ class ActiveReplication(_Replication):
             pieces.close()
             await _wait_out(checked)  # before the image is released; raises SpoolCorruption if it failed
         if conn is self.conn and not conn.closed:
-            log.info("mate link: spool image sent (%d bytes, its pages checked)", offset)
+            log.info("mate link: spool image sent (%d bytes, read back whole)", offset)
             link.snapshot_image_done(info.point, offset, digest.digest())
             self._drain()
 
@@ -479,13 +477,8 @@ class StandbyReplication(_Replication):
                     if not oldest.done():
                         await asyncio.wait({oldest})
                     self._committing.popleft()
-                writer = self.local.writer
-                # A catch-up's ops more than keep_ops before its target would be dropped from our log anyway:
-                # they change the state only (writer.py's rules), so each byte of theirs is written once less.
-                unlogged = max(0, link.caught_up_to - writer.limits.keep_ops) if link.resyncing else 0
-                sub = writer.submit_entries(  # StandbyLink verified the chain within the batch
-                    list(request.entries), asyncio.get_running_loop(), chained=True, bulk=link.resyncing,
-                    unlogged_through=unlogged)
+                sub = self.local.writer.submit_entries(  # StandbyLink verified the chain within the batch
+                    list(request.entries), asyncio.get_running_loop(), chained=True)
                 self._committing.append(sub.future)
                 while self._committing and self._committing[0].done():
                     self._committing.popleft()

@@ -1,41 +1,23 @@
-"""A spool's file image: how a full resync ships the spool's pages instead of re-encoding rows as ops.
+"""A full resync's image: a checkpoint of the active's state, streamed as bytes and installed whole.
 
 Rules:
-- The active's image (`SpoolImage`) is one read transaction's snapshot of its spool, whatever the writer
-  commits meanwhile (the writer never waits for it: WAL). Two ways, the first when it can:
-  - the live database file itself: inside the read transaction a PASSIVE checkpoint copies the WAL's
-    frames into the file; if it copied every frame the WAL holds, the file is exactly our snapshot, and
-    stays so while the transaction is held (SQLite never checkpoints a frame past an active reader's
-    mark into the file), so its first page_count pages are the image, streamed straight from it. The
-    transaction is held until the image has gone out (checkpoints meanwhile stop at our mark: the WAL
-    grows instead). Nothing is copied first, so reading the file overlaps the stream instead of delaying
-    its first byte.
-  - else (a commit after our snapshot began, or an older reader holding frames back) a copy by SQLite's
-    online backup API (`make_image`) in one step, into `image_dir(spool)`: memory (/dev/shm) when it
-    has room, else beside the spool. A GB written beside the spool makes every fsync of the node's own
-    (quorum state, spool commits) wait behind its writeback, stalling the active's loop for seconds. The
-    GIL is free meanwhile (`Connection.serialize` would hold it for the whole copy, freezing the active's
-    loop). The copy is streamed, then removed.
-  Either is streamed (`SpoolImage.chunks`) with its SHA-256 taken on the way.
-- The active checks the image's pages and its op log (`SpoolImage.check`: `PRAGMA quick_check`, then the
-  log's chain from its base to the recorded head; on the copy opened immutable so nothing writes it, or
-  on the live file within the image's own read transaction) while it streams them, and ends the image
-  (IMAGE_END) only once both passed; a failure is `SpoolCorruption` (our spool is damaged) and no image
-  is ended.
-- The standby writes what arrives to `<incoming dir>/spool.db` (`ImageReceiver`), in order: a
-  chunk at any offset but the next one is refused (`ImageRefused`). It syncs the file every
-  SYNC_BYTES as it goes, so its dirty pages stay bounded (the same stall, on the standby). Nothing of it counts until
-  `finish`, which checks, in order: the size announced, the digest announced, then the file's
-  schema, journal mode and meta (`Spool.open(check_pages=False)`) and that its head is the point
-  announced. Not its pages nor its log's chain again: the active checked both on this very image,
-  and the SHA-256, checked first, proves these are those bytes (store.py, `check_pages`), which keeps
-  the chain walk off the standby's critical path. Any failure is `ImageRefused` with what was wrong (the
-  active's fault, or damage on the way: the link closes and the standby resyncs); the file is removed.
-- A refused or abandoned image never touches the live spool: `swap_into` (as `SnapshotBuilder`'s)
-  needs the live spool closed, fsyncs the file, renames it over `spool.db`, fsyncs the directory.
-- The image carries the active's op log (what its writer keeps) and meta (head and base): after
-  the swap the standby continues the chain from the head, and could itself serve an incremental
-  resync from that log.
+- The active's image (`SpoolImage`) is a checkpoint (checkpoint.py) of its spool's state at its durable
+  head, written for the standby into `image_dir(...)`: memory (/dev/shm) when it has room, else beside
+  the spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
+  commits) wait behind its writeback, stalling the active's loop. The copy of the state is taken
+  under the spool's lock; the file is written outside it, while commits go on.
+- The active reads the image back (`check`: every record's CRC, the count, the SHA-256 at its end)
+  while it streams it, and ends the image (IMAGE_END) only once that passed; a failure is
+  `SpoolCorruption` (our disk damaged it) and no image is ended.
+- The standby writes what arrives to `<incoming dir>/image.ckpt` (`ImageReceiver`), in order: a chunk
+  at any offset but the next one is refused (`ImageRefused`). It syncs the file every SYNC_BYTES as it
+  goes, so its dirty pages stay bounded. Nothing of it counts until `finish`, which checks, in order:
+  the size announced, the SHA-256 announced, then the checkpoint's header and that its point is the
+  one announced. Its records are checked again when the spool opens it. Any failure is
+  `ImageRefused` with what was wrong; the file is removed.
+- A refused or abandoned image never touches the live spool: `swap_into` (as `SnapshotBuilder`'s) needs
+  the live spool closed, and leaves the directory holding the checkpoint alone (store.install): the
+  standby's log continues from the image's point.
 """
 
 from __future__ import annotations
@@ -44,14 +26,13 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import checkpoint as ckpt
+from . import records as r
 from .chain import ChainPoint
-from .sql import read_meta
-from .install import install_file
-from .store import FILE_NAME, Spool, connect, log_problem, page_problems, vouch
+from .store import Spool, install
 from ..errors import SpoolCorruption
 from ..private_files import private_dir
 
@@ -69,117 +50,40 @@ class ImageInfo:
     path: Path
     point: ChainPoint  # the head the image holds
     size: int
-    how: str  # "live" (the spool's own file) or "backup" (a copy by SQLite's backup API): see the rules
+    how: str  # "checkpoint": a checkpoint written for the standby (see the rules)
 
 
-def image_dir(spool_path: Path) -> Path:
-    """Where the active puts its copy: memory if /dev/shm has room for twice the spool, else beside it."""
-    spool_path = Path(spool_path)
-    need = 2 * sum(p.stat().st_size for p in (spool_path, Path(f"{spool_path}-wal")) if p.exists())
+def image_dir(spool_dir: Path, need: int = 0) -> Path:
+    """Where the active writes its image: memory if /dev/shm has room for twice `need` bytes, else beside the
+    spool."""
+    spool_dir = Path(spool_dir)
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
-        return shm / f"pairmq-image-{os.getpid()}-{spool_path.parent.name}"
-    return spool_path.parent.with_name(spool_path.parent.name + ".outgoing")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * need:
+        return shm / f"pairmq-image-{os.getpid()}-{spool_dir.name}"
+    return spool_dir.with_name(spool_dir.name + ".outgoing")
 
 
 class SpoolImage:
     """The active's image of its spool (see the rules): `info`, `check()` and `chunks(digest)` until `close()`."""
 
-    def __init__(self, spool_path: Path, out_dir: Path) -> None:
-        spool_path = Path(spool_path)
-        self._reader = _snapshot_in_file(spool_path)
-        if self._reader is None:
-            self.info = make_image(spool_path, out_dir)
-            return
-        try:
-            (page_size,), = self._reader.execute("PRAGMA page_size")
-            (pages,), = self._reader.execute("PRAGMA page_count")
-            head, _, _ = read_meta(self._reader)
-        except BaseException:
-            self.close()
-            raise
-        self.info = ImageInfo(spool_path, head, pages * page_size, "live")
+    def __init__(self, spool: Spool, out_dir: Path) -> None:
+        out_dir = Path(out_dir)
+        shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
+        private_dir(out_dir)  # a copy of every payload: as private as the spool
+        state = spool.load_state()
+        path = ckpt.write_checkpoint(out_dir, state)
+        self.info = ImageInfo(path, state.head, path.stat().st_size, "checkpoint")
 
     def check(self) -> None:
-        """`SpoolCorruption` if the image's pages or its op log are damaged."""
-        if self._reader is None:
-            check_pages(self.info.path)
-        elif problem := _problem(self._reader):
-            raise SpoolCorruption(f"spool {self.info.path}: {problem}; our spool cannot be sent")
+        """`SpoolCorruption` if the image does not read back whole."""
+        for _ in ckpt.bodies(self.info.path):
+            pass
 
     def chunks(self, digest) -> Iterator[bytes]:
         return read_chunks(self.info.path, digest, self.info.size)
 
     def close(self) -> None:
-        """Let checkpoints past the image's snapshot again (the live way); the caller removes a copy's directory."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-
-def _snapshot_in_file(spool_path: Path) -> sqlite3.Connection | None:
-    """A connection holding a read transaction whose snapshot the database file holds exactly (see the rules), or
-    None if the file does not."""
-    reader = connect(spool_path)
-    try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT head_seq FROM meta").fetchall()  # our snapshot starts here
-        checkpointer = connect(spool_path)
-        try:
-            busy, in_log, copied = checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        finally:
-            checkpointer.close()
-    except BaseException:
-        reader.close()
-        raise
-    if busy or in_log != copied:  # frames past our snapshot, or held back by an older reader
-        reader.close()
-        return None
-    return reader
-
-
-def make_image(spool_path: Path, out_dir: Path) -> ImageInfo:
-    """Copy the spool at `spool_path` to `out_dir/spool.db` in one consistent read: SQLite's backup API (see the
-    rules)."""
-    out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
-    private_dir(out_dir)  # a copy of every payload: as private as the spool
-    out = out_dir / FILE_NAME
-    source, target = connect(spool_path), connect(out)
-    try:
-        target.execute("PRAGMA synchronous=OFF")  # a scratch copy: the standby syncs what it installs
-        source.backup(target)  # pages=-1: one step, one read transaction of the source
-        head, _, _ = read_meta(target)
-    finally:
-        target.close()
-        source.close()
-    return ImageInfo(out, head, out.stat().st_size, "backup")
-
-
-def check_pages(path: Path) -> None:
-    """`SpoolCorruption` if the image at `path` has damaged pages or a broken op log (see the rules); it is only
-    read."""
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-        try:
-            problem = _problem(conn)
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        problem = f"damaged database pages ({exc})"
-    if problem:
-        raise SpoolCorruption(f"spool image {path}: {problem}; our spool cannot be sent")
-
-
-def _problem(conn: sqlite3.Connection) -> str | None:
-    try:
-        if problems := page_problems(conn):
-            return f"damaged database pages ({'; '.join(problems)})"
-        if why := log_problem(conn):
-            return f"its op log is broken ({why})"
-    except sqlite3.DatabaseError as exc:
-        return f"damaged database pages ({exc})"
-    return None
+        """Nothing to let go of: the caller removes the image's directory."""
 
 
 def read_chunks(path: Path, digest, size: int) -> Iterator[bytes]:
@@ -203,7 +107,7 @@ class ImageReceiver:
         self.incoming_dir = Path(incoming_dir)
         shutil.rmtree(self.incoming_dir, ignore_errors=True)  # a half-received earlier attempt
         private_dir(self.incoming_dir)
-        self.path = self.incoming_dir / FILE_NAME
+        self.path = self.incoming_dir / "image.ckpt"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._digest = hashlib.sha256()
         self.received = 0
@@ -244,14 +148,13 @@ class ImageReceiver:
         os.close(self._fd)
         self._fd = -1
         try:
-            with Spool.open(self.incoming_dir, check_pages=False) as spool:
-                head = spool.head
+            head = ckpt.read_point(self.path)
         except SpoolCorruption as exc:
-            raise ImageRefused(f"the image is not a sound spool: {exc}") from None
+            raise ImageRefused(f"the image is not a sound checkpoint: {exc}") from None
         if head != point:
             raise ImageRefused(f"the image holds op {head.seq} (epoch {head.epoch}) as its head, but the active "
                                f"announced op {point.seq} (epoch {point.epoch})")
-        vouch(self.path)  # checked whole here: opened as the live spool next, it is not checked page by page again
+        self.path = self.path.rename(self.path.with_name(r.checkpoint_name(point.seq)))
 
     def abandon(self) -> None:
         if self._fd >= 0:
@@ -262,4 +165,5 @@ class ImageReceiver:
     def swap_into(self, spool_dir: Path) -> None:
         """Replace the (closed) spool in `spool_dir` with the checked image."""
         assert self.finished is not None, "swap_into before finish"
-        install_file(self.incoming_dir, spool_dir)  # synced in finish
+        install(self.path, spool_dir)
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)

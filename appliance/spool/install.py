@@ -1,121 +1,76 @@
-"""A standby's full resync: a new spool built from a snapshot's op bodies, swapped in whole.
+"""A standby's full resync from a snapshot's op bodies: a checkpoint built beside the live spool, swapped in whole.
 
 Rules:
-- The new spool is built beside the live one (`<spool dir>.incoming`), batch by batch, each batch
-  in its own transaction; the live spool is untouched until `swap_into`, so a link that breaks
-  mid-snapshot leaves the standby with its old state (and it resyncs again).
-- Every body is decoded and checked (codec.py, state.check_op) before it is applied: a malformed
+- The checkpoint is written beside the live spool (`<spool dir>.incoming`), batch by batch; the live
+  spool is untouched until `swap_into`, so a link that breaks mid-snapshot leaves the standby with
+  its old state (and it resyncs again).
+- Every body is decoded and checked (codec.py, state.check_op) before it is written: a malformed
   snapshot is the peer's fault (`OpCodecError`/ValueError) and nothing of the batch is kept.
-- Nothing of the new file counts until `swap_into`, which fsyncs it before the rename; so while it
-  is built it needs neither a WAL nor an fsync per batch (journal in memory, synchronous off: a
-  batch still rolls back whole), and `finish` turns WAL mode back on, as every spool has it.
-- `finish(head)` records `head` as both the head and the base of the new spool's log (the log
-  holds no ops yet: the next op the standby receives is head + 1) and closes the new file.
-- `swap_into(spool_dir)` needs the live spool closed; it replaces the file atomically
-  (os.replace, then an fsync of the directory) and removes the incoming directory.
-- The builder's connection is used under its lock: `add` and `finish` run in worker threads and
-  `abandon` may come from another thread; closing the connection under a running batch crashes
-  the process in libsqlite3. The mate link waits for the batch's
-  thread before it abandons (mate_link/service.py); the lock makes any other caller wait too, and a
-  batch after `abandon` gets a clear error instead of a closed connection.
+- `finish(head)` records `head` as the checkpoint's point (the log continues from there: the next op
+  the standby receives is head + 1), syncs the file and renames it into place in the incoming dir.
+- `swap_into(spool_dir)` needs the live spool closed; the directory then holds the checkpoint alone
+  (store.install), and the incoming directory is removed.
+- `add`, `finish` and `abandon` run under the builder's lock: they come from worker threads and the
+  mate link's own, and a batch after `abandon` gets a clear error instead of a closed file.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import records as r
 from .chain import ChainPoint
+from .checkpoint import CheckpointWriter
 from .codec import decode_op
-from .sql import SqlApplier
-from .snapshot import snapshot_seq
 from .state import DEFAULT_MAX_MESSAGE_IDS, check_op
-from .store import FILE_NAME, Spool, _fsync_dir, connect
+from .store import install
+from ..private_files import private_dir
 
 
 class SnapshotBuilder:
     def __init__(self, incoming_dir: Path, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
+        del max_message_ids  # the standby's own bound applies when it loads the checkpoint
         self.incoming_dir = Path(incoming_dir)
         shutil.rmtree(self.incoming_dir, ignore_errors=True)  # a half-built earlier attempt
-        Spool.open(self.incoming_dir).close()  # lays out an empty, verified spool
-        self._conn = connect(self.incoming_dir / FILE_NAME)
-        self._conn.execute("PRAGMA journal_mode=MEMORY")
-        self._conn.execute("PRAGMA synchronous=OFF")
-        self._applier = SqlApplier(self._conn, max_message_ids)
+        private_dir(self.incoming_dir)
+        self._writer = CheckpointWriter(self.incoming_dir / "snapshot.ckpt")
         self.applied = 0
         self.finished: ChainPoint | None = None
-        self._lock = threading.Lock()  # see the rules: one thread at a time on the connection
+        self._path: Path | None = None
+        self._lock = threading.Lock()
         self._abandoned = False
 
     def add(self, bodies: Iterable[bytes]) -> None:
         bodies = list(bodies)
-        ops = [decode_op(b) for b in bodies]
-        for op in ops:
-            check_op(op)
+        for b in bodies:
+            check_op(decode_op(b))
         with self._lock:
             self._usable("add a batch to")
-            self._add(ops, bodies)
+            self._writer.add(bodies)
+            self.applied += len(bodies)
 
     def _usable(self, what: str) -> None:
         if self._abandoned:
             raise RuntimeError(f"cannot {what} the snapshot in {self.incoming_dir}: it was abandoned")
 
-    def _add(self, ops: list, bodies: list[bytes]) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            for op, body in zip(ops, bodies):
-                self._applier.apply(snapshot_seq(self.applied), op, body)
-                self.applied += 1
-            self._applier.write_fresh_bodies()
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            self._applier.reload()
-            raise
-
     def finish(self, head: ChainPoint) -> None:
         with self._lock:
             self._usable("finish")
-            self._finish(head)
-
-    def _finish(self, head: ChainPoint) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        self._conn.execute("UPDATE meta SET head_epoch = ?, head_seq = ?, head_checksum = ?, base_epoch = ?, "
-                           "base_seq = ?, base_checksum = ?, stored_bytes = ?",
-                           (head.epoch, head.seq, head.checksum, head.epoch, head.seq, head.checksum,
-                            self._applier.stored_bytes))
-        self._conn.execute("COMMIT")
-        (mode,), = self._conn.execute("PRAGMA journal_mode=WAL")
-        assert mode == "wal", mode
-        self._conn.close()
-        self.finished = head
+            path = self._writer.finish(head)
+            self._path = path.rename(path.with_name(r.checkpoint_name(head.seq)))
+            self.finished = head
 
     def abandon(self) -> None:
-        with self._lock:  # after a batch still running in another thread, never under it
+        with self._lock:
             self._abandoned = True
-            self._conn.close()
+            self._writer.abandon()
         shutil.rmtree(self.incoming_dir, ignore_errors=True)
 
     def swap_into(self, spool_dir: Path) -> None:
-        """Replace the (closed) spool in `spool_dir` with the finished one."""
-        assert self.finished is not None, "swap_into before finish"
-        fd = os.open(self.incoming_dir / FILE_NAME, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        install_file(self.incoming_dir, spool_dir)
-
-
-def install_file(incoming_dir: Path, spool_dir: Path) -> None:
-    """Rename `incoming_dir`'s (synced) spool file over the closed spool in `spool_dir`, then remove the rest."""
-    spool_dir = Path(spool_dir)
-    target = spool_dir / FILE_NAME
-    for stale in (Path(f"{target}-wal"), Path(f"{target}-shm")):
-        stale.unlink(missing_ok=True)  # the old file's; its connections are closed (checkpointed)
-    os.replace(Path(incoming_dir) / FILE_NAME, target)
-    _fsync_dir(spool_dir)
-    shutil.rmtree(incoming_dir, ignore_errors=True)
+        """Replace the (closed) spool in `spool_dir` with the finished checkpoint."""
+        assert self.finished is not None and self._path is not None, "swap_into before finish"
+        install(self._path, spool_dir)
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)

@@ -2,7 +2,7 @@
 mate link, which reach them here and nowhere else.
 
 Rules:
-- A standby's full resync swaps the spool file (`replace_spool`, the mate link calls it off the event
+- A standby's full resync swaps the spool's files (`replace_spool`, the mate link calls it off the event
   loop): the spool is closed (its writer after what it holds), the builder's file swapped in, and
   whichever file the swap left, the old one if it failed before its rename, the new one after, is
   opened again with a new writer. A node must never keep a closed spool, whose writer refuses every op
@@ -33,7 +33,7 @@ class LocalSpool:
         self.directory = Path(directory)
         self._on_lost = on_lost
         self._taps: tuple[EntriesTap | None, RollbackTap | None] = (None, None)
-        self.spool = Spool.open(self.directory)  # SpoolCorruption: refuse to serve from a corrupt spool
+        self.spool = Spool.open(self.directory, max_message_ids=limits.max_message_ids)  # SpoolCorruption: refuse to serve from a corrupt spool
         self.writer = self._new_writer(limits)
 
     def _new_writer(self, limits: WriterLimits) -> SpoolWriter:
@@ -56,7 +56,7 @@ class LocalSpool:
 
     def _reopen(self, limits: WriterLimits) -> None:
         try:
-            self.spool = Spool.open(self.directory)
+            self.spool = Spool.open(self.directory, max_message_ids=limits.max_message_ids)
         except BaseException as exc:
             if self._on_lost is not None:
                 self._on_lost(f"the spool in {self.directory} could not be opened again after a full resync: {exc}")

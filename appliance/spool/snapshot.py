@@ -18,8 +18,11 @@ Rules:
   one per message) is stored before its first copy, and the last of those late ops releases it:
   the rebuilt state holds no placeholder.
 - Pure: no I/O, deterministic for a given state.
-- `snapshot_bodies(state)` is the same list encoded; a state loaded with `raw_bodies` holds its
-  messages as their encoded `MessageStored` ops already, and they pass through untouched.
+- `snapshot_bodies(state)` is the same list encoded; a state whose messages are encoded
+  `MessageStored` ops already passes them through untouched.
+- `snapshot_items(state)` pairs each op with the seq to apply it with: a queue entry's own `order`
+  for its `MessageQueued`, `snapshot_seq(i)` for the rest. A checkpoint (checkpoint.py) keeps these,
+  so a state rebuilt from it is equal to the state it was written from, orders included.
 """
 
 from __future__ import annotations
@@ -30,7 +33,18 @@ from .state import SpoolState
 
 
 def snapshot_ops(state: SpoolState) -> list[o.Op]:
+    return [op for _, op in _items(state)]
+
+
+def snapshot_items(state: SpoolState) -> list[tuple[int, bytes]]:
+    """(seq to apply with, encoded op) for each op of the snapshot (see the rules)."""
+    return [(snapshot_seq(i) if order is None else order, op if type(op) is bytes else encode_op(op))
+            for i, (order, op) in enumerate(_items(state))]
+
+
+def _items(state: SpoolState) -> list[tuple[int | None, o.Op]]:
     out: list = []
+    orders: dict[int, int] = {}  # index in `out` of a MessageQueued -> its entry's order
     bodies = dict(state.messages)  # not yet in `out`; values are bytes for a raw_bodies state (snapshot_bodies)
 
     def body_of(msg_id: int) -> None:
@@ -59,6 +73,7 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
                 out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
         else:
             body_of(e.msg_id)
+        orders[len(out)] = e.order
         out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
         if e.packet_id:
             out.append(o.MessageInflight(client_id, e.msg_id, e.packet_id))
@@ -71,7 +86,7 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
     out += (o.MessageIdSeen(client_id, message_id, seen_at_ms)
             for client_id, message_id, seen_at_ms in state.message_ids)
     out += bodies.values()
-    return out
+    return [(orders.get(i), op) for i, op in enumerate(out)]
 
 
 def snapshot_bodies(state: SpoolState) -> list[bytes]:

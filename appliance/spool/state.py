@@ -139,7 +139,7 @@ class _Session:
 
 
 class StateModel:
-    """The rules above over plain dicts: the reference the SQLite store is tested against."""
+    """The rules above over plain dicts: the spool's live state (store.py), replayed from its files at open."""
 
     def __init__(self, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
         self.max_message_ids = max_message_ids
@@ -152,11 +152,16 @@ class StateModel:
         self.stored_bytes = 0
         self.ignored = 0
         self.head = GENESIS
+        self._size = 0  # the encoded size of the MessageStored being applied (0: encode it to know)
+        self._rules = {cls: getattr(self, "_" + cls.__name__) for cls in o.OP_TYPES.values()}
 
-    def apply(self, seq: int, op: o.Op) -> bool:
-        """Apply one op (the seq it has in the log); False if it was a no-op by the rules."""
-        applied = getattr(self, "_" + type(op).__name__)(seq, op)
-        self.ignored += not applied
+    def apply(self, seq: int, op: o.Op, size: int = 0) -> bool:
+        """Apply one op (the seq it has in the log; `size`, if known, its encoded length); False if it was a
+        no-op by the rules."""
+        self._size = size
+        applied = self._rules[type(op)](seq, op)
+        if not applied:
+            self.ignored += 1
         return applied
 
     def state(self, head: ChainPoint | None = None) -> SpoolState:
@@ -185,7 +190,7 @@ class StateModel:
             return False
         self.messages[op.msg_id] = op
         self.refs[op.msg_id] = 0
-        self.sizes[op.msg_id] = stored_size(encode_op(op))
+        self.sizes[op.msg_id] = self._size or stored_size(encode_op(op))
         self.stored_bytes += self.sizes[op.msg_id]
         return True
 
@@ -204,7 +209,7 @@ class StateModel:
         s, e = self._entry(op.client_id, op.msg_id)
         if e is None or e.pubrec_received:
             return False
-        s.queue[op.msg_id] = dataclasses.replace(e, packet_id=op.packet_id)
+        s.queue[op.msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, op.packet_id)
         return True
 
     def _MessagePubrecReceived(self, seq: int, op: o.MessagePubrecReceived) -> bool:
@@ -231,9 +236,17 @@ class StateModel:
         return self._remove_entry(op.client_id, op.msg_id)
 
     def _MessagesInflight(self, seq: int, op: o.MessagesInflight) -> bool:
-        applied = [self._MessageInflight(seq, o.MessageInflight(op.client_id, m, p))
-                   for m, p in zip(op.msg_ids, op.packet_ids)]
-        return all(applied)
+        s = self.sessions.get(op.client_id)
+        if s is None:
+            return not op.msg_ids
+        queue, applied = s.queue, True
+        for msg_id, packet_id in zip(op.msg_ids, op.packet_ids):
+            e = queue.get(msg_id)
+            if e is None or e.pubrec_received:
+                applied = False
+                continue
+            queue[msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, packet_id)
+        return applied
 
     def _MessagesAcked(self, seq: int, op: o.MessagesAcked) -> bool:
         return all([self._remove_entry(op.client_id, m) for m in op.msg_ids])

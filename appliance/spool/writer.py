@@ -5,20 +5,21 @@ Rules:
   on I/O: it encodes the ops, gives them the next seqs and chained checksums
   at once (so the mate link can ship them while the local commit runs) and
   queues them. Its future resolves with those entries only after the
-  transaction holding them is committed (synchronous=FULL in WAL mode: durable).
+  group commit holding them is durable (written and fdatasync'ed: segments.py).
   Futures resolve in seq order; a `concurrent.futures` future's callbacks run
   in the writer thread (keep them short), an asyncio one's on its loop.
 - The thread drains every queued submission, up to `max_batch_ops` ops or
-  `max_batch_bytes`, into ONE transaction: the op log rows, the state changes
-  and the new head commit together or not at all. A submission is never split.
+  `max_batch_bytes`, into ONE group commit: one write and one fdatasync of
+  their records, then their ops applied to the spool's state in memory. A
+  submission is never split.
 - Bounded: at most `max_pending_ops` ops queued or committing; past that
   `submit` raises `SpoolBusy` (the broker watches `pending_ops` and stops
   reading publishers well before). Stored bodies are bounded by
   `max_spool_bytes`: a submission whose new bodies would pass it (counting
   bodies still in flight, not counting frees until they commit) is refused
   with `SpoolFull` before it gets a seq.
-- A full disk fails the whole batch with `SpoolFull`; the transaction rolls
-  back and so does every submission queued behind it (their seqs chained on
+- A full disk fails the whole batch with `SpoolFull`; the write is cut back
+  off the segment and so is every submission queued behind it (their seqs chained on
   the failed ops): the head returns to the last committed op and the writer
   carries on. None of those ops may be acknowledged; a mate that was shipped
   them holds a divergent unacknowledged tail, which resync discards.
@@ -31,14 +32,9 @@ Rules:
   `fence()` starts a new history without a rollback.
 - Any other failure (an I/O error, our own bug) fails everything pending and
   stops the writer: later submissions raise that error.
-- The log keeps the last `keep_ops` ops; older ones are dropped in chunks of
-  `truncate_chunk_ops` after a commit, in their own transaction.
-- A catch-up's ops that the log would drop anyway are never written to it: a bulk submission's
-  entries with seq <= `unlogged_through` (the standby passes its catch-up target minus `keep_ops`)
-  change the state tables only, and the commit moves the log's base to the last of them, in the
-  same transaction (their chain was verified as they arrived). Only the log's length is at stake:
-  a catch-up cut short leaves a log shorter than `keep_ops` (an incremental resync served from it
-  reaches back less far), never a spool whose log, base, head and state disagree.
+- Checkpoints (store.py's rules) are written by a thread of their own when the spool asks for one,
+  so a commit never waits for a checkpoint; the segments a checkpoint made redundant go then, except
+  the last `keep_ops` ops, which an incremental resync may still ask for.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import sqlite3
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -57,9 +53,8 @@ from . import ops as o
 from .chain import ChainPoint, LogEntry, chain, verify_chain
 from .codec import decode_op, encode_op
 from .errors import SpoolBusy, SpoolFull
-from .sql import SqlApplier
 from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size
-from .store import Spool, connect
+from .store import Spool
 from ..errors import LocalProtocolError
 
 log = logging.getLogger(__name__)
@@ -73,13 +68,12 @@ class WriterLimits:
     max_pending_ops: int = 100_000
     max_spool_bytes: int = 4 << 30  # stored message bodies (their encoded MessageStored ops)
     keep_ops: int = 100_000  # op log kept for the mate link's incremental resync
-    truncate_chunk_ops: int = 10_000
     max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS
 
     def __post_init__(self) -> None:
         assert 0 < self.max_batch_ops <= self.max_pending_ops
         assert self.max_batch_bytes > 0 and self.max_spool_bytes > 0
-        assert self.keep_ops > 0 and self.truncate_chunk_ops > 0
+        assert self.keep_ops > 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,7 +84,7 @@ class WriterMetrics:
     failed_batches: int
     ignored_ops: int  # no-ops by the rules of state.py: a broker bug worth a look
     mean_batch_ops: float
-    last_commit_ms: float  # BEGIN to COMMIT returned, fsync included
+    last_commit_ms: float  # write to fdatasync returned
     max_commit_ms: float
     pending_ops: int
     stored_bytes: int
@@ -107,8 +101,6 @@ class Submission:
     added_bytes: int = 0
     nbytes: int = 0
     loop: asyncio.AbstractEventLoop | None = None
-    bulk: bool = False  # a catch-up's ops: applied with SqlApplier.apply_many
-    unlogged_through: int = 0  # bulk only: entries up to this seq get no op-log row (see the rules)
 
 
 class SpoolWriter:
@@ -131,11 +123,12 @@ class SpoolWriter:
         self._last_ms = self._max_ms = 0.0
         self._ignored = 0
         self.history = 0  # bumped by every rollback and every fence(); see the rules
-        conn = connect(spool.path)  # made here so that a bad file fails the constructor, used only by the thread
-        self._applier = SqlApplier(conn, limits.max_message_ids)
-        self._stored_bytes = self._applier.stored_bytes
-        self.durable = self.head = spool.head
-        self._base_seq = spool.base.seq
+        self._model = spool.model
+        spool.keep_ops = limits.keep_ops
+        spool.model.max_message_ids = limits.max_message_ids
+        self._stored_bytes = spool.model.stored_bytes
+        self.durable = self.head = spool.log.head
+        self._checkpointer: threading.Thread | None = None
         # The mate link's taps. `on_entries(entries)` runs under the writer's lock on the submitting
         # thread, right after the entries get their seqs, so they are seen in seq order and can be shipped
         # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
@@ -178,17 +171,14 @@ class SpoolWriter:
         return await self.submit_async(ops, epoch).future
 
     def submit_entries(self, entries: list[LogEntry], loop: asyncio.AbstractEventLoop | None = None, *,
-                       chained: bool = False, bulk: bool = False, unlogged_through: int = 0) -> Submission:
+                       chained: bool = False) -> Submission:
         """The standby's path: entries received from the active, applied as they are.
 
         `ChainError` if they do not follow the head, `OpCodecError` if a body is malformed, ValueError if an op is
         outside its domain (state.check_op): all the peer's fault; nothing is queued then. `chained`: the caller
         verified that each entry chains on the one before it (the mate link's standby end does), so only the
-        first is checked against our head here (a checksum per op fewer in a catch-up). `bulk`: apply them with
-        `SqlApplier.apply_many` (same outcome; a run of queued messages in one executemany). `unlogged_through`
-        (with `bulk`): entries with seq <= it change the state only, and the log's base moves past them (the rules).
+        first is checked against our head here (a checksum per op fewer in a catch-up).
         """
-        assert bulk or not unlogged_through, "unlogged_through is for a bulk catch-up only"
         ops = tuple(decode_op(e.body) for e in entries)
         for op in ops:
             check_op(op)
@@ -201,8 +191,7 @@ class SpoolWriter:
                 self.head = entries[-1].point
             else:
                 self.head = verify_chain(entries, self.head)
-            sub = Submission(tuple(entries), future, ops, added, loop=loop, bulk=bulk,
-                             unlogged_through=unlogged_through)
+            sub = Submission(tuple(entries), future, ops, added, loop=loop)
             self._enqueue(sub, bodies)
         if not entries:
             _settle([(sub, (), None)])
@@ -287,13 +276,12 @@ class SpoolWriter:
     # The writer thread.
 
     def _run(self) -> None:
-        try:
-            while (batch := self._next_batch()) is not None:
-                self._commit(batch)
-                if self._broken is None:
-                    self._maybe_truncate()
-        finally:
-            self._applier.conn.close()
+        while (batch := self._next_batch()) is not None:
+            self._commit(batch)
+            if self._broken is None:
+                self._maybe_checkpoint()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
 
     def _next_batch(self) -> list[Submission] | None:
         limits = self.limits
@@ -314,55 +302,39 @@ class SpoolWriter:
             return batch
 
     def _commit(self, batch: list[Submission]) -> None:
-        applier, conn = self._applier, self._applier.conn
-        ignored_before = applier.ignored
+        entries: list[LogEntry] = []
+        for sub in batch:
+            entries += sub.entries
         started = time.monotonic()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            entries: list[LogEntry] = []
-            new_base: LogEntry | None = None
-            for sub in batch:
-                if sub.bulk:
-                    applier.apply_many(sub.entries, sub.ops)
-                    if sub.unlogged_through > self._base_seq:
-                        new_base = _last_through(sub.entries, sub.unlogged_through) or new_base
-                    entries.extend(sub.entries)
-                    continue
-                for entry, op in zip(sub.entries, sub.ops):
-                    applier.apply(entry.seq, op, entry.body)
-                entries.extend(sub.entries)
-            applier.finish(entries, new_base)
-            conn.execute("COMMIT")
+            self.spool.log.append(entries)
         except Exception as exc:  # noqa: BLE001 - every failure is reported to the batch's submitters
             self._rollback(batch, exc)
             return
         elapsed_ms = (time.monotonic() - started) * 1000
+        model = self._model
+        ignored_before = model.ignored
+        with self.spool.lock:
+            apply = model.apply
+            for sub in batch:
+                for entry, op in zip(sub.entries, sub.ops):
+                    apply(entry.seq, op, len(entry.body))
+            model.head = entries[-1].point
         n = len(entries)
         with self._lock:
             self.durable = entries[-1].point
-            if new_base is not None:
-                self._base_seq = new_base.seq
             self._pending_ops -= n
             self._pending_added -= sum(sub.added_bytes for sub in batch)
-            self._stored_bytes = applier.stored_bytes
+            self._stored_bytes = model.stored_bytes
             self._commits += 1
             self._ops += n
-            self._ignored += applier.ignored - ignored_before
+            self._ignored += model.ignored - ignored_before
             self._last_ms = elapsed_ms
             self._max_ms = max(self._max_ms, elapsed_ms)
         _settle([(sub, sub.entries, None) for sub in batch])
 
     def _rollback(self, batch: list[Submission], exc: Exception) -> None:
-        conn = self._applier.conn
-        full = isinstance(exc, sqlite3.OperationalError) and (
-            getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc))
-        try:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._applier.reload()
-        except Exception as again:  # noqa: BLE001
-            log.error("spool %s: rollback failed: %s", self.spool.path, again)
-            full = False
+        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
         if full:
             error: BaseException = SpoolFull(f"spool {self.spool.path}: the disk is full ({exc}); the batch of "
                                              f"{sum(len(s.entries) for s in batch)} ops was rolled back")
@@ -385,27 +357,20 @@ class SpoolWriter:
             self.on_rollback(self.durable)
         _settle([(sub, None, error) for sub in batch] + [(sub, None, chained) for sub in behind])
 
-    def _maybe_truncate(self) -> None:
-        keep_after = self.durable.seq - self.limits.keep_ops
-        if keep_after - self._base_seq < self.limits.truncate_chunk_ops:
+    def _maybe_checkpoint(self) -> None:
+        if self._checkpointer is not None and self._checkpointer.is_alive():
             return
-        conn = self._applier.conn
+        if not self.spool.wants_checkpoint(self._stored_bytes):
+            return
+        self._checkpointer = threading.Thread(target=self._checkpoint, name=f"spool-checkpoint {self.spool.path}",
+                                              daemon=True)
+        self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            self._applier.truncate_log(keep_after)
-            conn.execute("COMMIT")
-            self._base_seq = keep_after
-        except sqlite3.Error as exc:  # e.g. a full disk: the log just stays longer; try again later
-            log.warning("spool %s: could not drop old ops: %s", self.spool.path, exc)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-
-
-def _last_through(entries: tuple[LogEntry, ...], seq: int) -> LogEntry | None:
-    """The last of `entries` (consecutive seqs) with a seq <= `seq`, if any."""
-    if not entries or entries[0].seq > seq:
-        return None
-    return entries[min(len(entries), seq - entries[0].seq + 1) - 1]
+            self.spool.write_checkpoint()
+        except OSError as exc:  # e.g. a full disk: the log just stays longer; the next commit asks again
+            log.warning("spool %s: could not write a checkpoint: %s", self.spool.path, exc)
 
 
 def _settle(outcomes: list[tuple[Submission, object, BaseException | None]]) -> None:

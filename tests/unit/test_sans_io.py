@@ -34,9 +34,10 @@ CORE_PACKAGES = ("pairmq.appliance.quorum", "pairmq.appliance.mqtt", "pairmq.app
 ADAPTERS = {  # the I/O around the cores: thin and mechanical
     "pairmq.appliance.mqtt.connection", "pairmq.appliance.mqtt.connects", "pairmq.appliance.mqtt.listener",
     "pairmq.appliance.broker.authn", "pairmq.appliance.broker.service",
-    "pairmq.appliance.spool.image", "pairmq.appliance.spool.install", "pairmq.appliance.spool.load",
-    "pairmq.appliance.spool.sql", "pairmq.appliance.spool.store", "pairmq.appliance.spool.writer",
-    "pairmq.appliance.spool.local",
+    "pairmq.appliance.spool.image", "pairmq.appliance.spool.install", "pairmq.appliance.spool.segments",
+    "pairmq.appliance.spool.checkpoint", "pairmq.appliance.spool.store", "pairmq.appliance.spool.writer",
+    "pairmq.appliance.spool.local", "pairmq.appliance.spool.legacy.load", "pairmq.appliance.spool.legacy.sql",
+    "pairmq.appliance.spool.legacy.migrate",
     "pairmq.configsync.service", "pairmq.configsync.store",
     "pairmq.mate_link.service", "pairmq.mate_link.transport",
 }

@@ -18,10 +18,10 @@ import functools
 import sqlite3
 import zlib
 
-from . import ops as o
-from .chain import ChainPoint, LogEntry
-from .codec import encode_uints
-from .state import stored_size
+from .. import ops as o
+from ..chain import ChainPoint, LogEntry
+from ..codec import encode_uints
+from ..state import stored_size
 
 SCHEMA_VERSION = 2  # 2: message_ids keyed by (client_id, message_id)
 APPLICATION_ID = 0x50514D53  # "PQMS": a PairMQ spool

@@ -22,10 +22,10 @@ import collections
 import sqlite3
 import zlib
 
-from . import ops as o
-from .codec import decode_op, decode_uints
+from .. import ops as o
+from ..codec import decode_op, decode_uints
 from .sql import read_meta
-from .state import PACKET_IDS, PROTOCOL_VERSIONS, QOS, RETAIN_HANDLING, QueueEntry, Session, SpoolState, stored_size
+from ..state import PACKET_IDS, PROTOCOL_VERSIONS, QOS, RETAIN_HANDLING, QueueEntry, Session, SpoolState, stored_size
 
 _FLAG = (0, 1)
 
