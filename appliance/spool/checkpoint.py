@@ -2,22 +2,22 @@
 
 Rules:
 - A checkpoint holds the state at a chain point as the ops that rebuild it from empty (snapshot.py),
-  framed as records (records.py), after a header with the point and before an end record with the
-  count and the SHA-256 of every byte before it. Recovery is the newest checkpoint, then the log's
-  ops after its point.
+  many to a framed record (records.py: S), after a header with the point and before an end record
+  with the counts (E). Recovery is the newest checkpoint, then the log's ops after its point.
 - It appears atomically: written as `<name>.new`, synced, renamed, the directory synced. A `.new`
-  left by a crash is removed at open; a checkpoint that does not read back whole (header, every
-  record's CRC, the count, the digest) is damage, refused with its name.
+  left by a crash is removed at open (store.py); a checkpoint that does not read back whole (header,
+  every record's CRC, the counts, nothing after the end) is damage, refused with its name.
+- Its ops are not checked again as they load (codec.py decodes them strictly all the same): they
+  were checked when they were first written, and each record's CRC proves these are those bytes.
 - It is also what a full resync ships (image.py): a checkpoint written for the standby, streamed with
-  its SHA-256; the standby installs it as its spool and continues the log from its point.
-- Reading applies each op to a `StateModel` as it goes (no list of a million ops in memory).
+  a SHA-256 the standby checks; the standby installs it as its spool and continues from its point.
+- Reading goes record by record (memory stays bounded by a record, not the file).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from . import records as r
@@ -26,28 +26,31 @@ from .codec import decode_op
 from .errors import OpCodecError
 from .segments import fsync_dir
 from .snapshot import snapshot_items, snapshot_seq
-from .state import StateModel, SpoolState, check_op
+from .state import StateModel, SpoolState
 from ..errors import SpoolCorruption
 
 WRITE_BYTES = 4 << 20
+_NO_POINT = ChainPoint(0, 0, bytes(16))
 
 
 class CheckpointWriter:
-    """A checkpoint written piece by piece (`add`), made whole by `finish`, or `abandon`ed."""
+    """A checkpoint written piece by piece (`add`/`add_items`), made whole by `finish`, or `abandon`ed."""
 
     def __init__(self, path: Path, point: ChainPoint | None = None) -> None:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".new")
         self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._digest = hashlib.sha256()
-        self._buf = bytearray()
+        self._buf = bytearray(r.header(r.CHECKPOINT_MAGIC, point or _NO_POINT))
+        self._chunk = bytearray((r.SNAPSHOT_OP,))
         self.ops = 0
+        self._chunks = 0
         self._header_at_finish = point is None
-        self._write(r.header(r.CHECKPOINT_MAGIC, point or ChainPoint(0, 0, bytes(16))))
 
-    def _write(self, data: bytes) -> None:
-        self._digest.update(data)
-        self._buf += data
+    def _end_chunk(self) -> None:
+        if len(self._chunk) > 1:
+            self._buf += r.frame(bytes(self._chunk))
+            self._chunks += 1
+            del self._chunk[1:]
         if len(self._buf) >= WRITE_BYTES:
             self._flush()
 
@@ -59,25 +62,27 @@ class CheckpointWriter:
             del view
         self._buf.clear()
 
-    def add(self, bodies) -> None:
+    def add(self, bodies: Iterable[bytes]) -> None:
         """Snapshot ops applied with `snapshot_seq(i)` (the mate link's SNAPSHOT batches)."""
         self.add_items((snapshot_seq(self.ops + i), body) for i, body in enumerate(bodies))
 
-    def add_items(self, items) -> None:
+    def add_items(self, items: Iterable[tuple[int, bytes]]) -> None:
         """(seq to apply with, op bytes) pairs (snapshot.snapshot_items)."""
+        chunk, put = self._chunk, r.put_snapshot_op
         for seq, body in items:
-            self._write(r.snapshot_op_record(seq, body))
+            put(chunk, seq, body)
             self.ops += 1
+            if len(chunk) >= r.CHUNK_BYTES:
+                self._end_chunk()
 
     def finish(self, point: ChainPoint | None = None) -> Path:
         """Write the end, sync, rename into place; the path. `point`: for a writer made without one."""
+        self._end_chunk()
+        self._buf += r.checkpoint_end_record(self.ops, self._chunks)
+        self._flush()
         if self._header_at_finish:
             assert point is not None, "a checkpoint made without its point needs one at finish"
-            self._flush()
             os.pwrite(self._fd, r.header(r.CHECKPOINT_MAGIC, point), 0)
-            self._digest = _digest_of(self._fd)  # the header changed: digest what is on disk
-        self._buf += r.checkpoint_end_record(self.ops, self._digest.digest())
-        self._flush()
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
@@ -90,15 +95,6 @@ class CheckpointWriter:
             os.close(self._fd)
             self._fd = -1
         self.tmp.unlink(missing_ok=True)
-
-
-def _digest_of(fd: int):
-    digest = hashlib.sha256()
-    at = 0
-    while chunk := os.pread(fd, WRITE_BYTES, at):
-        digest.update(chunk)
-        at += len(chunk)
-    return digest
 
 
 def write_checkpoint(directory: Path, state: SpoolState) -> Path:
@@ -122,43 +118,50 @@ def read_point(path: Path) -> ChainPoint:
         raise _damaged(path, exc.why) from None
 
 
-def bodies(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(seq to apply with, op bytes) of the checkpoint at `path`, checked record by record and whole at the end."""
+def chunks(path: Path) -> Iterator[list[tuple[int, bytes]]]:
+    """The checkpoint's ops, a record's worth at a time: (seq to apply with, op bytes); checked record by record
+    and whole at the end (see the rules)."""
     with open(path, "rb") as f:
-        data = f.read()
-    try:
-        r.parse_header(data, r.CHECKPOINT_MAGIC)
-        pos, n = r.HEADER_BYTES, 0
-        while True:
-            payload, end = r.next_record(data, pos)
-            if payload[0] == r.CHECKPOINT_END:
-                ops, digest = r.parse_end(payload, pos)
-                if ops != n:
-                    raise r.RecordError(pos, f"the end counts {ops} ops, the file holds {n}")
-                if hashlib.sha256(data[:pos]).digest() != digest:
-                    raise r.RecordError(pos, "the SHA-256 at its end does not match its contents")
-                if end != len(data):
-                    raise r.RecordError(end, f"{len(data) - end} bytes after its end")
-                return
-            if payload[0] != r.SNAPSHOT_OP:
-                raise r.RecordError(pos, f"a record of kind {payload[0]} in a checkpoint")
-            yield r.parse_snapshot_op(payload, pos)
-            n += 1
-            pos = end
-    except r.RecordError as exc:
-        raise _damaged(path, exc.why) from None
+        try:
+            r.parse_header(f.read(r.HEADER_BYTES), r.CHECKPOINT_MAGIC)
+            pos, ops, records = r.HEADER_BYTES, 0, 0
+            while True:
+                head = f.read(r.FRAME_BYTES)
+                length = int.from_bytes(head[:4], "big") if len(head) == r.FRAME_BYTES else 0
+                data = head + f.read(min(length, r.MAX_PAYLOAD + 1))
+                payload, end = r.next_record(data, 0)
+                if payload[0] == r.CHECKPOINT_END:
+                    want_ops, want_records = r.parse_end(payload, pos)
+                    if (want_ops, want_records) != (ops, records):
+                        raise r.RecordError(pos, f"the end counts {want_ops} ops in {want_records} records, the "
+                                                 f"file holds {ops} in {records}")
+                    if f.read(1):
+                        raise r.RecordError(pos + end, "bytes after its end")
+                    return
+                if payload[0] != r.SNAPSHOT_OP:
+                    raise r.RecordError(pos, f"a record of kind {payload[0]} in a checkpoint")
+                items = r.parse_snapshot_ops(payload, pos)
+                ops += len(items)
+                records += 1
+                pos += end
+                yield items
+        except r.RecordError as exc:
+            raise _damaged(path, exc.why) from None
 
 
 def load(path: Path, model: StateModel) -> ChainPoint:
     """Apply the checkpoint at `path` to the empty `model`; its point. `SpoolCorruption` if it is damaged."""
     point = read_point(path)
-    for i, (seq, body) in enumerate(bodies(path)):
-        try:
-            op = decode_op(body)
-            check_op(op)
-        except (OpCodecError, ValueError) as exc:
-            raise _damaged(path, f"op {i} of its snapshot is malformed ({exc})") from None
-        model.apply(seq, op, len(body))
+    apply = model.apply
+    i = 0
+    for items in chunks(path):
+        for seq, body in items:
+            try:
+                op = decode_op(body)
+            except OpCodecError as exc:
+                raise _damaged(path, f"op {i} of its snapshot is malformed ({exc})") from None
+            apply(seq, op, len(body))
+            i += 1
     model.head = point
     return point
 

@@ -6,7 +6,7 @@ Rules:
   the spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
   commits) wait behind its writeback, stalling the active's loop. The copy of the state is taken
   under the spool's lock; the file is written outside it, while commits go on.
-- The active reads the image back (`check`: every record's CRC, the count, the SHA-256 at its end)
+- The active reads the image back (`check`: every record's CRC, the counts at its end)
   while it streams it, and ends the image (IMAGE_END) only once that passed; a failure is
   `SpoolCorruption` (our disk damaged it) and no image is ended.
 - The standby writes what arrives to `<incoming dir>/image.ckpt` (`ImageReceiver`), in order: a chunk
@@ -76,7 +76,7 @@ class SpoolImage:
 
     def check(self) -> None:
         """`SpoolCorruption` if the image does not read back whole."""
-        for _ in ckpt.bodies(self.info.path):
+        for _ in ckpt.chunks(self.info.path):
             pass
 
     def chunks(self, digest) -> Iterator[bytes]:

@@ -5,13 +5,14 @@ Rules:
   The payload's first byte says what it is:
     O  an op:         u64 epoch, u64 seq, 16-byte chained checksum (chain.py), the op's bytes (codec.py)
     C  a commit:      u64 offset of the group commit's first record, u64 seq of its last op, u32 ops
-    S  a checkpoint's op: i64 the seq it is applied with (snapshot.py), the op's bytes
-    E  a checkpoint's end: u64 ops, 32-byte SHA-256 of every byte of the file before this record
+    S  a checkpoint's ops: for each, i64 the seq it is applied with (snapshot.py), u32 its length, its
+       bytes; as many as fit in CHUNK_BYTES (one frame and one CRC for many ops)
+    E  a checkpoint's end: u64 ops, u64 S records (so a checkpoint cut short between records is told)
 - A segment starts with SEGMENT_HEADER: magic, format, the chain point its first op follows, a CRC.
   Its name is the seq of that first op, 20 digits, then `.seg`. Then group commits follow, each its
   op records and one commit record; a commit is durable once the fdatasync after its write returns.
 - A checkpoint starts with CHECKPOINT_HEADER: magic, format, the chain point it holds the state at, a
-  CRC; then S records, the snapshot of that state; then one E record. Its name is that point's seq,
+  CRC; then S records, the snapshot of that state; then one E record, and nothing after it. Its name is that point's seq,
   20 digits, then `.ckpt`.
 - Parsing is strict: a length past the end, a CRC that does not match, an unknown kind or a payload of
   the wrong size is a `RecordError` with the offset. Whether that means a torn tail or damage is the
@@ -41,10 +42,12 @@ _HEADER = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epo
 _CRC = struct.Struct(">I")
 _OP_HEAD = struct.Struct(f">BQQ{CHECKSUM_BYTES}s")
 _COMMIT = struct.Struct(">BQQI")
-_END = struct.Struct(">BQ32s")
-_SNAPSHOT_HEAD = struct.Struct(">Bq")
+_END = struct.Struct(">BQQ")
+SNAPSHOT_ITEM = struct.Struct(">qI")
+CHUNK_BYTES = 1 << 20
 HEADER_BYTES = _HEADER.size + _CRC.size
 FRAME_BYTES = _FRAME.size
+OP_HEAD_BYTES = _OP_HEAD.size
 OP_OVERHEAD = FRAME_BYTES + _OP_HEAD.size  # bytes a record adds to an op's own
 COMMIT_BYTES = FRAME_BYTES + _COMMIT.size
 _crc32 = zlib.crc32
@@ -112,18 +115,30 @@ def commit_record(start: int, last_seq: int, ops: int) -> bytes:
     return frame(_COMMIT.pack(COMMIT, start, last_seq, ops))
 
 
-def snapshot_op_record(seq: int, body: bytes) -> bytes:
-    return frame(_SNAPSHOT_HEAD.pack(SNAPSHOT_OP, seq) + body)
+def put_snapshot_op(chunk: bytearray, seq: int, body: bytes) -> None:
+    """Append one op to an S record's payload being built (start it with `bytearray((SNAPSHOT_OP,))`)."""
+    chunk += SNAPSHOT_ITEM.pack(seq, len(body))
+    chunk += body
 
 
-def parse_snapshot_op(payload: bytes, offset: int) -> tuple[int, bytes]:
-    if len(payload) < _SNAPSHOT_HEAD.size + 2:
-        raise RecordError(offset, f"a checkpoint op of {len(payload)} bytes is too short")
-    return _SNAPSHOT_HEAD.unpack_from(payload)[1], payload[_SNAPSHOT_HEAD.size:]
+def parse_snapshot_ops(payload: bytes, offset: int) -> list[tuple[int, bytes]]:
+    """The (seq, op bytes) items of an S record's payload."""
+    out, pos, end = [], 1, len(payload)
+    unpack_from, head = SNAPSHOT_ITEM.unpack_from, SNAPSHOT_ITEM.size
+    while pos < end:
+        if pos + head > end:
+            raise RecordError(offset, "a checkpoint op cut off inside its record")
+        seq, n = unpack_from(payload, pos)
+        pos += head
+        if n < 2 or pos + n > end:
+            raise RecordError(offset, f"a checkpoint op of impossible length {n}")
+        out.append((seq, payload[pos:pos + n]))
+        pos += n
+    return out
 
 
-def checkpoint_end_record(ops: int, digest: bytes) -> bytes:
-    return frame(_END.pack(CHECKPOINT_END, ops, digest))
+def checkpoint_end_record(ops: int, chunks: int) -> bytes:
+    return frame(_END.pack(CHECKPOINT_END, ops, chunks))
 
 
 def next_record(data: bytes | memoryview, pos: int) -> tuple[bytes, int]:
@@ -157,11 +172,11 @@ def parse_commit(payload: bytes, offset: int) -> Commit:
     return Commit(start, last_seq, ops)
 
 
-def parse_end(payload: bytes, offset: int) -> tuple[int, bytes]:
+def parse_end(payload: bytes, offset: int) -> tuple[int, int]:
     if len(payload) != _END.size:
         raise RecordError(offset, f"a checkpoint end of {len(payload)} bytes ({_END.size} expected)")
-    _, ops, digest = _END.unpack(payload)
-    return ops, digest
+    _, ops, chunks = _END.unpack(payload)
+    return ops, chunks
 
 
 def find_commit_after(data: bytes | memoryview, pos: int) -> int | None:

@@ -9,7 +9,10 @@ Rules:
   takes the file back to its size before (ftruncate) and raises the OSError; nothing of it counts.
 - A new segment begins when the last one holds `segment_bytes` or more; a commit is never split.
   The new file's header is written and synced, and the directory synced, before any op goes in.
-- Opening scans every segment: each record's frame and CRC, each op's chain (chain.py), the commits.
+- Opening scans every segment: each record's frame and CRC, the seqs, the commits, and the chain
+  (chain.py) of every op after `replay_after` (the checkpoint's point, which the store checks is on the
+  log): the ops before it are only kept for an incremental resync, and the standby checks their chain
+  itself as they arrive.
   In the last segment, records after the last sound commit that do not parse, with no sound commit
   anywhere after them, are a write that a crash cut short: never acknowledged (its fdatasync never
   returned), so the file is cut back to the end of the last commit and a warning says how many bytes
@@ -27,7 +30,9 @@ from __future__ import annotations
 import array
 import logging
 import os
+import struct
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +42,9 @@ from ..errors import SpoolCorruption
 
 log = logging.getLogger(__name__)
 SEGMENT_BYTES = 64 << 20
+_frame_from = struct.Struct(">II").unpack_from
+_seq_from = struct.Struct(">Q").unpack_from
+_crc32 = zlib.crc32
 
 
 class Segment:
@@ -294,15 +302,40 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
                       f"(epoch {prev.epoch}){' with another checksum' if base.seq == prev.seq else ''}")
     seg = Segment(path, base)
     point = base
-    pending: list[tuple[int, LogEntry]] = []  # ops of the commit being read
+    pending: list[tuple[int, LogEntry | None]] = []  # ops of the commit being read
     pos = good = r.HEADER_BYTES
-    while pos < len(data):
+    size, view = len(data), memoryview(data)
+    lazy = -1  # where the op that `point` should be is, when only its seq was read (the fast path below)
+    while pos < size:
+        # The fast path: an op kept only for an incremental resync (see the rules): frame, CRC and seq.
+        if pos + r.FRAME_BYTES <= size:
+            length, crc = _frame_from(data, pos)
+            start = pos + r.FRAME_BYTES
+            end = start + length
+            if end <= size and length > r.OP_HEAD_BYTES and data[start] == r.OP \
+                    and _crc32(view[start:end]) == crc:
+                seq = _seq_from(data, start + 9)[0]
+                if seq <= replay_after:
+                    if seq != (point.seq if lazy < 0 else lazy_seq) + 1:
+                        raise damaged(f"op {seq} at byte {pos} follows op {point.seq if lazy < 0 else lazy_seq}")
+                    lazy, lazy_seq = pos, seq
+                    pending.append((pos, None))
+                    pos = end
+                    continue
+        if lazy >= 0:
+            point = r.parse_op(r.next_record(data, lazy)[0], lazy).point
+            lazy = -1
         try:
             payload, end = r.next_record(data, pos)
             kind = payload[0]
             if kind == r.OP:
                 entry = r.parse_op(payload, pos)
-                point = _follow(point, entry, pos, damaged)
+                if entry.seq <= replay_after:
+                    if entry.seq != point.seq + 1:
+                        raise damaged(f"op {entry.seq} at byte {pos} follows op {point.seq}")
+                    point = entry.point
+                else:
+                    point = _follow(point, entry, pos, damaged)
                 pending.append((pos, entry))
             elif kind == r.COMMIT:
                 commit = r.parse_commit(payload, pos)
@@ -311,7 +344,7 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
                     raise damaged(f"the commit at byte {pos} does not match the ops before it")
                 for at, entry in pending:
                     seg.offsets.append(at)
-                    if replay is not None and entry.seq > replay_after:
+                    if replay is not None and entry is not None:
                         replay(entry)
                 pending.clear()
                 seg.last = point
@@ -323,6 +356,8 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
                 break  # a torn last write (see the rules)
             raise damaged(exc.why) from None
         pos = end
+    if lazy >= 0:
+        raise damaged(f"{size - good} bytes of ops after its last commit")
     if good < len(data):
         if not last:
             raise damaged(f"{len(data) - good} bytes after its last commit")
