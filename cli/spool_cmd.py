@@ -81,7 +81,7 @@ def _cmd_verify(args: argparse.Namespace, term: Terminal) -> int:
     document = verify_document(report)
     if args.json:
         term.print_json(document)
-    else:
+    elif report.sound or report.segments or report.checkpoints:  # an old layout has no files of ours to list
         term.print_table(verify_tables(document))
     if report.in_use:
         term.note(f"a process holds {args.dir} (a node serving from it): what it wrote during the check may "
@@ -187,5 +187,10 @@ def migrate_document(directory: Path, done) -> dict:
 def migrate_sentence(document: dict) -> str:
     head = document["head"]
     return (f"migrated {document['directory']}: head op {head['seq']:,} (epoch {head['epoch']}), "
-            f"{document['sessions']:,} sessions, {document['messages']:,} stored messages; wrote the checkpoint "
+            f"{_count(document['sessions'], 'session')}, {_count(document['messages'], 'stored message')}; "
+            f"wrote the checkpoint "
             f"{document['checkpoint']}; the old files are in {document['old_files']}")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
