@@ -146,7 +146,7 @@ def bodies(path: Path) -> Iterator[tuple[int, bytes]]:
             n += 1
             pos = end
     except r.RecordError as exc:
-        raise _damaged(path, exc.why) from None
+        raise _damaged(path, str(exc)) from None  # its str names the offset
 
 
 def load(path: Path, model: StateModel) -> ChainPoint:

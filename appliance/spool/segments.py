@@ -321,7 +321,7 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
         except r.RecordError as exc:
             if last and r.find_commit_after(data, exc.offset) is None:
                 break  # a torn last write (see the rules)
-            raise damaged(exc.why) from None
+            raise damaged(str(exc)) from None  # its str names the offset
         pos = end
     if good < len(data):
         if not last:
