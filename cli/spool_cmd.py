@@ -132,7 +132,8 @@ def verify_tables(document: dict) -> Group:
                           ("Bytes", "right"), ("Note", "left")):
         files.add_column(name, justify=justify)
     for c in document["checkpoints"]:
-        files.add_row(c["name"], f"at {c['point']['seq']:,}", str(c["point"]["epoch"]), "-",
+        at, epoch = (f"at {c['point']['seq']:,}", str(c["point"]["epoch"])) if c["point"] else ("?", "?")
+        files.add_row(c["name"], at, epoch, "-",
                       size(c["bytes"]), f"checkpoint, {c['ops']:,} ops, SHA-256 ok" if c["verified"]
                       else "older checkpoint (removed by the next one)")
     for s in document["segments"]:

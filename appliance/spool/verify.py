@@ -54,7 +54,7 @@ class SegmentFacts:
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckpointFacts:
     name: str
-    point: ChainPoint
+    point: ChainPoint | None  # None: an older checkpoint whose header does not read
     ops: int
     bytes: int
     verified: bool  # False: an older checkpoint (the next one written removes it), header read only
@@ -123,9 +123,12 @@ class _Check:
 
     def run(self, checkpoint_paths: list[Path], segment_paths: list[Path]) -> None:
         point = GENESIS
-        for path in checkpoint_paths[:-1]:
-            self.checkpoints.append(CheckpointFacts(path.name, _header(path, r.CHECKPOINT_MAGIC), 0,
-                                                    path.stat().st_size, False))
+        for path in checkpoint_paths[:-1]:  # never read by a node (the next checkpoint removes them)
+            try:
+                older = _header(path, r.CHECKPOINT_MAGIC)
+            except _Damage:
+                older = None
+            self.checkpoints.append(CheckpointFacts(path.name, older, 0, path.stat().st_size, False))
         if checkpoint_paths:
             point = self._checkpoint(checkpoint_paths[-1])
         on_log = point if point.seq == 0 else None
@@ -138,8 +141,9 @@ class _Check:
         self.base = self.segments[0].base if self.segments else point
         self.head = self.segments[-1].last if self.segments else point
         if self.base.seq > point.seq:
-            raise _Damage(f"segment {segment_paths[0]} starts after op {self.base.seq}, but the checkpoint is at op "
-                          f"{point.seq}: ops {point.seq + 1}..{self.base.seq} are missing")
+            holds = f"the checkpoint is at op {point.seq}" if checkpoint_paths else "there is no checkpoint"
+            raise _Damage(f"segment {segment_paths[0]} starts after op {self.base.seq}, but {holds}: ops "
+                          f"{point.seq + 1}..{self.base.seq} are missing")
         if self.head.seq < point.seq:
             raise _Damage(f"the log ends at op {self.head.seq}, before the checkpoint {checkpoint_paths[-1]} at op "
                           f"{point.seq}")

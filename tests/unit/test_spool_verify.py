@@ -240,3 +240,27 @@ def test_the_files_table(tmp_path):
     assert summary[:2] == ["Log ops 1-61, head epoch 2", "Commits 31"]
     assert summary[3:6] == ["Sessions 1", "Queued messages 30", "Retained 0"]
     assert summary[2].startswith("On disk ") and summary[6].startswith("Stored 30 messages, ")
+
+
+def test_an_older_checkpoint_left_beside_is_listed_not_read(tmp_path):
+    """A crash between a checkpoint's rename and the removal of the one before leaves both; a node reads only the
+    newest, so a damaged older one is no damage to the spool."""
+    make_spool(tmp_path)
+    (tmp_path / f"{7:020d}.ckpt").write_bytes(b"not a checkpoint at all, not even its header")
+    report = verify(tmp_path)
+    assert report.sound
+    assert [(c.name, c.point, c.verified) for c in report.checkpoints][0] == (f"{7:020d}.ckpt", None, False)
+    code, out, _ = cli("spool", "verify", str(tmp_path))
+    assert code == 0 and "older checkpoint (removed by the next one)" in out
+    with Spool.open(tmp_path, segment_bytes=SEGMENT_BYTES) as spool:
+        assert spool.log.head == report.head
+
+
+def test_without_a_checkpoint_the_log_must_start_at_the_beginning(tmp_path):
+    make_spool(tmp_path, checkpoint_after=None)
+    first, second = sorted(tmp_path.glob("*.seg"))[:2]
+    first.unlink()
+    assert verify(tmp_path).damage == (f"segment {second} starts after op {int(second.stem) - 1}, but there is no "
+                                       f"checkpoint: ops 1..{int(second.stem) - 1} are missing")
+    with pytest.raises(SpoolCorruption, match="are missing"):
+        Spool.open(tmp_path)
