@@ -78,6 +78,9 @@ def build_parser() -> Parser:
     from .secret_cmd import add_parsers as _secret_parsers
 
     _secret_parsers(commands)
+    from .spool_cmd import add_parsers as _spool_parsers
+
+    _spool_parsers(commands)
     _install_parser(commands)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
     return parser

@@ -5,7 +5,9 @@ Rules:
   shown as unreachable, and it is an error sentence only when neither answers.
 - `--json` prints a stable document (docs/operations.md):
   {"schema": 1, "group", "nodes": [{"role", "address", "reachable", "error"?, ...the node's view}]}.
-- The renderer is a pure function of that document.
+- The renderer is a pure function of that document. The spool's files (a node's view's `disk`:
+  segments, checkpoint, log base and head; docs/spool.md) get rows of their own, shown when a node
+  reports them.
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ ROWS = (  # (label, how to read it from a node's view)
 )
 
 
+def _log(d: dict) -> str:
+    base, head = d["log_base"], d["log_head"]
+    if head["seq"] == base["seq"]:
+        return f"empty after op {base['seq']:,}"
+    return f"ops {base['seq'] + 1:,}-{head['seq']:,} (epoch {head['epoch']})"
+
+
+DISK_ROWS = (  # (label, how to read it from a node's view's `disk`)
+    ("Log", _log),
+    ("Checkpoint", lambda d: f"at op {d['checkpoint']['seq']:,}, {size(d['checkpoint_bytes'])}"
+                             if d["checkpoint"]["seq"] else "none yet"),
+    ("Log since checkpoint", lambda d: size(d["log_bytes_since_checkpoint"])),
+    ("Segments", lambda d: f"{d['segments']:,}, {size(d['segment_bytes'])}"),
+    ("On disk", lambda d: size(d["bytes_on_disk"])),
+)
+
+
 def spool_table(document: dict) -> Table:
     table = Table(title=f"Group {document['group']}: message spool", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, show_edge=False)
@@ -77,6 +96,9 @@ def spool_table(document: dict) -> Table:
         table.add_column(f"{node['role'].capitalize()} ({node['address']})", justify="right")
     for label, read in ROWS:
         table.add_row(label, *(read(n) if n["reachable"] else "-" for n in document["nodes"]))
+    if any("disk" in n for n in document["nodes"]):
+        for label, read in DISK_ROWS:
+            table.add_row(label, *(read(n["disk"]) if "disk" in n else "-" for n in document["nodes"]))
     if any(not n["reachable"] for n in document["nodes"]):
         table.add_row("Unreachable", *("" if n["reachable"] else n["error"] for n in document["nodes"]))
     return table

@@ -1,5 +1,5 @@
 """The management API's read endpoints behind `pairmq show clients|sessions|subscriptions` and
-`pairmq events`, and the `GET /api/v1` index.
+`pairmq events`, the `GET /api/v1` index, and the spool's files in `GET /api/v1/message-spool`.
 
 Rules:
 - Every answer is a JSON object with `schema` (1), `role` and `serving`. Only
@@ -13,6 +13,9 @@ Rules:
   default 100) with `ts` >= `since` (wall-clock seconds), oldest first, read
   from the end of the segments in a thread, at most `EVENTS_SCAN_BYTES`.
 - A bad query parameter is a 400 with one sentence naming it.
+- `spool_disk(spool)`: the open spool's files as `GET /api/v1/message-spool` shows them under `disk`
+  (docs/spool.md): segments, bytes, the checkpoint's point, the log's base and head. Read from what the
+  open spool holds in memory (and one stat of the checkpoint), never by reading the files.
 """
 
 from __future__ import annotations
@@ -53,6 +56,25 @@ ENDPOINTS = [
     ("POST", "/api/v1/redundancy/revert-activity", "hand activity back to the primary (active backup only)"),
     ("POST", "/api/v1/redundancy/force-activity", "bid for activity without the in-sync check"),
 ]
+
+
+def spool_disk(spool) -> dict:
+    """The files of `spool` (an open `appliance.spool.store.Spool`): see the rules."""
+    from ..spool.records import checkpoint_name
+
+    segments = spool.log.segment_list()
+    base, head, checkpoint = spool.log.base, spool.log.head, spool.checkpoint
+    try:
+        checkpoint_bytes = (spool.directory / checkpoint_name(checkpoint.seq)).stat().st_size if checkpoint.seq else 0
+    except OSError:  # replaced by a newer one in this instant: counted next time
+        checkpoint_bytes = 0
+    segment_bytes = sum(s.size for s in segments)
+    return {"segments": len(segments), "segment_bytes": segment_bytes, "checkpoint_bytes": checkpoint_bytes,
+            "bytes_on_disk": segment_bytes + checkpoint_bytes,
+            "checkpoint": {"epoch": checkpoint.epoch, "seq": checkpoint.seq},
+            "log_base": {"epoch": base.epoch, "seq": base.seq}, "log_head": {"epoch": head.epoch, "seq": head.seq},
+            "log_bytes_since_checkpoint": spool.log.bytes_after(checkpoint.seq) if head.seq > checkpoint.seq else 0,
+            "keep_ops": spool.keep_ops}
 
 
 class BadQuery(web.HTTPBadRequest):

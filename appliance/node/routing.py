@@ -25,6 +25,7 @@ import secrets
 from pairmq.monitor.node import MonitorNode
 
 from ..api.ports import RoutingPorts
+from ..api.reads import spool_disk
 from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
 from ..broker.message_events import MessageEvents
@@ -133,7 +134,10 @@ class RoutingNode(MonitorNode):
             link = active.link if active.conn is not None and not active.conn.closed else None
             return link is not None or (standby is not None and standby.link is not None), link
 
-        return RoutingPorts(spool_view=self.broker.view, sessions=lambda: self.broker.core.sessions,
+        def spool_view() -> dict:
+            return {**self.broker.view(), "disk": spool_disk(self.broker.spool)}
+
+        return RoutingPorts(spool_view=spool_view, sessions=lambda: self.broker.core.sessions,
                             listeners=listeners, mate_link=mate_link, configuration=self.configuration)
 
     def _keyed_links(self) -> list:

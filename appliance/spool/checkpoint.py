@@ -129,7 +129,10 @@ def chunks(path: Path) -> Iterator[list[tuple[int, bytes]]]:
                 head = f.read(r.FRAME_BYTES)
                 length = int.from_bytes(head[:4], "big") if len(head) == r.FRAME_BYTES else 0
                 data = head + f.read(min(length, r.MAX_PAYLOAD + 1))
-                payload, end = r.next_record(data, 0)
+                try:
+                    payload, end = r.next_record(data, 0)
+                except r.RecordError as exc:
+                    raise r.RecordError(pos + exc.offset, exc.why) from None
                 if payload[0] == r.CHECKPOINT_END:
                     want_ops, want_records = r.parse_end(payload, pos)
                     if (want_ops, want_records) != (ops, records):
@@ -146,12 +149,14 @@ def chunks(path: Path) -> Iterator[list[tuple[int, bytes]]]:
                 pos += end
                 yield items
         except r.RecordError as exc:
-            raise _damaged(path, exc.why) from None
+            raise _damaged(path, str(exc)) from None
 
 
 def load(path: Path, model: StateModel) -> ChainPoint:
     """Apply the checkpoint at `path` to the empty `model`; its point. `SpoolCorruption` if it is damaged."""
     point = read_point(path)
+    if path.name != r.checkpoint_name(point.seq):
+        raise _damaged(path, f"its header holds op {point.seq}, its name says otherwise")
     apply = model.apply
     i = 0
     for items in chunks(path):

@@ -18,6 +18,8 @@ Rules:
   returned), so the file is cut back to the end of the last commit and a warning says how many bytes
   went. Anything else that does not parse or chain is damage: `SpoolCorruption` naming the segment
   and the offset, and the node refuses to serve from it.
+- `open(..., check_all=True)` (`pairmq spool verify`) checks the chain of every op and changes nothing:
+  a torn last write is reported (`Segment.unfinished`), not cut off.
 - `drop_through(seq)` deletes whole segments whose every op is at or before `seq` (the caller keeps
   what the checkpoint has not covered and what an incremental resync may still ask for); the last
   segment always stays.
@@ -50,7 +52,7 @@ _crc32 = zlib.crc32
 class Segment:
     """One segment file: where its ops are (`offsets[i]` is the record of op `first_seq + i`)."""
 
-    __slots__ = ("path", "base", "last", "size", "offsets")
+    __slots__ = ("path", "base", "last", "size", "offsets", "commits", "unfinished")
 
     def __init__(self, path: Path, base: ChainPoint) -> None:
         self.path = path
@@ -58,6 +60,8 @@ class Segment:
         self.last = base  # its last op's point (base while it holds none)
         self.size = r.HEADER_BYTES
         self.offsets = array.array("Q")
+        self.commits = 0  # found when it was opened
+        self.unfinished = 0  # bytes after its last commit found at open (cut off unless opened to check)
 
     @property
     def first_seq(self) -> int:
@@ -90,7 +94,8 @@ class SegmentLog:
 
     @classmethod
     def open(cls, directory: Path, start: ChainPoint = GENESIS, *, replay_after: int = 0,
-             replay: Callable[[LogEntry], None] | None = None, segment_bytes: int = SEGMENT_BYTES) -> SegmentLog:
+             replay: Callable[[LogEntry], None] | None = None, segment_bytes: int = SEGMENT_BYTES,
+             check_all: bool = False) -> SegmentLog:
         """Scan the directory's segments (see the rules); `replay(entry)` for each op with seq > `replay_after`.
 
         `start`: the point the log begins at when there is no segment (a checkpoint's, or GENESIS)."""
@@ -98,7 +103,8 @@ class SegmentLog:
         segments: list[Segment] = []
         prev: ChainPoint | None = None
         for i, path in enumerate(paths):
-            seg = _scan(path, prev, last=i == len(paths) - 1, replay_after=replay_after, replay=replay)
+            seg = _scan(path, prev, last=i == len(paths) - 1, replay_after=replay_after, replay=replay,
+                        check_all=check_all)
             segments.append(seg)
             prev = seg.last
         return cls(directory, segments, start, segment_bytes)
@@ -115,10 +121,10 @@ class SegmentLog:
         with self._lock:
             return self._segments[-1].last if self._segments else self._start
 
-    def segments(self) -> list[tuple[Path, ChainPoint, ChainPoint, int]]:
-        """(path, base, last, bytes) of each segment, oldest first."""
+    def segment_list(self) -> list[Segment]:
+        """The segments, oldest first (read their fields; the writer moves the last one on)."""
         with self._lock:
-            return [(s.path, s.base, s.last, s.size) for s in self._segments]
+            return list(self._segments)
 
     def point_at(self, seq: int) -> ChainPoint | None:
         """The point of op `seq` (the base's for seq == base), or None if the log does not hold it."""
@@ -285,7 +291,7 @@ def _read_ops(f, offset: int, n: int) -> list[LogEntry]:
 
 
 def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
-          replay: Callable[[LogEntry], None] | None) -> Segment:
+          replay: Callable[[LogEntry], None] | None, check_all: bool = False) -> Segment:
     def damaged(what: str) -> SpoolCorruption:
         return SpoolCorruption(f"segment {path}: {what}; refusing to serve from a corrupt spool")
 
@@ -306,6 +312,7 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
     pos = good = r.HEADER_BYTES
     size, view = len(data), memoryview(data)
     lazy = -1  # where the op that `point` should be is, when only its seq was read (the fast path below)
+    chain_after = -1 if check_all else replay_after
     while pos < size:
         # The fast path: an op kept only for an incremental resync (see the rules): frame, CRC and seq.
         if pos + r.FRAME_BYTES <= size:
@@ -315,7 +322,7 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
             if end <= size and length > r.OP_HEAD_BYTES and data[start] == r.OP \
                     and _crc32(view[start:end]) == crc:
                 seq = _seq_from(data, start + 9)[0]
-                if seq <= replay_after:
+                if seq <= chain_after:
                     if seq != (point.seq if lazy < 0 else lazy_seq) + 1:
                         raise damaged(f"op {seq} at byte {pos} follows op {point.seq if lazy < 0 else lazy_seq}")
                     lazy, lazy_seq = pos, seq
@@ -330,7 +337,7 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
             kind = payload[0]
             if kind == r.OP:
                 entry = r.parse_op(payload, pos)
-                if entry.seq <= replay_after:
+                if entry.seq <= chain_after:
                     if entry.seq != point.seq + 1:
                         raise damaged(f"op {entry.seq} at byte {pos} follows op {point.seq}")
                     point = entry.point
@@ -344,8 +351,9 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
                     raise damaged(f"the commit at byte {pos} does not match the ops before it")
                 for at, entry in pending:
                     seg.offsets.append(at)
-                    if replay is not None and entry is not None:
+                    if replay is not None and entry is not None and entry.seq > replay_after:
                         replay(entry)
+                seg.commits += 1
                 pending.clear()
                 seg.last = point
                 good = end
@@ -354,13 +362,14 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
         except r.RecordError as exc:
             if last and r.find_commit_after(data, exc.offset) is None:
                 break  # a torn last write (see the rules)
-            raise damaged(exc.why) from None
+            raise damaged(str(exc)) from None  # its str names the offset
         pos = end
     if lazy >= 0:
         raise damaged(f"{size - good} bytes of ops after its last commit")
-    if good < len(data):
-        if not last:
-            raise damaged(f"{len(data) - good} bytes after its last commit")
+    seg.unfinished = len(data) - good
+    if good < len(data) and not last:
+        raise damaged(f"{len(data) - good} bytes after its last commit")
+    if good < len(data) and not check_all:
         log.warning("segment %s: %d bytes after the last commit were cut off (a write a crash cut short, never "
                     "acknowledged)", path, len(data) - good)
         with open(path, "r+b") as f:

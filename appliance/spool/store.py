@@ -196,10 +196,16 @@ def _recover(directory: Path, max_message_ids: int, segment_bytes: int) -> tuple
     point = GENESIS
     if checkpoints:
         point = ckpt.load(checkpoints[-1], model)
-        if checkpoints[-1].name != r.checkpoint_name(point.seq):
-            raise SpoolCorruption(f"checkpoint {checkpoints[-1]}: its header holds op {point.seq}, its name says "
-                                  "otherwise; refusing to serve from a corrupt spool")
 
+    log_ = SegmentLog.open(directory, point, replay_after=point.seq, replay=replayer(directory, model),
+                           segment_bytes=segment_bytes)
+    check_on_log(directory, log_, point)
+    model.head = log_.head
+    return model, log_, point
+
+
+def replayer(directory: Path, model: StateModel):
+    """Apply one op of the log to `model` at open; `SpoolCorruption` if it does not decode (its CRC held)."""
     def replay(entry: LogEntry) -> None:
         try:
             op = decode_op(entry.body)
@@ -208,8 +214,11 @@ def _recover(directory: Path, max_message_ids: int, segment_bytes: int) -> tuple
             raise SpoolCorruption(f"spool {directory}: op {entry.seq} is malformed ({exc}); refusing to serve from a "
                                   "corrupt spool") from None
         model.apply(entry.seq, op, len(entry.body))
+    return replay
 
-    log_ = SegmentLog.open(directory, point, replay_after=point.seq, replay=replay, segment_bytes=segment_bytes)
+
+def check_on_log(directory: Path, log_: SegmentLog, point: ChainPoint) -> None:
+    """`SpoolCorruption` unless the log reaches back to the checkpoint at `point` and holds that very point."""
     base, head = log_.base, log_.head
     if base.seq > point.seq:
         raise SpoolCorruption(f"spool {directory}: its log starts after op {base.seq}, but its checkpoint is at op "
@@ -221,5 +230,3 @@ def _recover(directory: Path, max_message_ids: int, segment_bytes: int) -> tuple
     if log_.point_at(point.seq) != point:
         raise SpoolCorruption(f"spool {directory}: its checkpoint at op {point.seq} is not on its log (another "
                               "history); refusing to serve from a corrupt spool")
-    model.head = head
-    return model, log_, point

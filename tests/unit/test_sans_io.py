@@ -37,7 +37,7 @@ ADAPTERS = {  # the I/O around the cores: thin and mechanical
     "pairmq.appliance.spool.image", "pairmq.appliance.spool.install", "pairmq.appliance.spool.segments",
     "pairmq.appliance.spool.checkpoint", "pairmq.appliance.spool.store", "pairmq.appliance.spool.writer",
     "pairmq.appliance.spool.local", "pairmq.appliance.spool.legacy.load", "pairmq.appliance.spool.legacy.sql",
-    "pairmq.appliance.spool.legacy.migrate",
+    "pairmq.appliance.spool.legacy.migrate", "pairmq.appliance.spool.verify",
     "pairmq.configsync.service", "pairmq.configsync.store",
     "pairmq.mate_link.service", "pairmq.mate_link.transport",
 }
