@@ -43,7 +43,7 @@ def add_parsers(commands) -> None:
         "verify", help="check every record, the chain and the checkpoint; list segments and totals",
         description="Check a spool directory as a node would at start, without changing it (it may run beside "
                     "a node serving from it): every record's CRC, the chain across segments, the checkpoint's "
-                    "SHA-256 and that it is on the log. Exit 0 sound, 1 damaged (one sentence naming the file "
+                    "counts and that it is on the log. Exit 0 sound, 1 damaged (one sentence naming the file "
                     "and the byte offset), 2 not a spool directory.",
         epilog=examples("pairmq spool verify /var/lib/pairmq/primary/spool",
                         "pairmq spool verify ./local/data/backup/spool --json"))
@@ -134,7 +134,7 @@ def verify_tables(document: dict) -> Group:
     for c in document["checkpoints"]:
         at, epoch = (f"at {c['point']['seq']:,}", str(c["point"]["epoch"])) if c["point"] else ("?", "?")
         files.add_row(c["name"], at, epoch, "-",
-                      size(c["bytes"]), f"checkpoint, {c['ops']:,} ops, SHA-256 ok" if c["verified"]
+                      size(c["bytes"]), f"checkpoint, {c['ops']:,} ops, records ok" if c["verified"]
                       else "older checkpoint (removed by the next one)")
     for s in document["segments"]:
         ops = f"{s['first_seq']:,}-{s['last_seq']:,}" if s["ops"] else "none"

@@ -152,8 +152,9 @@ def chunks(path: Path) -> Iterator[list[tuple[int, bytes]]]:
             raise _damaged(path, str(exc)) from None
 
 
-def load(path: Path, model: StateModel) -> ChainPoint:
-    """Apply the checkpoint at `path` to the empty `model`; its point. `SpoolCorruption` if it is damaged."""
+def load(path: Path, model: StateModel) -> tuple[ChainPoint, int]:
+    """Apply the checkpoint at `path` to the empty `model`; its point and how many ops it held. `SpoolCorruption`
+    if it is damaged."""
     point = read_point(path)
     if path.name != r.checkpoint_name(point.seq):
         raise _damaged(path, f"its header holds op {point.seq}, its name says otherwise")
@@ -168,7 +169,7 @@ def load(path: Path, model: StateModel) -> ChainPoint:
             apply(seq, op, len(body))
             i += 1
     model.head = point
-    return point
+    return point, i
 
 
 def _damaged(path: Path, why: str) -> SpoolCorruption:

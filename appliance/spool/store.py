@@ -195,7 +195,7 @@ def _recover(directory: Path, max_message_ids: int, segment_bytes: int) -> tuple
     model = StateModel(max_message_ids)
     point = GENESIS
     if checkpoints:
-        point = ckpt.load(checkpoints[-1], model)
+        point, _ = ckpt.load(checkpoints[-1], model)
 
     log_ = SegmentLog.open(directory, point, replay_after=point.seq, replay=replayer(directory, model),
                            segment_bytes=segment_bytes)

@@ -37,6 +37,7 @@ class SegmentFacts:
     name: str
     base: ChainPoint  # the point its first op follows
     last: ChainPoint  # its last committed op's (base while it holds none)
+    first_epoch: int  # its first op's (its base's while it holds none)
     bytes: int  # its committed bytes
     commits: int
     ops: int
@@ -47,6 +48,7 @@ class SegmentFacts:
 class CheckpointFacts:
     name: str
     point: ChainPoint | None  # None: an older checkpoint whose header does not read
+    ops: int
     bytes: int
     verified: bool  # False: an older checkpoint (the next one written removes it), header read only
 
@@ -86,7 +88,8 @@ def verify(directory: Path | str) -> Report:
     old = (directory / OLD_LAYOUT).exists()
     if not (segment_paths or checkpoint_paths or old or (directory / LOCK_NAME).exists()):
         raise NotASpool(f"{directory} holds no spool (no segment, checkpoint, {OLD_LAYOUT} or {LOCK_NAME})")
-    checkpoints = [CheckpointFacts(p.name, _point_or_none(p), p.stat().st_size, False) for p in checkpoint_paths[:-1]]
+    checkpoints = [CheckpointFacts(p.name, _point_or_none(p), 0, p.stat().st_size, False)
+                   for p in checkpoint_paths[:-1]]
     segments: list[SegmentFacts] = []
     base = head = totals = damage = None
     try:
@@ -94,13 +97,13 @@ def verify(directory: Path | str) -> Report:
             raise SpoolCorruption(old_layout_sentence(directory))
         model, point = StateModel(), GENESIS
         if checkpoint_paths:
-            point = ckpt.load(checkpoint_paths[-1], model)
-            checkpoints.append(CheckpointFacts(checkpoint_paths[-1].name, point, checkpoint_paths[-1].stat().st_size,
-                                               True))
+            point, ops = ckpt.load(checkpoint_paths[-1], model)
+            checkpoints.append(CheckpointFacts(checkpoint_paths[-1].name, point, ops,
+                                               checkpoint_paths[-1].stat().st_size, True))
         log = SegmentLog.open(directory, point, replay_after=point.seq, replay=replayer(directory, model),
                               check_all=True)
-        segments = [SegmentFacts(s.path.name, s.base, s.last, s.size, s.commits, s.ops, s.unfinished)
-                    for s in log.segment_list()]
+        segments = [SegmentFacts(s.path.name, s.base, s.last, log.point_at(s.first_seq).epoch if s.ops else
+                                 s.base.epoch, s.size, s.commits, s.ops, s.unfinished) for s in log.segment_list()]
         base, head = log.base, log.head
         check_on_log(directory, log, point)
         totals = Totals(len(model.sessions), sum(len(s.queue) for s in model.sessions.values()), len(model.retained),

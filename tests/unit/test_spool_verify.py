@@ -143,7 +143,7 @@ def test_damage_in_the_middle_names_the_segment_and_the_record_offset(tmp_path):
     at = record_offsets(victim)[5]
     flip(victim, at + 20)  # inside the record's payload: its CRC no longer matches
     report = verify(tmp_path)
-    assert report.damage == f"segment {victim} is damaged at byte {at}: a record whose CRC does not match"
+    assert report.damage == f"segment {victim}: at byte {at}: a record whose CRC does not match"
     assert report.totals is None
     with pytest.raises(SpoolCorruption, match=str(victim)):
         Spool.open(tmp_path)
@@ -157,29 +157,30 @@ def test_a_missing_segment_breaks_the_chain(tmp_path):
     paths = sorted(tmp_path.glob("*.seg"))
     paths[1].unlink()
     report = verify(tmp_path)
-    assert report.damage.startswith(f"segment {paths[2]} is damaged at byte 0: it follows op {int(paths[2].stem) - 1}")
+    assert report.damage.startswith(f"segment {paths[2]}: it follows op {int(paths[2].stem) - 1}")
 
 
 def test_a_damaged_checkpoint_is_named_with_its_offset(tmp_path):
     make_spool(tmp_path)
     (ckpt,) = tmp_path.glob("*.ckpt")
-    at = record_offsets(ckpt)[3]
-    flip(ckpt, at + 12)
+    at = record_offsets(ckpt)[0]  # its first record of ops (a record holds up to CHUNK_BYTES of them)
+    flip(ckpt, at + 40)
     report = verify(tmp_path)
-    assert report.damage == f"checkpoint {ckpt} is damaged at byte {at}: a record whose CRC does not match"
+    assert report.damage == f"checkpoint {ckpt}: at byte {at}: a record whose CRC does not match"
 
 
-def test_a_checkpoint_whose_digest_does_not_match_is_damage(tmp_path):
+def test_a_checkpoint_whose_counts_do_not_match_is_damage(tmp_path):
+    """A record lost from a checkpoint's middle leaves every remaining record sound: its end's counts tell."""
     make_spool(tmp_path)
     (ckpt,) = tmp_path.glob("*.ckpt")
     offsets = record_offsets(ckpt)
     data = bytearray(ckpt.read_bytes())
     payload, _ = r.next_record(bytes(data), offsets[-1])
-    ops, digest = r.parse_end(payload, offsets[-1])
-    data[offsets[-1]:] = r.checkpoint_end_record(ops, bytes(32))  # a sound record, the wrong SHA-256
+    ops, records = r.parse_end(payload, offsets[-1])
+    data[offsets[-1]:] = r.checkpoint_end_record(ops + 1, records)  # a sound record, the wrong count
     ckpt.write_bytes(bytes(data))
-    assert verify(tmp_path).damage == (f"checkpoint {ckpt} is damaged at byte {offsets[-1]}: the SHA-256 at its "
-                                       "end does not match its contents")
+    assert verify(tmp_path).damage == (f"checkpoint {ckpt}: at byte {offsets[-1]}: the end counts {ops + 1} ops in "
+                                       f"{records} records, the file holds {ops} in {records}")
 
 
 def test_a_checkpoint_of_another_history_is_not_on_the_log(tmp_path):
@@ -191,8 +192,7 @@ def test_a_checkpoint_of_another_history_is_not_on_the_log(tmp_path):
     assert theirs.name == ours.name
     ours.write_bytes(theirs.read_bytes())
     report = verify(mine)
-    assert report.damage == (f"checkpoint {ours} holds op 41 with another checksum or epoch than the log: it is not "
-                             "on this log (another history)")
+    assert report.damage == f"spool {mine}: its checkpoint at op 41 is not on its log (another history)"
     with pytest.raises(SpoolCorruption, match="is not on its log"):
         Spool.open(mine)
 
@@ -203,8 +203,8 @@ def test_a_log_that_no_longer_reaches_the_checkpoint(tmp_path):
         if int(path.stem) <= 42:  # every segment holding op 41, the checkpoint's, or the one just after it
             path.unlink()
     first = sorted(tmp_path.glob("*.seg"))[0]
-    assert verify(tmp_path).damage.startswith(f"segment {first} starts after op {int(first.stem) - 1}, but the "
-                                              "checkpoint is at op 41")
+    assert verify(tmp_path).damage.startswith(f"spool {tmp_path}: its log starts after op {int(first.stem) - 1}, "
+                                              "but its checkpoint is at op 41")
 
 
 def test_the_old_layout_is_named_with_what_to_do(tmp_path):
@@ -233,7 +233,7 @@ def test_the_files_table(tmp_path):
     lines = [line.rstrip() for line in out.splitlines()]
     assert code == 0 and lines[0] == f"Spool {tmp_path}: sound"
     assert lines[3].split()[:5] == ["00000000000000000041.ckpt", "at", "41", "1", "-"]
-    assert lines[3].endswith("checkpoint, 41 ops, SHA-256 ok")
+    assert lines[3].endswith("checkpoint, 41 ops, records ok")
     second = int(sorted(tmp_path.glob("*.seg"))[1].stem)
     assert lines[4].split()[:3] == ["00000000000000000001.seg", f"1-{second - 1}", "1"]
     summary = [" ".join(line.split()) for line in lines[-7:]]
@@ -260,7 +260,7 @@ def test_without_a_checkpoint_the_log_must_start_at_the_beginning(tmp_path):
     make_spool(tmp_path, checkpoint_after=None)
     first, second = sorted(tmp_path.glob("*.seg"))[:2]
     first.unlink()
-    assert verify(tmp_path).damage == (f"segment {second} starts after op {int(second.stem) - 1}, but there is no "
-                                       f"checkpoint: ops 1..{int(second.stem) - 1} are missing")
+    assert verify(tmp_path).damage == (f"spool {tmp_path}: its log starts after op {int(second.stem) - 1}, but its "
+                                       f"checkpoint is at op 0 (ops 1..{int(second.stem) - 1} are missing)")
     with pytest.raises(SpoolCorruption, match="are missing"):
         Spool.open(tmp_path)
