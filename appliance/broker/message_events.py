@@ -100,6 +100,7 @@ class MessageEvents:
 
     _handlers = {
         ops.MessageStored: _on_stored,
+        ops.MessageRouted: _on_stored,
         ops.MessagesInflight: lambda self, op, epoch, _: self._on_batch("message_delivered", op.client_id,
                                                                         op.msg_ids, epoch),
         ops.MessageInflight: lambda self, op, epoch, _: self._on_batch("message_delivered", op.client_id,

@@ -98,10 +98,12 @@ class Router:
         then: list = []
         queued: list = []
         stored = False
+        stored_at = -1  # where its MessageStored is in op_list: the first queue entry joins it (MessageRouted)
 
         def store() -> None:
-            nonlocal stored
+            nonlocal stored, stored_at
             if not stored:
+                stored_at = len(op_list)
                 self.hold(msg)
                 msg.stored_size = size
                 self.stored_bytes += size
@@ -130,7 +132,14 @@ class Router:
             queued.append(entry)
             target.queue.append(entry)
             target.queued_bytes += msg.size
-            op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
+            if stored_at == len(op_list) - 1:
+                s = op_list[stored_at]
+                op_list[stored_at] = ops.MessageRouted(s.msg_id, s.topic, s.payload, s.qos, s.retain, s.properties,
+                                                       s.expiry_at_ms, s.publisher, s.created_at_ms, client_id, qos,
+                                                       retain_flag, sub_ids)
+                stored_at = -1  # the other subscribers' entries are MessageQueued ops of their own
+            else:
+                op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
             then.append(client_id)  # connected or not: it may connect before the commit is durable
         if packet.qos == 2 and conn is not None:
             session.inbound_qos2.add(packet.packet_id)

@@ -7,7 +7,9 @@ Rules:
 - Ops are frozen, slotted dataclasses with plain fields (str, bytes, int, bool,
   tuples of int). Message bodies are stored once (`MessageStored`) and
   referenced by `msg_id` from each session queue entry, so a fan-out to N
-  subscribers costs one body and N small rows.
+  subscribers costs one body and N small records. A message routed to a
+  subscriber is one op, `MessageRouted` (its body and its first queue entry):
+  the usual durable message costs one record, not two.
 - Times are wall-clock milliseconds since the Unix epoch (they must survive a
   restart and a failover to another host); 0 means "none".
 - Type ids are part of the on-disk and on-wire format: never reuse or renumber.
@@ -225,15 +227,42 @@ class SessionOwned:
     owner: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageRouted:
+    """`MessageStored` then `MessageQueued` for `client_id`, in one op: applied exactly as those two are.
+
+    Its first nine fields are MessageStored's (same names, same order), so what reads a stored message reads
+    this one too; the body it stores counts as that MessageStored would (state.stored_size_of)."""
+
+    TYPE = 22
+    msg_id: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: bytes
+    expiry_at_ms: int
+    publisher: str
+    created_at_ms: int
+    client_id: str
+    queue_qos: int
+    queue_retain: bool
+    subscription_ids: tuple[int, ...] = ()
+
+    def stored(self) -> MessageStored:
+        return MessageStored(self.msg_id, self.topic, self.payload, self.qos, self.retain, self.properties,
+                             self.expiry_at_ms, self.publisher, self.created_at_ms)
+
+
 OP_TYPES: dict[int, type] = {cls.TYPE: cls for cls in (
     MessageStored, MessageQueued, MessageInflight, MessagePubrecReceived, MessageAcked, MessageDropped,
     SessionOpened, SessionDisconnected, SessionDeleted, Subscribed, Unsubscribed, RetainedSet, RetainedCleared,
     InboundQos2Received, InboundQos2Released, WillSet, WillCleared, MessageIdSeen, MessagesInflight, MessagesAcked,
-    SessionOwned)}
+    SessionOwned, MessageRouted)}
 for _cls in OP_TYPES.values():
     fast_init(_cls)  # made on the message path: the faster constructor (appliance/frozen.py), same class otherwise
 
 Op = (MessageStored | MessageQueued | MessageInflight | MessagePubrecReceived | MessageAcked | MessageDropped
       | SessionOpened | SessionDisconnected | SessionDeleted | Subscribed | Unsubscribed | RetainedSet
       | RetainedCleared | InboundQos2Received | InboundQos2Released | WillSet | WillCleared | MessageIdSeen
-      | MessagesInflight | MessagesAcked | SessionOwned)
+      | MessagesInflight | MessagesAcked | SessionOwned | MessageRouted)

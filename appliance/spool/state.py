@@ -5,6 +5,8 @@ Rules (the SQLite store implements exactly these; tests compare the two):
   an op whose preconditions fail is a no-op (counted as `ignored`, a broker bug
   worth a look, never an error). So replaying the op log from empty always
   rebuilds the same state, whatever the batch boundaries were.
+- `MessageRouted` applies as `MessageStored` then `MessageQueued` (ops.py); it counts as ignored
+  if either part is a no-op.
 - Messages: `MessageStored` adds a body (a second one with the same msg_id is
   ignored). Queue entries, retained topics and wills each hold one reference to
   a body; an entry whose PUBREC arrived holds none (the body is not needed to
@@ -39,7 +41,7 @@ import dataclasses
 
 from . import ops as o
 from .chain import GENESIS, ChainPoint
-from .codec import encode_op
+from .codec import encode_op, encode_uints
 
 DEFAULT_MAX_MESSAGE_IDS = 100_000
 
@@ -93,6 +95,7 @@ PACKET_IDS = range(1, 0x10000)
 _DOMAINS: dict[type, tuple[tuple[str, range], ...]] = {
     o.MessageStored: (("qos", QOS),),
     o.MessageQueued: (("qos", QOS),),
+    o.MessageRouted: (("qos", QOS), ("queue_qos", QOS)),
     o.MessageInflight: (("packet_id", PACKET_IDS),),
     o.SessionOpened: (("protocol_version", PROTOCOL_VERSIONS),),
     o.Subscribed: (("qos", QOS), ("retain_handling", RETAIN_HANDLING)),
@@ -127,6 +130,23 @@ def check_op(op: o.Op) -> None:
 def stored_size(body: bytes) -> int:
     """What one stored body counts against the byte limit: its encoded `MessageStored`."""
     return len(body)
+
+
+def stored_size_of(op: o.Op, encoded_bytes: int) -> int:
+    """What the body an op stores counts (`stored_size`), from the op and its encoded length; 0 for an op that
+    stores none. A `MessageRouted` counts as its MessageStored: without its queue entry's fields."""
+    kind = type(op)
+    if kind is o.MessageStored:
+        return encoded_bytes
+    if kind is not o.MessageRouted:
+        return 0
+    cid = len(op.client_id) if op.client_id.isascii() else len(op.client_id.encode())
+    ids = op.subscription_ids
+    return encoded_bytes - (_varint_bytes(cid) + cid + 2 + (len(encode_uints(ids)) if ids else 1))
+
+
+def _varint_bytes(n: int) -> int:
+    return 1 if n < 0x80 else (n.bit_length() + 6) // 7
 
 
 @dataclasses.dataclass(slots=True)
@@ -193,6 +213,12 @@ class StateModel:
         self.sizes[op.msg_id] = self._size or stored_size(encode_op(op))
         self.stored_bytes += self.sizes[op.msg_id]
         return True
+
+    def _MessageRouted(self, seq: int, op: o.MessageRouted) -> bool:
+        self._size = stored_size_of(op, self._size) if self._size else 0
+        stored = self._MessageStored(seq, op.stored())
+        return self._MessageQueued(seq, o.MessageQueued(op.client_id, op.msg_id, op.queue_qos, op.queue_retain,
+                                                        op.subscription_ids)) and stored
 
     def _MessageQueued(self, seq: int, op: o.MessageQueued) -> bool:
         s = self.sessions.get(op.client_id)

@@ -53,12 +53,12 @@ from . import ops as o
 from .chain import ChainPoint, LogEntry, chain, verify_chain
 from .codec import decode_op, encode_op
 from .errors import SpoolBusy, SpoolFull
-from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size
+from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size_of
 from .store import Spool
 from ..errors import LocalProtocolError
 
 log = logging.getLogger(__name__)
-_MessageStored = o.MessageStored
+_STORING = (o.MessageStored, o.MessageRouted)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,7 +256,7 @@ class SpoolWriter:
         if self._pending_ops + len(ops) > self.limits.max_pending_ops:
             raise SpoolBusy(f"spool {self.spool.path}: {self._pending_ops} ops wait for commit (limit "
                             f"{self.limits.max_pending_ops}); stop reading publishers until commits catch up")
-        added = sum(stored_size(b) for op, b in zip(ops, bodies) if type(op) is _MessageStored)
+        added = sum(stored_size_of(op, len(b)) for op, b in zip(ops, bodies) if type(op) in _STORING)
         if added and self._stored_bytes + self._pending_added + added > self.limits.max_spool_bytes:
             raise SpoolFull(f"spool {self.spool.path}: storing {added} more bytes would pass the limit of "
                             f"{self.limits.max_spool_bytes} bytes ({self._stored_bytes} stored, "

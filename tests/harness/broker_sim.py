@@ -118,7 +118,7 @@ class BrokerSim(EffectRunner):
                 self.seq += 1
                 if not self.committed.apply(self.seq, op):
                     raise SimFailure(f"the spool ignored op {self.seq}: {op}")
-                if isinstance(op, ops.MessageStored):
+                if isinstance(op, (ops.MessageStored, ops.MessageRouted)):
                     self.note_stored(op, self.seq)
             self.run(persist.then)
 

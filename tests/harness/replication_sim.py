@@ -92,7 +92,7 @@ class ReplicatedSim(BrokerSim):
             for entry, op in zip(entries, persist.ops):
                 if not self.committed.apply(entry.seq, op):
                     raise SimFailure(f"A's spool ignored op {entry.seq}: {op}")
-                if isinstance(op, ops.MessageStored):
+                if isinstance(op, (ops.MessageStored, ops.MessageRouted)):
                     self.note_stored(op, entry.seq)
             if entries:
                 self.durable_seq = entries[-1].seq

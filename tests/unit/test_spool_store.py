@@ -65,6 +65,8 @@ EVERY_OP = [
     [body(10), o.RetainedSet("t/10", 10), o.MessageQueued("b", 10, 1, False)],
     [o.MessagesAcked("b", (8, 10))],  # bodies committed earlier: 8 is freed, 10 stays retained
     [o.SessionOwned("a", "alice"), o.SessionOwned("b", "")],
+    [o.MessageRouted(11, "t/11", b"r", 1, False, b"", 0, "pub", 1011, "b", 1, False, (3,))],
+    [o.MessagesAcked("b", (11,))],  # a routed message (stored and queued in one op), acked: its body freed
 ]
 assert {type(op) for ops in EVERY_OP for op in ops} == set(o.OP_TYPES.values())
 
@@ -132,6 +134,9 @@ SMALL = st.integers(0, 2)
 PACKET_IDS = st.integers(1, 3)
 RANDOM_OP = st.one_of(
     st.builds(body, MSG_IDS, TOPICS, st.binary(max_size=20)),
+    st.builds(o.MessageRouted, MSG_IDS, TOPICS, st.binary(max_size=20), SMALL, st.booleans(), st.just(b""),
+              st.just(0), st.sampled_from(["pub", "pub\u00e9"]), st.just(5), CLIENTS, SMALL, st.booleans(),
+              st.lists(st.integers(0, 300), max_size=2).map(tuple)),
     st.builds(o.MessageQueued, CLIENTS, MSG_IDS, SMALL, st.booleans(), st.lists(SMALL, max_size=2).map(tuple)),
     st.builds(o.MessageInflight, CLIENTS, MSG_IDS, PACKET_IDS),
     st.builds(o.MessagePubrecReceived, CLIENTS, MSG_IDS),
