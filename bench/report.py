@@ -184,7 +184,7 @@ def section(results: list[Result], skipped: dict[str, str], args, versions: dict
              f"- Method: one load generator for every broker (a raw MQTT 3.1.1 asyncio client in the bench, "
              f"{'uvloop' if args.uvloop else 'asyncio'}), on the same machine as the broker; {args.payload}-byte "
              f"payloads; {args.duration_s:g} s measured after {WARMUP_S} s warm-up. PairMQ: a local group's active "
-             "primary, every QoS 1 PUBACK after its spool's group commit (SQLite WAL, synchronous=FULL). mosquitto "
+             "primary, every QoS 1 PUBACK after its spool's group commit (one write + fdatasync of a spool segment). mosquitto "
              "with persistence on keeps messages in memory and writes a snapshot every autosave_interval (1800 s) "
              "and at exit: not per-message durability. Both mosquitto runs: max_inflight_messages 32 (PairMQ's "
              "window towards 3.1.1 clients), no queue limit. amqtt: its logging plugins off. QoS 1 and latency use a "

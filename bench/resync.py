@@ -18,7 +18,7 @@ reports redundancy Up.
                sends the messages op by op ("the backup was down while N messages arrived").
 
 The rate is the backup's own account (mate_link/standby.py ResyncProgress: from the PLAN to the
-last op durable, messages = ops / 2 since a queued message is MessageStored + MessageQueued);
+last op durable, messages = ops, since a queued message is one MessageRouted);
 the wall time from starting the group's processes to redundancy Up is reported beside it (it
 includes the primary loading its spool before it serves).
 """
@@ -38,7 +38,7 @@ from tests.harness.group import Group
 POLL_S = 0.1
 KINDS = ("snapshot", "incremental")
 START_TIMEOUT_S = 300.0
-OPS_PER_MESSAGE = 2
+OPS_PER_MESSAGE = 1
 TIMERS = Timers(lease_ms=5_000, takeover_margin_ms=500, broker_stall_ms=60_000)  # see measure()
 
 

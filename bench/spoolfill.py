@@ -1,8 +1,8 @@
 """Spools with many queued messages, built directly with the spool writer API (bench/replication.py's resync).
 
 Generating 1,000,000 messages through MQTT takes ~100 s at 10k msg/s; the writer takes the same ops
-(the ones the broker itself writes for a publish to an offline persistent subscriber: MessageStored,
-then MessageQueued) much faster. What the node later loads is exactly what the broker would have
+(the one the broker itself writes for a publish to an offline persistent subscriber: MessageRouted)
+much faster. What the node later loads is exactly what the broker would have
 written, so the resync it measures is the real one.
 
     fill(spool_dir, messages, payload_bytes)   a session "bench-resync-sub" (MQTT 3.1.1, never expires,
@@ -34,8 +34,7 @@ def session_ops() -> list[o.Op]:
 def message_ops(first_msg_id: int, n: int, payload: bytes) -> list[o.Op]:
     out: list[o.Op] = []
     for msg_id in range(first_msg_id, first_msg_id + n):
-        out.append(o.MessageStored(msg_id, TOPIC, payload, 1, False, b"", 0, "bench-pub", 0))
-        out.append(o.MessageQueued(CLIENT_ID, msg_id, 1, False))
+        out.append(o.MessageRouted(msg_id, TOPIC, payload, 1, False, b"", 0, "bench-pub", 0, CLIENT_ID, 1, False))
     return out
 
 

@@ -15,7 +15,7 @@ Brokers, each started by this script and stopped after its turn:
   pairmq             a local group (tests/harness/group.py: real node processes on
                      127.0.0.1/.2/.3, the fixed ports, under their lock); the
                      load goes to the active primary, which acknowledges QoS 1
-                     only after its SQLite spool's group commit (fsync).
+                     only after its spool's group commit (one write + fdatasync of a segment).
   pairmq-acl         the same with an ACL of 50 rules, the one that grants
                      the benchmark's topics last (bench/brokers.py): what
                      checking every PUBLISH and every delivery costs, compared
