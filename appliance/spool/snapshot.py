@@ -5,6 +5,7 @@ Rules:
   exactly, except that queue entries get new `order` values in the same relative order: the i-th
   op is applied as seq `snapshot_seq(i)`, below zero, so the ops after the snapshot's head (seq
   head + 1 on) queue behind every rebuilt entry, whatever the snapshot's size.
+- A queue entry whose body comes right before it is one `MessageRouted` with it (ops.py).
 - Sessions with what they own, then queue entries, then retained topics, then the message-id
   history oldest first. Each body (`MessageStored`) comes right before the first op that refers
   to it, so a standby applying the snapshot in batches finds it in the same transaction and counts
@@ -29,6 +30,11 @@ from __future__ import annotations
 
 from . import ops as o
 from .codec import encode_op
+
+
+def dataclass_values(op: o.MessageStored) -> tuple:
+    return (op.msg_id, op.topic, op.payload, op.qos, op.retain, op.properties, op.expiry_at_ms, op.publisher,
+            op.created_at_ms)
 from .state import SpoolState
 
 
@@ -73,8 +79,13 @@ def _items(state: SpoolState) -> list[tuple[int | None, o.Op]]:
                 out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))
         else:
             body_of(e.msg_id)
-        orders[len(out)] = e.order
-        out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
+        last = out[-1] if out else None
+        if type(last) is o.MessageStored and last.msg_id == e.msg_id:  # its body just went out: one op for both
+            orders[len(out) - 1] = e.order
+            out[-1] = o.MessageRouted(*dataclass_values(last), client_id, e.qos, e.retain, e.subscription_ids)
+        else:
+            orders[len(out)] = e.order
+            out.append(o.MessageQueued(client_id, e.msg_id, e.qos, e.retain, e.subscription_ids))
         if e.packet_id:
             out.append(o.MessageInflight(client_id, e.msg_id, e.packet_id))
         if e.pubrec_received:

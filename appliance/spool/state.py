@@ -217,8 +217,11 @@ class StateModel:
     def _MessageRouted(self, seq: int, op: o.MessageRouted) -> bool:
         self._size = stored_size_of(op, self._size) if self._size else 0
         stored = self._MessageStored(seq, op.stored())
-        return self._MessageQueued(seq, o.MessageQueued(op.client_id, op.msg_id, op.queue_qos, op.queue_retain,
-                                                        op.subscription_ids)) and stored
+        s = self.sessions.get(op.client_id)  # then as _MessageQueued
+        if s is None or op.msg_id in s.queue or not self._take(op.msg_id):
+            return False
+        s.queue[op.msg_id] = QueueEntry(op.msg_id, op.queue_qos, op.queue_retain, op.subscription_ids, seq)
+        return stored
 
     def _MessageQueued(self, seq: int, op: o.MessageQueued) -> bool:
         s = self.sessions.get(op.client_id)
