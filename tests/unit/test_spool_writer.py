@@ -3,7 +3,6 @@
 import asyncio
 import contextlib
 import itertools
-import sqlite3
 import threading
 import time
 
@@ -17,6 +16,7 @@ from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, S
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
+from tests.harness.commit_gate import commits_stalled
 
 
 @pytest.fixture
@@ -32,18 +32,6 @@ def writer_of(spool, **limits):
         yield writer
     finally:
         writer.close()
-
-
-@contextlib.contextmanager
-def write_lock_held(spool):
-    """Another connection holds the write lock, so the writer's next BEGIN waits (at most its 5 s busy timeout)."""
-    conn = sqlite3.connect(spool.path, isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        conn.execute("ROLLBACK")
-        conn.close()
 
 
 def stored(msg_id, payload=b"x" * 100):
@@ -97,7 +85,7 @@ def test_twenty_concurrent_submitters_share_one_commit(spool):
             start.wait()
             subs.append(writer.submit([o.InboundQos2Received("a", i + 1)], 1))
 
-        with write_lock_held(spool):
+        with commits_stalled(spool):  # stalls the writer's commits, not the disk: batching is what is tested
             threads = [threading.Thread(target=submitter, args=(i,)) for i in range(20)]
             for t in threads:
                 t.start()
@@ -108,7 +96,7 @@ def test_twenty_concurrent_submitters_share_one_commit(spool):
         for sub in subs:
             sub.future.result(5)
         metrics = writer.metrics()
-    # The writer may have taken the first submission before it blocked on the lock; the rest wait and go together.
+    # The writer may have taken the first submission before it stopped at the gate; the rest wait and go together.
     assert metrics.commits - before <= 2 and metrics.submissions == 21
     assert len(spool.load_state().sessions["a"].inbound_qos2) == 20
 
@@ -137,7 +125,7 @@ def test_free_running_concurrent_submitters_are_group_committed(spool, capsys):
 def test_a_full_backlog_refuses_with_spool_busy_and_recovers(spool):
     with writer_of(spool, max_pending_ops=10, max_batch_ops=4) as writer:
         writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(5)
-        with write_lock_held(spool):
+        with commits_stalled(spool):
             subs = [writer.submit([o.InboundQos2Received("a", i), o.InboundQos2Released("a", i)], 1)
                     for i in range(1, 6)]
             assert writer.pending_ops == 10
@@ -172,7 +160,7 @@ def test_the_byte_limit_refuses_whole_submissions_and_frees_on_ack(spool):
 
 def test_close_commits_what_is_queued(spool):
     writer = SpoolWriter(spool)
-    with write_lock_held(spool):
+    with commits_stalled(spool):
         for i in range(50):
             writer.submit([o.MessageIdSeen("c", f"m{i}", i)], 1)
         closing = threading.Thread(target=writer.close)
