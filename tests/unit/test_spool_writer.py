@@ -3,20 +3,28 @@
 import asyncio
 import contextlib
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pairmq.appliance.errors import LocalProtocolError
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, verify_chain
+from pairmq.appliance.spool.chain import GENESIS, chain, verify_chain
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, SpoolFull
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 from tests.harness.commit_gate import commits_stalled
+from tests.unit.test_spool_store import RANDOM_OP, model_of
 
 
 @pytest.fixture
@@ -220,3 +228,84 @@ def test_throughput_of_durable_100_byte_messages_with_fan_out_1(spool, capsys):
               f"{messages / elapsed:,.0f} msg/s ({2 * messages / elapsed:,.0f} ops/s), {m.commits} commits, "
               f"mean batch {m.mean_batch_ops:.0f} ops, last commit {m.last_commit_ms:.1f} ms")
     assert len(spool.load_state().sessions["sub"].queue) == messages
+
+
+def test_a_standby_batch_with_a_malformed_op_is_refused_whole(tmp_path):
+    with Spool.open(tmp_path / "s") as spool, writer_of(spool) as writer:
+        entries = chain(GENESIS, 1, [encode_op(o.SessionOpened("a", 5, 3600, 1)), b"\x01\x02\xff"])
+        with pytest.raises(OpCodecError):
+            writer.submit_entries(entries, chained=True)
+        assert writer.head == GENESIS and writer.pending_ops == 0
+        assert spool.log.head == GENESIS and spool.read_entries(0, 10) == []
+        writer.submit_entries(entries[:1]).future.result(5)  # the sound op alone goes on
+    assert set(load_state(tmp_path / "s").sessions) == {"a"}
+
+
+def load_state(directory):
+    with Spool.open(directory) as spool:
+        return spool.load_state()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rounds=st.lists(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=6),
+                       min_size=1, max_size=3))
+def test_any_ops_received_by_the_standby_path_end_as_the_model_across_restarts(rounds):
+    """The standby applies what the active sent (submit_entries), a writer per round with the spool closed and
+    opened in between (a checkpoint then, replayed from it): the state is the model's of the same ops."""
+    submissions = [[o.SessionOpened(c, 5, 3600, 1) for c in ("a", "b", "c")]] + [s for r in rounds for s in r]
+    with tempfile.TemporaryDirectory() as tmp:
+        head = GENESIS
+        for i, batch in enumerate([submissions[:1] + rounds[0], *rounds[1:]]):
+            with Spool.open(tmp) as spool, writer_of(spool) as writer:
+                subs = []
+                for ops in batch:
+                    entries = chain(head, 1 + i, [encode_op(op) for op in ops])
+                    head = entries[-1].point
+                    subs.append(writer.submit_entries(entries, chained=i % 2 == 0))
+                for sub in subs:
+                    sub.future.result(30)
+        state = load_state(tmp)
+    assert state == model_of(submissions).state(head)
+
+
+KILL_BATCH_OPS = 500
+CATCH_UP = f"""
+import sys
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+
+ops = [o.SessionOpened("sub", 4, 0xFFFFFFFF, 1), o.Subscribed("sub", "t", 1)]
+for m in range(1, 60_001):
+    ops += [o.MessageStored(m, "t", b"m" * 500, 1, False, b"", 0, "pub", 1), o.MessageQueued("sub", m, 1, False)]
+entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
+with Spool.open(sys.argv[1]) as spool, SpoolWriter(spool) as writer:
+    for at in range(0, len(entries), {KILL_BATCH_OPS}):
+        sub = writer.submit_entries(entries[at:at + {KILL_BATCH_OPS}], chained=True)
+        sub.future.add_done_callback(lambda f: print(f.result()[-1].seq, flush=True))
+print("done", flush=True)
+"""
+
+
+def test_a_standby_killed_mid_catch_up_keeps_every_committed_batch_and_no_part_of_one(tmp_path):
+    """kill -9 of a real process while the standby path commits a long catch-up: the spool opens clean, holding
+    at least every batch whose commit it reported, and only whole batches (a submission is never split)."""
+    directory = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-c", CATCH_UP, str(directory)], stdout=subprocess.PIPE, text=True)
+    reported = 0
+    try:
+        while reported < 20_000:
+            line = proc.stdout.readline()
+            assert line and line.strip() != "done", "the catch-up finished before it could be killed: make it longer"
+            reported = int(line)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    with Spool.open(directory) as spool:  # every check: each record's CRC, the chain, the commits
+        head = spool.log.head
+        state = spool.load_state()
+    assert reported <= head.seq < 120_002 and head.seq % KILL_BATCH_OPS == 0, (reported, head)
+    assert len(state.messages) == len(state.sessions["sub"].queue) == (head.seq - 2) // 2
