@@ -147,7 +147,7 @@ async def storm(directory: Path, installs: int, seed: int) -> dict:
     await active.stop()
     standby_port.spool.close()
     spool.close()
-    reopened = Spool.open(directory / "standby")  # quick_check, schema and the whole op chain, verified again
+    reopened = Spool.open(directory / "standby")  # its checkpoint and every record after it, verified again
     reopened_state = reopened.load_state()
     reopened.close()
     return {"storm_s": round(storm_s, 1), "seed": seed, "cuts": cuts, "cuts_mid_snapshot": mid_snapshot, "stalls": stalls,
