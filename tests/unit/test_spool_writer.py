@@ -46,13 +46,6 @@ def stored(msg_id, payload=b"x" * 100):
     return o.MessageStored(msg_id, "a/b/c", payload, 1, False, b"", 0, "pub", 1)
 
 
-def wait_until(what, predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
-
-
 def test_a_future_resolves_with_its_entries_once_committed(spool):
     with writer_of(spool) as writer:
         first = writer.submit([o.SessionOpened("a", 5, 0, 1), o.Subscribed("a", "t", 1)], 2)
@@ -93,19 +86,22 @@ def test_twenty_concurrent_submitters_share_one_commit(spool):
             start.wait()
             subs.append(writer.submit([o.InboundQos2Received("a", i + 1)], 1))
 
-        with commits_stalled(spool):  # stalls the writer's commits, not the disk: batching is what is tested
+        with commits_stalled(spool) as gate:  # stalls the writer's commits, not the disk: batching is what is tested
+            first = writer.submit([o.MessageIdSeen("c", "m", 1)], 1)
+            assert gate.reached.wait(5), "the writer never began the first commit"
             threads = [threading.Thread(target=submitter, args=(i,)) for i in range(20)]
             for t in threads:
                 t.start()
             start.wait()
             for t in threads:
                 t.join()
-            wait_until("20 submissions", lambda: writer.pending_ops == 20)
+            assert writer.pending_ops == 21 and gate.waiting == 1
+        first.future.result(5)
         for sub in subs:
             sub.future.result(5)
         metrics = writer.metrics()
-    # The writer may have taken the first submission before it stopped at the gate; the rest wait and go together.
-    assert metrics.commits - before <= 2 and metrics.submissions == 21
+    # The first commit held at the gate; the twenty queued behind it while it waited and went in one commit.
+    assert metrics.commits - before == 2 and metrics.submissions == 22
     assert len(spool.load_state().sessions["a"].inbound_qos2) == 20
 
 
