@@ -216,7 +216,7 @@ def test_a_new_segment_that_cannot_be_made_on_a_full_disk_refuses_the_commit_and
         assert spool_files(directory) == before, "a half-made segment (or its .new) was left behind"
         ballast.unlink()
         writer.submit([o.MessageAcked("sub", 1)], 1).future.result(5)
-        assert len(spool.log.segments()) == 2
+        assert len(spool.log.segment_list()) == 2
     with Spool.open(directory) as again:
         state = again.load_state()
     assert state.head.seq == 4 and state.messages == {} and state.sessions["sub"].queue == ()
