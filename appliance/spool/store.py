@@ -181,10 +181,13 @@ def install(checkpoint_path: Path, directory: Path) -> None:
     """Replace everything a closed spool in `directory` holds with the (synced) checkpoint at `checkpoint_path`."""
     directory = Path(directory)
     target = directory / Path(checkpoint_path).name
+    # In beside the old files first, under the name a crash's leftover goes by (removed at open): a swap that
+    # fails here, the received file gone or on another file system, leaves the old spool whole.
+    arriving = target.with_name(target.name + ".new")
+    os.replace(checkpoint_path, arriving)
     for path in [*directory.glob("*" + r.SEGMENT_SUFFIX), *directory.glob("*" + r.CHECKPOINT_SUFFIX)]:
-        if path != target:
-            path.unlink()
-    os.replace(checkpoint_path, target)
+        path.unlink()
+    os.replace(arriving, target)
     fsync_dir(directory)
 
 

@@ -2,7 +2,7 @@
 
 The load (docs/reliability.md, "Findings"): with the active's disk full, its failed commits keep
 restarting the mate link and the standby installs full snapshots back to back, which must not end in
-SIGSEGV in libsqlite3. This replays that load in one process, on real SQLite spools and loopback
+a crash (once a SIGSEGV in libsqlite3). This replays that load in one process, on real spools and loopback
 sockets: an active (a spool and its writer) and a standby that is a real `BrokerService` (its
 `replace_spool`, writer taps and all). The link is cut at random moments -- inside a snapshot batch,
 between batches, during the install -- and the standby is made to diverge again after each install
@@ -11,7 +11,7 @@ is another full snapshot. It runs until the standby installed INSTALLS snapshots
 landed while it was catching up (inside a snapshot), whatever the machine's speed (capped at
 MAX_STORM_S: then it fails, saying so).
 
-A crash in SQLite kills the process (faulthandler prints every thread's stack to stderr); a clean run
+A native crash kills the process (faulthandler prints every thread's stack to stderr); a clean run
 ends with the standby in step with the active and prints one JSON line: the counts, the ERROR records
 logged (the standby's disk is fine, so applying must never fail: before the fix, threads orphaned by a
 cut raced the next link's builder -- FileNotFoundError, "disk I/O error"), and whether the two spools'
@@ -147,7 +147,7 @@ async def storm(directory: Path, installs: int, seed: int) -> dict:
     await active.stop()
     standby_port.spool.close()
     spool.close()
-    reopened = Spool.open(directory / "standby")  # quick_check, schema and the whole op chain, verified again
+    reopened = Spool.open(directory / "standby")  # its checkpoint and every record after it, verified again
     reopened_state = reopened.load_state()
     reopened.close()
     return {"storm_s": round(storm_s, 1), "seed": seed, "cuts": cuts, "cuts_mid_snapshot": mid_snapshot, "stalls": stalls,
@@ -165,7 +165,7 @@ def _summary(state) -> tuple:
 
 
 def main() -> None:
-    faulthandler.enable()  # a crash in SQLite prints every thread's stack: which thread held the connection
+    faulthandler.enable()  # a native crash prints every thread's stack: which thread held the file
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory, installs, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     print(json.dumps(asyncio.run(storm(directory, installs, seed))), flush=True)

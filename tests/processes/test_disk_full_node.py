@@ -25,8 +25,8 @@ from tests.harness.tmpfs import small_disks
 
 P, B = Role.PRIMARY, Role.BACKUP
 DATA_FS = "16m"
-BIG = (1 << 20) - 4096  # under the 1 MiB maximum packet (else 0x95), larger than any WAL space the spool can
-# reuse: its commit needs space the disk does not have
+BIG = (1 << 20) - 4096  # under the 1 MiB maximum packet (else 0x95): its commit needs space the disk does not
+# have
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A storm of full-snapshot installs must not crash a standby (docs/reliability.md, "Findings"): a link that
 ends while a snapshot batch runs in a worker thread must not abandon the snapshot builder -- closing its
-SQLite connection, a SIGSEGV in libsqlite3 -- under that running batch.
+file (once its SQLite connection: a SIGSEGV in libsqlite3) -- under that running batch.
 
 - The storm itself (tests/harness/snapshot_storm.py) in its own process, so that a crash is an exit status and a
   faulthandler stack here, not a dead pytest.

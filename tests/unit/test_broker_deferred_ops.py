@@ -1,7 +1,7 @@
 """Ops nobody waits for are held back and ride with the next submission (appliance/broker/service.py's rules).
 
 A real BrokerService and MqttListener on an event loop in a background thread, raw MQTT clients over real
-sockets from the test thread, and the spool file read back with sqlite3: what a subscriber's PUBACK makes
+sockets from the test thread, and the spool's segment files read back (their committed ops replayed): what a subscriber's PUBACK makes
 (MessagesAcked, and the MessagesInflight of the refill) is not committed on its own but with the next
 publish, reaches the disk by itself within `defer_ms` when nothing else comes, and is dropped (never
 written) by a broker that no longer serves. Its message events are written when it is made.
@@ -10,13 +10,14 @@ written) by a broker that no longer serves. Its message events are written when 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import pytest
 
 from pairmq.appliance.broker.message_events import MessageEvents
 from pairmq.appliance.broker.service import BrokerService
+from pairmq.appliance.spool.codec import decode_op
+from pairmq.appliance.spool.state import StateModel
 from tests.harness.inprocess_broker import HOST, InProcessBroker
 from tests.harness.mqttraw import PUBACK, PUBLISH, SUBACK, V5, Raw
 
@@ -51,9 +52,12 @@ class Broker(InProcessBroker):
         return self.call(self.service.view)["writer"] | {"deferred_ops": self.call(lambda: self.service.deferred_ops)}
 
     def queued_on_disk(self, client_id: str) -> int:
-        with sqlite3.connect(f"file:{self.service.spool.path}?mode=ro", uri=True) as conn:
-            (n,), = conn.execute("SELECT count(*) FROM queue WHERE client_id = ?", (client_id,))
-        return n
+        """The client's queue as the committed records in the segment files say (read from disk, replayed)."""
+        model = StateModel()
+        for entry in self.service.spool.read_entries(0, 1_000_000):  # the log from the start: never compacted here
+            model.apply(entry.seq, decode_op(entry.body))
+        session = model.state(self.service.spool.log.head).sessions.get(client_id)
+        return len(session.queue) if session is not None else 0
 
     def wait_for(self, what: str, predicate) -> None:
         deadline = time.monotonic() + WAIT_S

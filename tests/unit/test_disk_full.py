@@ -7,13 +7,15 @@
   hand is the timing the nemesis needed luck for: it holds the event loop from the instant the writer
   starts its failing commit until it has rolled back, frees the space, and hands the broker the next
   PUBLISH of that publisher then (what the connection does on a read), so the read falls in the window.
+- The spool on a full disk: a group commit, a new segment or a checkpoint that does not fit fails with
+  nothing of it left in the files (`SpoolFull` for a commit), and everything works again once space returns.
 - Quorum state: a node whose data file system is full keeps running (tests/processes/test_disk_full_node.py).
 """
 
 from __future__ import annotations
 
+import errno
 import queue
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -28,6 +30,11 @@ from paho.mqtt.properties import Properties
 
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.roles import Role
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.errors import SpoolFull
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+from tests.harness.commit_gate import CommitGate
 from tests.harness.group import REPO
 from tests.harness.mqttraw import PUBCOMP, PUBREC, PUBREL, V5, Raw, encode_props, utf8
 from tests.unit.test_mqtt_listener import HOST
@@ -36,7 +43,7 @@ from tests.harness.tmpfs import small_disks
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 TOPIC = "order/x"
-BIG = 400_000  # the first message: larger than any WAL space the spool already holds, so its commit needs new space
+BIG = 400_000  # the first message: its commit needs more space than the full disk has left
 
 
 @pytest.fixture
@@ -83,6 +90,7 @@ def resend_qos2(pub: Raw, packet_id: int, payload: bytes) -> None:
 def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_earlier_one(tiny_fs, loop_kind):
     node = Node(tiny_fs, with_broker=True, loop_kind=loop_kind)
     broker, ballast = node.broker, tiny_fs / "ballast"
+    gate = None
     try:
         sub, got = paho_subscriber(node.port)
         assert sub.subscribe(TOPIC, qos=2)[0] == mqtt.MQTT_ERR_SUCCESS
@@ -92,8 +100,8 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
 
         pub = Raw(V5, host=HOST, port=node.port)
         assert pub.connect("pub", clean=False, properties=[(0x11, 3600)]).reason_and_props()[0] == 0
-        lock = sqlite3.connect(broker.spool.path, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")  # the writer's next commit waits for this lock (up to 5 s)
+        gate = CommitGate(broker.spool)  # the writer's next commit waits at the gate until the disk is full
+        gate.close()
         pub.publish(TOPIC, b"1" * BIG, qos=2, packet_id=1)
         deadline = time.monotonic() + 5
         while node.loop.call(lambda: broker.writer.pending_ops) == 0:
@@ -116,8 +124,7 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
 
         node.loop.loop.call_soon_threadsafe(read_in_the_window)
         assert held.wait(5)
-        lock.execute("ROLLBACK")
-        lock.close()
+        gate.open()
         assert pub.closed(), "the publisher was not dropped after the failed commit"
         seen = node.loop.call(lambda: dict(outcome))
         assert seen.get("rolled_back") == 1 and "read" in seen, f"the window was not hit as planned: {seen}"
@@ -149,8 +156,94 @@ def test_a_publish_read_after_a_rolled_back_commit_does_not_overtake_the_resent_
             f"after the restart the subscriber got {received}: message 2, read after message 1's commit was "
             "rolled back, was stored ahead of message 1's resend (or twice)")
     finally:
+        if gate is not None:
+            gate.open()
         ballast.unlink(missing_ok=True)
         node.close()
+
+
+# --- the spool itself on a full disk: the writer refuses, the files are cut back, space returns -------------
+
+def stored(msg_id: int, size: int) -> o.MessageStored:
+    return o.MessageStored(msg_id, TOPIC, b"m" * size, 1, False, b"", 0, "pub", 1)
+
+
+def queued(msg_id: int) -> o.MessageQueued:
+    return o.MessageQueued("sub", msg_id, 1, False)
+
+
+def spool_files(directory) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.name != "spool.lock"}
+
+
+def test_a_full_disk_fails_the_commit_with_spool_full_cuts_the_segment_back_and_recovers(tiny_fs):
+    directory, ballast = tiny_fs / "spool", tiny_fs / "ballast"
+    with Spool.open(directory) as spool, SpoolWriter(spool) as writer:
+        writer.submit([o.SessionOpened("sub", 5, 3600, 1)], 1).future.result(5)
+        before = spool_files(directory)
+        fill(ballast)
+        failed = writer.submit([stored(1, BIG), queued(1)], 1)
+        behind = writer.submit([o.MessageIdSeen("pub", "m", 1)], 1)  # chained on the failing ops
+        with pytest.raises(SpoolFull, match="the disk is full"):
+            failed.future.result(5)
+        with pytest.raises(SpoolFull):
+            behind.future.result(5)
+        assert spool_files(directory) == before, "the failed write was not cut back off the segment"
+        assert writer.head == writer.durable and writer.durable.seq == 1
+        assert writer.metrics().failed_batches == 1 and writer.metrics().stored_bytes == 0
+        with pytest.raises(SpoolFull, match="the disk is full"):  # still full: refused again, no crash
+            writer.submit([stored(2, BIG), queued(2)], 1).future.result(5)
+        ballast.unlink()
+        done = writer.submit([stored(3, BIG), queued(3)], 1).future.result(5)
+        assert [e.seq for e in done] == [2, 3], "the rolled-back seqs are given again"
+        assert [e.seq for e in spool.read_entries(0, 100)] == [1, 2, 3]
+    (ckpt,) = directory.glob("*.ckpt")
+    ckpt.unlink()  # replayed from the log alone, as after a crash before any checkpoint
+    with Spool.open(directory) as again:
+        state = again.load_state()
+    assert set(state.messages) == {3} and [q.msg_id for q in state.sessions["sub"].queue] == [3]
+
+
+def test_a_new_segment_that_cannot_be_made_on_a_full_disk_refuses_the_commit_and_leaves_nothing(tiny_fs):
+    directory, ballast = tiny_fs / "spool", tiny_fs / "ballast"
+    with Spool.open(directory, segment_bytes=4096) as spool, SpoolWriter(spool) as writer:
+        writer.submit([o.SessionOpened("sub", 5, 3600, 1), stored(1, 5000), queued(1)], 1).future.result(5)
+        before = spool_files(directory)
+        assert len([n for n in before if n.endswith(".seg")]) == 1  # full: the next commit needs a new one
+        fill(ballast)
+        with pytest.raises(SpoolFull, match="the disk is full"):
+            writer.submit([o.MessageAcked("sub", 1)], 1).future.result(5)
+        assert spool_files(directory) == before, "a half-made segment (or its .new) was left behind"
+        ballast.unlink()
+        writer.submit([o.MessageAcked("sub", 1)], 1).future.result(5)
+        assert len(spool.log.segment_list()) == 2
+    with Spool.open(directory) as again:
+        state = again.load_state()
+    assert state.head.seq == 4 and state.messages == {} and state.sessions["sub"].queue == ()
+
+
+def test_a_checkpoint_that_cannot_be_written_on_a_full_disk_changes_nothing(tiny_fs):
+    directory, ballast = tiny_fs / "spool", tiny_fs / "ballast"
+    spool = Spool.open(directory)
+    with SpoolWriter(spool) as writer:
+        writer.submit([o.SessionOpened("sub", 5, 3600, 1), stored(1, BIG), queued(1)], 1).future.result(5)
+    first = spool.write_checkpoint()
+    with SpoolWriter(spool) as writer:
+        writer.submit([stored(2, BIG), queued(2)], 1).future.result(5)
+        before = spool_files(directory)
+        fill(ballast)
+        with pytest.raises(OSError) as failed:
+            spool.write_checkpoint()
+        assert failed.value.errno == errno.ENOSPC
+        assert spool_files(directory) == before and spool.checkpoint == first, "a failed checkpoint left a trace"
+    spool.close()  # its checkpoint fails too: warned, and the next open replays the log after the old one
+    assert spool_files(directory) == before
+    ballast.unlink()
+    with Spool.open(directory) as again:
+        assert again.checkpoint == first
+        state = again.load_state()
+    assert set(state.messages) == {1, 2} and state.head.seq == 5
+    assert len(list(directory.glob("*.ckpt"))) == 1 and not list(directory.glob("*.new"))  # close wrote one now
 
 
 # --- rule R8 on the deterministic simulator: a quorum state that cannot be saved is not acted on ------------
@@ -188,7 +281,7 @@ def test_a_node_that_cannot_save_its_quorum_state_neither_bids_nor_votes_nor_cra
     assert sim.nodes[failing].store.load().voted_epoch >= 2
 
 
-# --- a resync storm (a full disk on the active) must not crash the standby in SQLite --------------------
+# --- a resync storm (a full disk on the active) must not crash the standby's snapshot builder -----------
 
 ABANDON_MID_BATCH = textwrap.dedent("""
     import sys, threading, time
@@ -226,8 +319,8 @@ ABANDON_MID_BATCH = textwrap.dedent("""
 
 def test_abandoning_a_snapshot_build_while_a_thread_adds_a_batch_does_not_crash(tmp_path):
     """The standby's mate link adds snapshot batches in a worker thread and abandons the build when the link
-    breaks; a full disk on the active breaks it over and over. Closing the connection under a running batch
-    would be a segfault, which this test reproduces."""
+    breaks; a full disk on the active breaks it over and over. Closing the file under a running batch must
+    give the batch a clear error, never a crash of the process (it once was a segfault in SQLite)."""
     child = subprocess.run([sys.executable, "-c", ABANDON_MID_BATCH, str(tmp_path)], capture_output=True, text=True,
                            cwd=REPO, timeout=300)
     assert child.returncode == 0, f"the builder crashed (rc {child.returncode}):\n{child.stderr[-2000:]}"

@@ -1,6 +1,6 @@
 """The mate link on real spools and loopback sockets (mate_link/service.py), in one process.
 
-An active and a standby, each with its own SQLite spool and writer; the test writes ops on the
+An active and a standby, each with its own spool (segment files) and writer; the test writes ops on the
 active and reads the standby's spool back. No broker, no quorum: `may_serve` and the active's
 address are given.
 """

@@ -7,7 +7,7 @@ refused, the next JOIN unable to read the head):
   reaches the mate link (which closes the link and resyncs from there);
 - the swapped-in file cannot be opened: it tells the node (`on_lost`, which stops it with
   that sentence) and raises; it never serves on without a spool.
-These run on real SQLite spools and a real SnapshotBuilder; the failures are real ones of the files.
+These run on real spools and a real SnapshotBuilder; the failures are real ones of the files.
 """
 
 import pytest
@@ -15,7 +15,8 @@ import pytest
 from pairmq.appliance.spool.local import LocalSpool
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool.codec import encode_op
-from pairmq.appliance.spool.store import FILE_NAME, SpoolCorruption
+from pairmq.appliance.spool.records import CHECKPOINT_SUFFIX
+from pairmq.appliance.spool.store import SpoolCorruption
 from pairmq.appliance.spool.install import SnapshotBuilder
 from pairmq.appliance.spool.snapshot import snapshot_ops
 from tests.unit.test_spool_store import EVERY_OP, load, write
@@ -29,6 +30,12 @@ def _finished_builder(tmp_path):
     builder.add([encode_op(op) for op in snapshot_ops(original)])
     builder.finish(original.head)
     return builder
+
+
+def received(builder):
+    """The finished checkpoint waiting in the builder's incoming directory."""
+    (path,) = builder.incoming_dir.glob("*" + CHECKPOINT_SUFFIX)
+    return path
 
 
 @pytest.fixture
@@ -46,12 +53,14 @@ def standby(tmp_path):
 def test_a_swap_that_fails_before_its_rename_reopens_the_old_spool_which_takes_ops(tmp_path, standby):
     service, taps, lost = standby
     builder = _finished_builder(tmp_path)
-    (builder.incoming_dir / FILE_NAME).unlink()  # the received file is gone: the swap's open fails
+    live_files = sorted(p.name for p in (tmp_path / "standby").iterdir())
+    received(builder).unlink()  # the received file is gone: the swap's first rename fails
 
     with pytest.raises(FileNotFoundError):
         service.replace_spool(builder)
 
     assert lost == [], "the old spool opened again: nothing is lost, the node goes on"
+    assert sorted(p.name for p in (tmp_path / "standby").iterdir()) == live_files, "the old spool's files stay"
     assert (service.writer.on_entries, service.writer.on_rollback) == taps, "the mate link's taps moved too"
     service.writer.submit([o.SessionOpened("after", 5, 60, 1)], 2).future.result(timeout=10)
     service.spool.close()
@@ -61,8 +70,7 @@ def test_a_swap_that_fails_before_its_rename_reopens_the_old_spool_which_takes_o
 def test_a_swapped_in_spool_that_cannot_be_opened_stops_the_node_with_a_sentence(tmp_path, standby):
     service, _, lost = standby
     builder = _finished_builder(tmp_path)
-    received = builder.incoming_dir / FILE_NAME
-    received.write_bytes(b"not an SQLite database, as a failing disk may leave it" * 100)
+    received(builder).write_bytes(b"not a checkpoint, as a failing disk may leave it" * 100)
 
     with pytest.raises(SpoolCorruption):
         service.replace_spool(builder)

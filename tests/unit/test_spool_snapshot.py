@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.records import checkpoint_name, segment_name
 from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
 from pairmq.appliance.spool.state import StateModel
 from tests.unit.test_spool_store import EVERY_OP, RANDOM_OP, body, model_of
@@ -92,13 +93,16 @@ def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_lo
     write(tmp_path / "standby", [[o.SessionOpened("stale", 5, 60, 1)]], epoch=2)  # diverged: to be replaced
 
     bodies = [encode_op(op) for op in snapshot_ops(original)]
+    live_files = files_of(tmp_path / "standby")
     builder = SnapshotBuilder(tmp_path / "standby.incoming")
     builder.add(bodies[:7])
     builder.add(bodies[7:])
     builder.finish(original.head)
-    assert load(tmp_path / "standby").sessions.keys() == {"stale"}, "the live spool is untouched until the swap"
+    assert files_of(tmp_path / "standby") == live_files, "the live spool is untouched until the swap"
     builder.swap_into(tmp_path / "standby")
     assert not (tmp_path / "standby.incoming").exists()
+    assert [p.name for p in sorted((tmp_path / "standby").iterdir()) if p.name != "spool.lock"] == [
+        checkpoint_name(original.head.seq)], "the checkpoint alone: the stale spool's files are gone"
 
     rebuilt_state = load(tmp_path / "standby")
     assert ranked(rebuilt_state) == ranked(original) and rebuilt_state.head == original.head
@@ -107,6 +111,31 @@ def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_lo
         writer.submit_entries(live).future.result(timeout=10)
     after = load(tmp_path / "standby")
     assert after.head == live[-1].point and after.sessions["a"].queue[-1].msg_id == 99, "new ops queue behind"
+    assert (tmp_path / "standby" / segment_name(original.head.seq + 1)).exists(), "the log goes on from the point"
+
+
+def files_of(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_an_abandoned_snapshot_leaves_the_live_spool_and_refuses_later_batches(tmp_path):
+    import pytest
+
+    from pairmq.appliance.spool.codec import encode_op
+    from pairmq.appliance.spool.install import SnapshotBuilder
+    from tests.unit.test_spool_store import load, write
+
+    write(tmp_path / "standby", [[o.SessionOpened("stale", 5, 60, 1)]], epoch=2)
+    before, live_files = load(tmp_path / "standby"), files_of(tmp_path / "standby")
+    builder = SnapshotBuilder(tmp_path / "standby.incoming")
+    builder.add([encode_op(o.SessionOpened("a", 5, 60, 1))])
+    builder.abandon()  # the link broke mid-snapshot
+    assert not (tmp_path / "standby.incoming").exists()
+    with pytest.raises(RuntimeError, match="it was abandoned"):
+        builder.add([encode_op(o.SessionOpened("b", 5, 60, 1))])
+    with pytest.raises(RuntimeError, match="it was abandoned"):
+        builder.finish(before.head)
+    assert files_of(tmp_path / "standby") == live_files and load(tmp_path / "standby") == before
 
 
 def test_a_malformed_snapshot_batch_is_refused_whole(tmp_path):

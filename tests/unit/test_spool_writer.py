@@ -3,20 +3,28 @@
 import asyncio
 import contextlib
 import itertools
-import sqlite3
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pairmq.appliance.errors import LocalProtocolError
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, verify_chain
+from pairmq.appliance.spool.chain import GENESIS, chain, verify_chain
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, SpoolFull
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
+from tests.harness.commit_gate import commits_stalled
+from tests.unit.test_spool_store import RANDOM_OP, model_of
 
 
 @pytest.fixture
@@ -34,27 +42,8 @@ def writer_of(spool, **limits):
         writer.close()
 
 
-@contextlib.contextmanager
-def write_lock_held(spool):
-    """Another connection holds the write lock, so the writer's next BEGIN waits (at most its 5 s busy timeout)."""
-    conn = sqlite3.connect(spool.path, isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        conn.execute("ROLLBACK")
-        conn.close()
-
-
 def stored(msg_id, payload=b"x" * 100):
     return o.MessageStored(msg_id, "a/b/c", payload, 1, False, b"", 0, "pub", 1)
-
-
-def wait_until(what, predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def test_a_future_resolves_with_its_entries_once_committed(spool):
@@ -97,19 +86,22 @@ def test_twenty_concurrent_submitters_share_one_commit(spool):
             start.wait()
             subs.append(writer.submit([o.InboundQos2Received("a", i + 1)], 1))
 
-        with write_lock_held(spool):
+        with commits_stalled(spool) as gate:  # stalls the writer's commits, not the disk: batching is what is tested
+            first = writer.submit([o.MessageIdSeen("c", "m", 1)], 1)
+            assert gate.reached.wait(5), "the writer never began the first commit"
             threads = [threading.Thread(target=submitter, args=(i,)) for i in range(20)]
             for t in threads:
                 t.start()
             start.wait()
             for t in threads:
                 t.join()
-            wait_until("20 submissions", lambda: writer.pending_ops == 20)
+            assert writer.pending_ops == 21 and gate.waiting == 1
+        first.future.result(5)
         for sub in subs:
             sub.future.result(5)
         metrics = writer.metrics()
-    # The writer may have taken the first submission before it blocked on the lock; the rest wait and go together.
-    assert metrics.commits - before <= 2 and metrics.submissions == 21
+    # The first commit held at the gate; the twenty queued behind it while it waited and went in one commit.
+    assert metrics.commits - before == 2 and metrics.submissions == 22
     assert len(spool.load_state().sessions["a"].inbound_qos2) == 20
 
 
@@ -137,7 +129,7 @@ def test_free_running_concurrent_submitters_are_group_committed(spool, capsys):
 def test_a_full_backlog_refuses_with_spool_busy_and_recovers(spool):
     with writer_of(spool, max_pending_ops=10, max_batch_ops=4) as writer:
         writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(5)
-        with write_lock_held(spool):
+        with commits_stalled(spool):
             subs = [writer.submit([o.InboundQos2Received("a", i), o.InboundQos2Released("a", i)], 1)
                     for i in range(1, 6)]
             assert writer.pending_ops == 10
@@ -172,7 +164,7 @@ def test_the_byte_limit_refuses_whole_submissions_and_frees_on_ack(spool):
 
 def test_close_commits_what_is_queued(spool):
     writer = SpoolWriter(spool)
-    with write_lock_held(spool):
+    with commits_stalled(spool):
         for i in range(50):
             writer.submit([o.MessageIdSeen("c", f"m{i}", i)], 1)
         closing = threading.Thread(target=writer.close)
@@ -232,3 +224,84 @@ def test_throughput_of_durable_100_byte_messages_with_fan_out_1(spool, capsys):
               f"{messages / elapsed:,.0f} msg/s ({2 * messages / elapsed:,.0f} ops/s), {m.commits} commits, "
               f"mean batch {m.mean_batch_ops:.0f} ops, last commit {m.last_commit_ms:.1f} ms")
     assert len(spool.load_state().sessions["sub"].queue) == messages
+
+
+def test_a_standby_batch_with_a_malformed_op_is_refused_whole(tmp_path):
+    with Spool.open(tmp_path / "s") as spool, writer_of(spool) as writer:
+        entries = chain(GENESIS, 1, [encode_op(o.SessionOpened("a", 5, 3600, 1)), b"\x01\x02\xff"])
+        with pytest.raises(OpCodecError):
+            writer.submit_entries(entries, chained=True)
+        assert writer.head == GENESIS and writer.pending_ops == 0
+        assert spool.log.head == GENESIS and spool.read_entries(0, 10) == []
+        writer.submit_entries(entries[:1]).future.result(5)  # the sound op alone goes on
+    assert set(load_state(tmp_path / "s").sessions) == {"a"}
+
+
+def load_state(directory):
+    with Spool.open(directory) as spool:
+        return spool.load_state()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rounds=st.lists(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=6),
+                       min_size=1, max_size=3))
+def test_any_ops_received_by_the_standby_path_end_as_the_model_across_restarts(rounds):
+    """The standby applies what the active sent (submit_entries), a writer per round with the spool closed and
+    opened in between (a checkpoint then, replayed from it): the state is the model's of the same ops."""
+    submissions = [[o.SessionOpened(c, 5, 3600, 1) for c in ("a", "b", "c")]] + [s for r in rounds for s in r]
+    with tempfile.TemporaryDirectory() as tmp:
+        head = GENESIS
+        for i, batch in enumerate([submissions[:1] + rounds[0], *rounds[1:]]):
+            with Spool.open(tmp) as spool, writer_of(spool) as writer:
+                subs = []
+                for ops in batch:
+                    entries = chain(head, 1 + i, [encode_op(op) for op in ops])
+                    head = entries[-1].point
+                    subs.append(writer.submit_entries(entries, chained=i % 2 == 0))
+                for sub in subs:
+                    sub.future.result(30)
+        state = load_state(tmp)
+    assert state == model_of(submissions).state(head)
+
+
+KILL_BATCH_OPS = 500
+CATCH_UP = f"""
+import sys
+from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.writer import SpoolWriter
+
+ops = [o.SessionOpened("sub", 4, 0xFFFFFFFF, 1), o.Subscribed("sub", "t", 1)]
+for m in range(1, 60_001):
+    ops += [o.MessageStored(m, "t", b"m" * 500, 1, False, b"", 0, "pub", 1), o.MessageQueued("sub", m, 1, False)]
+entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
+with Spool.open(sys.argv[1]) as spool, SpoolWriter(spool) as writer:
+    for at in range(0, len(entries), {KILL_BATCH_OPS}):
+        sub = writer.submit_entries(entries[at:at + {KILL_BATCH_OPS}], chained=True)
+        sub.future.add_done_callback(lambda f: print(f.result()[-1].seq, flush=True))
+print("done", flush=True)
+"""
+
+
+def test_a_standby_killed_mid_catch_up_keeps_every_committed_batch_and_no_part_of_one(tmp_path):
+    """kill -9 of a real process while the standby path commits a long catch-up: the spool opens clean, holding
+    at least every batch whose commit it reported, and only whole batches (a submission is never split)."""
+    directory = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-c", CATCH_UP, str(directory)], stdout=subprocess.PIPE, text=True)
+    reported = 0
+    try:
+        while reported < 20_000:
+            line = proc.stdout.readline()
+            assert line and line.strip() != "done", "the catch-up finished before it could be killed: make it longer"
+            reported = int(line)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    with Spool.open(directory) as spool:  # every check: each record's CRC, the chain, the commits
+        head = spool.log.head
+        state = spool.load_state()
+    assert reported <= head.seq < 120_002 and head.seq % KILL_BATCH_OPS == 0, (reported, head)
+    assert len(state.messages) == len(state.sessions["sub"].queue) == (head.seq - 2) // 2
