@@ -48,7 +48,7 @@ class LocalSpool:
     def replace_spool(self, builder) -> None:
         """A full resync: swap in the spool `builder` made (see the rules)."""
         limits = self.writer.limits
-        self.spool.close()  # closes the writer too, after what it holds
+        self.spool.close(checkpoint=False)  # closes the writer too, after what it holds; replaced next
         try:
             builder.swap_into(self.directory)
         finally:

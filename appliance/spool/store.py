@@ -99,16 +99,17 @@ class Spool:
             raise
         return cls(directory, lock_fd, model, log_, point)
 
-    def close(self) -> None:
-        """Close the writer (committing what it holds), checkpoint what the log holds since the last one, then
-        let another process have the spool."""
+    def close(self, checkpoint: bool = True) -> None:
+        """Close the writer (committing what it holds), checkpoint what the log holds since the last one (unless
+        `checkpoint` is False: a spool about to be replaced by a full resync's), then let another process have
+        the spool."""
         with self._closing:
             if self._lock_fd < 0:
                 return
             if self.writer is not None:
                 self.writer.close()  # joins the writer thread
             try:
-                if self.log.head.seq > self.checkpoint.seq:
+                if checkpoint and self.log.head.seq > self.checkpoint.seq:
                     self.write_checkpoint()
             except OSError as exc:  # a full disk: the next open replays a longer log instead
                 log.warning("spool %s: no checkpoint at close: %s", self.path, exc)
