@@ -8,16 +8,22 @@ disk; where a test needs a record that still parses (a changed checksum, epoch o
 record with a correct CRC, so that only the chain can tell.
 """
 
+import contextlib
 import logging
 import random
 import shutil
+import sqlite3
+import zlib
 
 import pytest
 
 from pairmq.appliance.errors import SpoolCorruption
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.legacy import sql
+from pairmq.appliance.spool.store import Spool, SpoolOldLayout, old_layout_sentence
 from pairmq.appliance.spool.writer import SpoolWriter
 
 MARKER = b"MARKER-only-in-the-op-log-"
@@ -402,3 +408,55 @@ def test_random_byte_flips_anywhere_give_a_clean_refusal_or_a_consistent_spool(p
         shutil.rmtree(directory)
     print(outcomes)
     assert outcomes["refused"] > 100 and sum(outcomes.values()) == 150
+
+
+@pytest.mark.parametrize("magic, kind", [(r.SEGMENT_MAGIC, "segment"), (r.CHECKPOINT_MAGIC, "checkpoint")])
+def test_a_file_of_another_format_or_magic_is_refused(damaged, magic, kind):
+    """A sound header (its CRC right) of a format this build does not read, or another kind of file's magic."""
+    path = (segments if kind == "segment" else checkpoints)(damaged)[-1]
+    data = path.read_bytes()
+    point = r.parse_header(data, magic)
+    head = data[:8] + (r.FORMAT + 1).to_bytes(4, "big") + data[12:r.HEADER_BYTES - 4]  # magic, format, point
+    path.write_bytes(head + zlib.crc32(head).to_bytes(4, "big") + data[r.HEADER_BYTES:])
+    refused(damaged, path, f"at byte 0: format {r.FORMAT + 1}, but this build reads format {r.FORMAT}")
+    other = r.CHECKPOINT_MAGIC if magic == r.SEGMENT_MAGIC else r.SEGMENT_MAGIC
+    path.write_bytes(r.header(other, point) + data[r.HEADER_BYTES:])
+    refused(damaged, path, f"at byte 0: not a PairMQ {kind}")
+
+
+def legacy_spool_db(path):
+    """An old-layout spool file, as the SQLite spool wrote it (legacy.sql), holding one queued message."""
+    ops = [o.SessionOpened("a", 5, 0, 1), o.MessageStored(1, "t", b"old", 1, False, b"", 0, "p", 1),
+           o.MessageQueued("a", 1, 1, False)]
+    entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        sql.create(db)
+        db.execute("BEGIN")
+        applier = sql.SqlApplier(db, 1000)
+        for entry, op in zip(entries, ops):
+            applier.apply(entry.seq, op, entry.body)
+        applier.finish(entries)
+        db.execute("COMMIT")
+
+
+@pytest.mark.parametrize("old", ["written by the SQLite spool", "garbage", "beside segments"])
+def test_the_old_layout_is_refused_with_one_sentence_and_left_untouched(tmp_path, pristine, old):
+    directory = tmp_path / "spool"
+    if old == "beside segments":
+        shutil.copytree(pristine, directory)
+    directory.mkdir(exist_ok=True)
+    if old == "garbage":
+        (directory / "spool.db").write_bytes(b"SQLite format 3\x00" + random.Random(3).randbytes(8192))
+    else:
+        legacy_spool_db(directory / "spool.db")
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    with pytest.raises(SpoolOldLayout) as info:
+        Spool.open(directory)
+    assert str(info.value) == old_layout_sentence(directory)
+    assert str(info.value) == (f"spool {directory} holds the old SQLite layout (spool.db), which this version no "
+                               f"longer reads: convert it with `pairmq spool migrate {directory}` (offline), or move it "
+                               "aside and let this node take a full resync from its mate")
+    after = {p.name: p.read_bytes() for p in directory.iterdir() if p.name != "spool.lock"}
+    assert after == before, "the refused open changed the directory"
+    with pytest.raises(SpoolOldLayout):  # not SpoolLocked: the refused open let go of the lock
+        Spool.open(directory)
