@@ -18,6 +18,7 @@ test_spool_corruption.py.
 import dataclasses
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -70,6 +71,10 @@ def recovered(directory, stream_end):
     return state, k
 
 
+def queued(state):
+    return {e.msg_id for e in state.sessions[CLIENT].queue} if CLIENT in state.sessions else set()
+
+
 KILLS = {
     "between a commit's write and its fdatasync": KillPoint("fdatasync", ".seg", 1),
     "between the 9th commit's write and its fdatasync": KillPoint("fdatasync", ".seg", 9),
@@ -100,7 +105,7 @@ def test_kill_9_at_a_point_of_a_commit_keeps_every_acknowledged_op_and_a_prefix_
     assert state.head.seq >= max(acked.values(), default=0)
     assert k <= max(acked, default=-1) + 1 + point.window, "more than the window in flight was kept"
     completed = {i - 6 for i in acked if i > 6}
-    assert not completed & {e.msg_id for e in state.sessions[CLIENT].queue}, "a completed QoS 2 message is back"
+    assert not completed & queued(state), "a completed QoS 2 message is back"
 
     # The recovered spool takes commits, and a second kill on top of the first recovers the same way.
     again = dataclasses.replace(point, first=k, nth=point.nth + 3)
@@ -117,3 +122,23 @@ def test_a_spool_recovered_from_a_kill_continues_under_a_new_writer(tmp_path):
         writer.submit(submission(k), 1).future.result(timeout=30)
     after, k2 = recovered(tmp_path, 10**9)
     assert k2 == k + 1 and after.head.seq == state.head.seq + len(submission(k))
+
+
+def random_point(seed):
+    """A kill point drawn from `seed`: which call, on which file, before/after/half way, how far in, what sizes."""
+    rng = random.Random(seed)
+    call, target = rng.choice([("fdatasync", ".seg"), ("fdatasync", ".seg"), ("pwrite", ".seg"),
+                               ("fdatasync", ".seg.new"), ("fsync", ".ckpt.new"), ("fsync", "/")])
+    when = "part" if call == "pwrite" else rng.choice(["before", "after"])
+    return KillPoint(call, target, rng.randrange(1, 12 if target != ".seg" else 60), when, rng.random(),
+                     segment_bytes=rng.choice([1024, 8192, 1 << 20]), checkpoint_bytes=rng.choice([2048, 16384]),
+                     keep_ops=rng.choice([100, 100_000]), window=rng.choice([1, 4, 64]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kill_9_at_random_points_keeps_every_acknowledged_op_and_a_prefix_only(tmp_path, seed):
+    point = random_point(seed)
+    acked, said = crash(tmp_path, point)
+    state, k = recovered(tmp_path, point.max_submissions)
+    assert all(i < k for i in acked), f"seed {seed}, {point}: acknowledged submissions lost ({said})"
+    assert not {i - 6 for i in acked if i > 6} & queued(state)
