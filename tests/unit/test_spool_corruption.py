@@ -20,7 +20,8 @@ import pytest
 from pairmq.appliance.errors import SpoolCorruption
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.chain import GENESIS, chain, verify_chain
+from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.codec import encode_op
 from pairmq.appliance.spool.legacy import sql
 from pairmq.appliance.spool.store import Spool, SpoolOldLayout, old_layout_sentence
@@ -105,7 +106,7 @@ def reframe(path, at, payload):
     """Replace the record at `at` by `payload` (same length) with a correct CRC: it still parses."""
     data = bytearray(path.read_bytes())
     new = r.frame(payload)
-    assert len(new) == len(r.frame(r.next_record(bytes(data), at)[0]))
+    assert len(new) == r.FRAME_BYTES + int.from_bytes(data[at:at + 4], "big"), "the same length"
     data[at:at + len(new)] = new
     path.write_bytes(bytes(data))
 
@@ -156,6 +157,24 @@ def test_a_changed_body_with_a_recomputed_crc_breaks_the_chain(damaged):
     i = payload.index(MARKER)
     reframe(path, at, payload[:i + 3] + b"k" + payload[i + 4:])  # 'K' -> 'k': a well-formed op, other contents
     refused(damaged, path, f"op {HEAD} at byte {at}: its checksum does not chain")
+
+
+def test_an_op_before_the_checkpoint_is_checked_by_its_crc_and_seq_at_open_and_by_its_chain_when_shipped(damaged):
+    """Ops the checkpoint covers are kept only for an incremental resync (segments.py's rules): opening checks
+    their frames, CRCs and seqs; the chain is checked where they are used, by the standby receiving them."""
+    path, at, payload = op_record(damaged, 5)
+    assert 5 <= CHECKPOINT_AT
+    reframe(path, at, payload[:17] + bytes(16) + payload[33:])
+    with Spool.open(damaged) as spool:
+        entries = spool.read_entries(0, 1000)
+    with pytest.raises(ChainError, match="op 5's checksum does not chain"):
+        verify_chain(entries)
+    data = bytearray(path.read_bytes())
+    data[at + r.FRAME_BYTES + 12] ^= 0x01  # its seq, the CRC not redone
+    path.write_bytes(bytes(data))
+    refused(damaged, path, f"at byte {at}: a record whose CRC does not match")
+    reframe(path, at, payload[:9] + (6).to_bytes(8, "big") + payload[17:])  # its seq, the CRC redone
+    refused(damaged, path, f"op 6 at byte {at} follows op 4")
 
 
 def test_a_changed_epoch_breaks_the_chain(damaged):
@@ -303,18 +322,37 @@ def test_a_torn_write_before_a_sound_commit_is_damage_not_a_tail(damaged):
 
 def test_a_flipped_byte_in_the_checkpoint_is_refused_naming_it(damaged):
     path = checkpoints(damaged)[0]
-    at, payload = records(path)[3]
+    at, payload = records(path)[0]
     data = bytearray(path.read_bytes())
-    data[at + r.FRAME_BYTES + 5] ^= 0x01
+    data[at + r.FRAME_BYTES + len(payload) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     refused(damaged, path, f"at byte {at}: a record whose CRC does not match")
 
 
-def test_a_checkpoint_record_changed_with_its_crc_fails_the_digest(damaged):
+def test_a_checkpoint_op_of_impossible_length_is_refused_though_its_record_crc_matches(damaged):
     path = checkpoints(damaged)[0]
-    at, payload = next((at, p) for at, p in records(path) if p[0] == r.SNAPSHOT_OP and b"payload 5" in p)
-    reframe(path, at, payload.replace(b"payload 5", b"payload 6"))  # a well-formed op, another message
-    refused(damaged, path, "the SHA-256 at its end does not match its contents")
+    at, payload = records(path)[0]
+    assert payload[0] == r.SNAPSHOT_OP
+    seq, n = r.SNAPSHOT_ITEM.unpack_from(payload, 1)
+    reframe(path, at, payload[:1] + r.SNAPSHOT_ITEM.pack(seq, len(payload)) + payload[1 + r.SNAPSHOT_ITEM.size:])
+    refused(damaged, path, f"at byte {at}: a checkpoint op of impossible length {len(payload)}")
+
+
+def test_a_checkpoint_whose_end_does_not_count_its_contents_is_refused(damaged):
+    """A record lost between the others: the end counts the ops and the records."""
+    path = checkpoints(damaged)[0]
+    (at, payload), (end_at, end) = records(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:at] + data[end_at:])  # the snapshot's record gone, header and end kept
+    ops, chunks = r.parse_end(end, end_at)
+    refused(damaged, path, f"at byte {at}: the end counts {ops} ops in {chunks} records, the file holds 0 in 0")
+
+
+def test_bytes_after_a_checkpoints_end_are_refused(damaged):
+    path = checkpoints(damaged)[0]
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0")
+    refused(damaged, path, f"at byte {len(data)}: bytes after its end")
 
 
 @pytest.mark.parametrize("keep", [lambda n: 0, lambda n: 10, lambda n: n // 2, lambda n: n - 1],
