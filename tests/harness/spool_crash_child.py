@@ -8,7 +8,9 @@ whose name ends with `target` ("/" for a directory): before the call, after it r
 writing only the first `fraction` of the buffer. The spool's modules call these through `os.` at run
 time, so wrapping them here is wrapping the engine's own system calls; nothing else is changed.
 
-If it gets through `max_submissions` without reaching its kill point it exits 3, which the test reports.
+With `close_after`, it closes the writer and the spool after that many submissions (the kill can then come
+inside the checkpoint `close` writes). If it gets through without reaching its kill point it exits 3, which
+the test reports.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class KillPoint:
     checkpoint_bytes: int = 16384
     keep_ops: int = 100_000  # WriterLimits': small, and checkpoints drop the segments they cover
     window: int = 64  # submissions in flight: how many a group commit holds at most
-    max_submissions: int = 200_000
+    max_submissions: int = 50_000
+    close_after: int = 0  # if not 0: after this many submissions, close the writer and the spool (its checkpoint)
     first: int = 0  # the first submission's i (a later round continues the stream)
     epoch: int = 1
 
@@ -113,10 +116,11 @@ def main(directory: str, spec: str) -> None:
                 sys.stdout.flush()
         return done
 
-    for i in range(point.first, point.first + point.max_submissions):
+    for i in range(point.first, point.first + (point.close_after or point.max_submissions)):
         window.acquire()
         writer.submit(submission(i), point.epoch).future.add_done_callback(acknowledged(i))
     writer.close()
+    spool.close()
     sys.exit(3)
 
 

@@ -92,6 +92,10 @@ KILLS = {
                                                             checkpoint_bytes=4096, keep_ops=200, window=4),
     "a checkpoint, with compaction, written not synced": KillPoint("fsync", ".ckpt.new", 6, segment_bytes=2048,
                                                                    checkpoint_bytes=4096, keep_ops=200, window=4),
+    "the checkpoint a clean close writes, not synced": KillPoint("fsync", ".ckpt.new", 1, checkpoint_bytes=1 << 30,
+                                                                 close_after=500),
+    "the checkpoint a clean close writes, synced, not renamed": KillPoint("fsync", ".ckpt.new", 1, "after",
+                                                                          checkpoint_bytes=1 << 30, close_after=500),
     "one segment, no checkpoint": KillPoint("fdatasync", ".seg", 30, segment_bytes=64 << 20,
                                             checkpoint_bytes=1 << 30),
 }
@@ -107,8 +111,11 @@ def test_kill_9_at_a_point_of_a_commit_keeps_every_acknowledged_op_and_a_prefix_
     completed = {i - 6 for i in acked if i > 6}
     assert not completed & queued(state), "a completed QoS 2 message is back"
 
+    if point.close_after:
+        assert len(acked) == k == point.close_after, "close commits everything before its checkpoint"
+
     # The recovered spool takes commits, and a second kill on top of the first recovers the same way.
-    again = dataclasses.replace(point, first=k, nth=point.nth + 3)
+    again = dataclasses.replace(point, first=k, nth=point.nth if point.close_after else point.nth + 3)
     acked2, said2 = crash(tmp_path, again)
     state2, k2 = recovered(tmp_path, point.max_submissions)
     assert all(i < k2 for i in {**acked, **acked2}), f"acknowledged submissions lost ({said2})"
