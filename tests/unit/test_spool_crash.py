@@ -11,8 +11,9 @@ opened here as a restarted node opens it, and checked:
 - its state is the model of exactly the first K submissions, for some K: a commit is all or nothing, and
   never serves a message twice (a QoS 2 message whose PUBCOMP was acknowledged stays gone);
 - it takes new commits, and a second kill on top of the first recovers the same way.
-Torn writes that a power loss (not a kill) leaves, cut at every offset or zeroed, are in
-test_spool_corruption.py.
+A power loss (not a kill) can keep only part of the write whose fdatasync had not returned: the last test
+here cuts a killed child's unsynced commit short; test_spool_corruption.py cuts a last commit at every
+offset and zeroes it.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from pairmq.appliance.spool import records as r
 from pairmq.appliance.spool.chain import verify_chain
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
@@ -149,3 +151,29 @@ def test_kill_9_at_random_points_keeps_every_acknowledged_op_and_a_prefix_only(t
     state, k = recovered(tmp_path, point.max_submissions)
     assert all(i < k for i in acked), f"seed {seed}, {point}: acknowledged submissions lost ({said})"
     assert not {i - 6 for i in acked if i > 6} & queued(state)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_power_loss_that_keeps_only_part_of_the_unsynced_commit_loses_only_it(tmp_path, seed):
+    """A kill between write and fdatasync leaves the whole write in the page cache; a power loss instead keeps
+    some of its pages. Here the unsynced commit keeps a prefix (cut at a page boundary or not), the rest gone or
+    read back as zeros; recovery cuts it and keeps every acknowledged submission."""
+    rng = random.Random(seed)
+    acked, _ = crash(tmp_path, KillPoint("fdatasync", ".seg", rng.randrange(3, 30), segment_bytes=1 << 20))
+    last = sorted(tmp_path.glob("*" + r.SEGMENT_SUFFIX))[-1]
+    data = last.read_bytes()
+    pos, commits = r.HEADER_BYTES, []
+    while pos < len(data):
+        payload, end = r.next_record(data, pos)
+        if payload[0] == r.COMMIT:
+            commits.append((r.parse_commit(payload, pos), end))
+        pos = end
+    (unsynced, end), (before, _) = commits[-1], commits[-2]  # the last: the write whose fdatasync never ran
+    assert end == len(data) and len(commits) >= 2
+    kept = unsynced.start + rng.randrange(end - unsynced.start)
+    if rng.random() < 0.5:
+        kept = max(unsynced.start, kept // 4096 * 4096)  # whole pages
+    last.write_bytes(data[:kept] + (bytes(end - kept) if rng.random() < 0.5 else b""))
+    state, k = recovered(tmp_path, KillPoint.max_submissions)
+    assert all(i < k for i in acked)
+    assert state.head.seq == before.last_seq and last.stat().st_size == unsynced.start
