@@ -313,3 +313,14 @@ def test_a_session_opened_without_an_owner_keeps_none_until_one_is_set(tmp_path)
     assert load(tmp_path).sessions["a"].owner is None  # from the checkpoint written at close
     write(tmp_path, [[o.SessionOwned("a", "alice")]])
     assert load(tmp_path).sessions["a"].owner == "alice"
+
+
+def test_a_body_nothing_refers_to_beside_a_pubrec_copy_of_its_message_survives_a_checkpoint(tmp_path):
+    """The copy whose PUBREC arrived released the body; the same msg_id stored again holds a body no one refers
+    to. A checkpoint must rebuild both (its release op must not take the second body away)."""
+    submissions = [[body(3), o.SessionOpened("a", 5, 0, 0), o.MessageQueued("a", 3, 1, False),
+                    o.MessagePubrecReceived("a", 3), body(3)]]
+    write(tmp_path, submissions)  # `close` writes the checkpoint the reload starts from
+    state = load(tmp_path)
+    assert set(state.messages) == {3} and state.sessions["a"].queue[0].pubrec_received
+    assert state == model_of(submissions).state(state.head)
