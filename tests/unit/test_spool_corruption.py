@@ -364,6 +364,22 @@ def test_a_truncated_checkpoint_is_refused(damaged, keep):
     refused(damaged, path, "at byte ")
 
 
+def test_a_damaged_newest_checkpoint_is_refused_though_an_older_one_is_sound(damaged, pristine):
+    """A crash between a checkpoint's rename and the removal of the one before leaves two; the newest is the one
+    that counts, and its damage is not passed over for the older one."""
+    with Spool.open(damaged):
+        pass  # a checkpoint at the head; the one at CHECKPOINT_AT goes
+    shutil.copy(pristine / r.checkpoint_name(CHECKPOINT_AT), damaged)
+    newest = damaged / r.checkpoint_name(HEAD)
+    assert checkpoints(damaged) == [damaged / r.checkpoint_name(CHECKPOINT_AT), newest]
+    assert opens(damaged).head.seq == HEAD
+    shutil.copy(pristine / r.checkpoint_name(CHECKPOINT_AT), damaged)
+    data = bytearray(newest.read_bytes())
+    data[r.HEADER_BYTES + 20] ^= 0x01
+    newest.write_bytes(bytes(data))
+    refused(damaged, newest, f"at byte {r.HEADER_BYTES}: a record whose CRC does not match")
+
+
 def test_a_checkpoint_under_another_name_is_refused(damaged):
     path = checkpoints(damaged)[0]
     wrong = path.with_name(r.checkpoint_name(CHECKPOINT_AT + 2))
