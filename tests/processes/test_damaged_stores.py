@@ -49,25 +49,10 @@ def _damage_spool(data_dir):
 
 
 def _old_layout_spool(data_dir):
-    """A spool from before the op log became the store: SQLite's spool.db, one message in it."""
-    from pairmq.appliance.spool import ops as o
-    from pairmq.appliance.spool.chain import GENESIS, chain
-    from pairmq.appliance.spool.codec import encode_op
-    from pairmq.appliance.spool.legacy import sql
-    path = data_dir / "spool" / "spool.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ops = [o.SessionOpened("sub", 5, 3600, 1), o.MessageStored(1, "t", b"old", 1, False, b"", 0, "p", 1),
-           o.MessageQueued("sub", 1, 1, False)]
-    entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-        sql.create(db)
-        db.execute("BEGIN")
-        applier = sql.SqlApplier(db, 1000)
-        for entry, op in zip(entries, ops):
-            applier.apply(entry.seq, op, entry.body)
-        applier.finish(entries)
-        db.execute("COMMIT")
-    return path
+    """A spool from before the op log became the store: SQLite's spool.db, one queued message in it."""
+    from tests.harness.legacy_spool import offline_session, write_old_spool
+    write_old_spool(data_dir / "spool", offline_session("sub", "t/#", [b"old"]))
+    return data_dir / "spool" / "spool.db"
 
 
 def _damage_config_store(data_dir):

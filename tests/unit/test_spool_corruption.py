@@ -8,11 +8,9 @@ disk; where a test needs a record that still parses (a changed checksum, epoch o
 record with a correct CRC, so that only the chain can tell.
 """
 
-import contextlib
 import logging
 import random
 import shutil
-import sqlite3
 import zlib
 
 import pytest
@@ -20,12 +18,12 @@ import pytest
 from pairmq.appliance.errors import SpoolCorruption
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.chain import GENESIS, chain, verify_chain
+from pairmq.appliance.spool.chain import verify_chain
 from pairmq.appliance.spool.errors import ChainError
-from pairmq.appliance.spool.codec import encode_op
-from pairmq.appliance.spool.legacy import sql
 from pairmq.appliance.spool.store import Spool, SpoolOldLayout, old_layout_sentence
 from pairmq.appliance.spool.writer import SpoolWriter
+
+from tests.harness.legacy_spool import write_old_spool
 
 MARKER = b"MARKER-only-in-the-op-log-"
 SEGMENT_BYTES = 700  # a few commits each: the 38 ops span several segments
@@ -222,7 +220,7 @@ def test_a_segment_whose_header_is_damaged_is_refused(damaged):
     data = bytearray(path.read_bytes())
     data[12] ^= 0x40  # inside the header's point
     path.write_bytes(bytes(data))
-    refused(damaged, path, "at byte 0: the header's CRC does not match")
+    refused(damaged, path, "the header's CRC does not match")
 
 
 def test_a_segment_under_another_name_is_refused(damaged):
@@ -361,7 +359,7 @@ def test_a_truncated_checkpoint_is_refused(damaged, keep):
     path = checkpoints(damaged)[0]
     data = path.read_bytes()
     path.write_bytes(data[:keep(len(data))])
-    refused(damaged, path, "at byte ")
+    refused(damaged, path)
 
 
 def test_a_damaged_newest_checkpoint_is_refused_though_an_older_one_is_sound(damaged, pristine):
@@ -405,14 +403,14 @@ def test_a_checkpoint_of_another_history_is_refused(damaged, tmp_path):
 def test_garbage_under_a_spool_file_name_is_refused(damaged, garbage, kind):
     path = damaged / (f"{HEAD + 1:020d}" + kind)
     path.write_bytes(garbage)
-    refused(damaged, path, "at byte 0: ")
+    refused(damaged, path)
     assert path.read_bytes() == garbage
 
 
 def test_garbage_in_place_of_the_first_segment_is_refused(damaged):
     path = segments(damaged)[0]
     path.write_bytes(random.Random(8).randbytes(path.stat().st_size))
-    refused(damaged, path, "at byte 0: not a PairMQ segment")
+    refused(damaged, path, "not a PairMQ segment")
 
 
 def test_files_of_other_names_are_left_alone(damaged, pristine_state):
@@ -472,25 +470,10 @@ def test_a_file_of_another_format_or_magic_is_refused(damaged, magic, kind):
     point = r.parse_header(data, magic)
     head = data[:8] + (r.FORMAT + 1).to_bytes(4, "big") + data[12:r.HEADER_BYTES - 4]  # magic, format, point
     path.write_bytes(head + zlib.crc32(head).to_bytes(4, "big") + data[r.HEADER_BYTES:])
-    refused(damaged, path, f"at byte 0: format {r.FORMAT + 1}, but this build reads format {r.FORMAT}")
+    refused(damaged, path, f"format {r.FORMAT + 1}, but this build reads format {r.FORMAT}")
     other = r.CHECKPOINT_MAGIC if magic == r.SEGMENT_MAGIC else r.SEGMENT_MAGIC
     path.write_bytes(r.header(other, point) + data[r.HEADER_BYTES:])
-    refused(damaged, path, f"at byte 0: not a PairMQ {kind}")
-
-
-def legacy_spool_db(path):
-    """An old-layout spool file, as the SQLite spool wrote it (legacy.sql), holding one queued message."""
-    ops = [o.SessionOpened("a", 5, 0, 1), o.MessageStored(1, "t", b"old", 1, False, b"", 0, "p", 1),
-           o.MessageQueued("a", 1, 1, False)]
-    entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-        sql.create(db)
-        db.execute("BEGIN")
-        applier = sql.SqlApplier(db, 1000)
-        for entry, op in zip(entries, ops):
-            applier.apply(entry.seq, op, entry.body)
-        applier.finish(entries)
-        db.execute("COMMIT")
+    refused(damaged, path, f"not a PairMQ {kind}")
 
 
 @pytest.mark.parametrize("old", ["written by the SQLite spool", "garbage", "beside segments"])
@@ -502,7 +485,9 @@ def test_the_old_layout_is_refused_with_one_sentence_and_left_untouched(tmp_path
     if old == "garbage":
         (directory / "spool.db").write_bytes(b"SQLite format 3\x00" + random.Random(3).randbytes(8192))
     else:
-        legacy_spool_db(directory / "spool.db")
+        write_old_spool(directory, [o.SessionOpened("a", 5, 0, 1),
+                                    o.MessageStored(1, "t", b"old", 1, False, b"", 0, "p", 1),
+                                    o.MessageQueued("a", 1, 1, False)])
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
     with pytest.raises(SpoolOldLayout) as info:
         Spool.open(directory)

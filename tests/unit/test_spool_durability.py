@@ -120,8 +120,9 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
         assert str(directory) in str(errors[0])
         m = writer.metrics()
         assert writer.head == writer.durable == m.durable and m.pending_ops == 0 and m.failed_batches >= 1
-        (segment, _, last, size), = spool.log.segments()
-        assert last == m.durable and segment.stat().st_size == size, "the failed write was cut back off"
+        (segment,) = spool.log.segment_list()
+        assert segment.last == m.durable and segment.path.stat().st_size == segment.size, \
+            "the failed write was cut back off"
 
         ballast.unlink()  # space comes back: the same writer carries on
         # Submissions queued behind a batch that fails chained on it: they fail too, though they would fit. Holding

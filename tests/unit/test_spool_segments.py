@@ -43,7 +43,7 @@ def test_commits_read_back_across_segments_and_after_a_reopen(tmp_path):
     again = SegmentLog.open(tmp_path, replay_after=30, replay=replayed.append, segment_bytes=600)
     assert replayed == everything[30:]
     assert again.read_entries(0, 10_000) == everything and again.head == log.head
-    assert again.bytes_after(0) == sum(size - r.HEADER_BYTES for *_, size in again.segments())
+    assert again.bytes_after(0) == sum(s.size - r.HEADER_BYTES for s in again.segment_list())
     again.close()
 
 
@@ -51,7 +51,7 @@ def test_a_segment_rolls_at_its_size_never_inside_a_commit_and_follows_the_one_b
     log = SegmentLog.open(tmp_path, segment_bytes=600)
     for entries in commits(30):
         log.append(entries)
-    segments = log.segments()
+    segments = [(s.path, s.base, s.last, s.size) for s in log.segment_list()]
     assert len(segments) > 5
     assert seg_names(tmp_path) == [r.segment_name(base.seq + 1) for _, base, _, _ in segments]
     for (_, _, last, _), (_, base, _, _) in zip(segments, segments[1:]):
@@ -87,16 +87,16 @@ def test_drop_through_deletes_only_whole_segments_and_never_the_last(tmp_path):
     batches = commits(30)
     for entries in batches:
         log.append(entries)
-    segments = log.segments()
-    second_last = segments[1][2].seq
+    segments = log.segment_list()
+    second_last = segments[1].last.seq
     assert log.drop_through(second_last + 1) == 2, "the third segment still holds ops after seq"
-    assert log.base == segments[2][1] and seg_names(tmp_path)[0] == r.segment_name(second_last + 1)
+    assert log.base == segments[2].base and seg_names(tmp_path)[0] == r.segment_name(second_last + 1)
     with pytest.raises(LookupError, match="no longer in the log"):
         log.read_entries(second_last - 1, 10)
     kept = log.read_entries(log.base.seq, 10_000)
     assert verify_chain(kept, log.base) == log.head
     log.drop_through(10**9)
-    assert len(log.segments()) == 1 and log.head == batches[-1][-1].point
+    assert len(log.segment_list()) == 1 and log.head == batches[-1][-1].point
     log.close()
     assert SegmentLog.open(tmp_path).base == log.base, "a reopen starts where compaction left the log"
 
@@ -127,8 +127,8 @@ def test_a_write_the_disk_cannot_hold_is_cut_back_off_and_nothing_of_it_counts(t
                 written += entries
                 prev = entries[-1].point
         assert info.value.errno == errno.ENOSPC
-        (path, _, last, size), = log.segments()
-        assert last == prev and path.stat().st_size == size, "the failed commit was cut back off"
+        (segment,) = log.segment_list()
+        assert segment.last == prev and segment.path.stat().st_size == segment.size, "the failed commit was cut back off"
         small = chain(prev, 1, [b"fits"])
         log.append(small)  # the space the cut freed takes a small commit
         log.close()

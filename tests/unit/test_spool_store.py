@@ -263,8 +263,7 @@ def test_the_log_keeps_the_last_keep_ops_and_a_compacted_spool_still_verifies(tm
           checkpoint_bytes=1500)
     with Spool.open(tmp_path, segment_bytes=1000) as spool:
         base = spool.log_base()
-        segments = spool.log.segments()
-        per_segment = max(last.seq - first.seq for _, first, last, _ in segments)
+        per_segment = max(s.last.seq - s.base.seq for s in spool.log.segment_list())
         assert spool.head.seq == 200
         assert 150 - per_segment <= base.seq <= 150, "at least keep_ops kept, whole segments dropped"
         assert files(tmp_path, ".seg")[0] == f"{base.seq + 1:020d}.seg"
@@ -303,7 +302,7 @@ def test_a_fresh_spool_is_empty_and_its_files_appear_whole(tmp_path):
     with Spool.open(tmp_path) as spool, SpoolWriter(spool) as writer:
         writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(timeout=30)
         assert sorted(p.name for p in tmp_path.iterdir()) == [f"{1:020d}.seg", "spool.lock"]
-        assert spool.log.segments()[0][1] == GENESIS
+        assert spool.log.segment_list()[0].base == GENESIS
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{1:020d}.ckpt", f"{1:020d}.seg", "spool.lock"]
 
 
