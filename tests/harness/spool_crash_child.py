@@ -28,11 +28,16 @@ CLIENT = "sub"
 
 
 def submission(i: int) -> list[o.Op]:
-    """The i-th submission: a QoS 2 message stored and queued; earlier ones sent, PUBREC'd and completed."""
+    """The i-th submission: a QoS 2 message stored and queued (one MessageRouted, as the broker routes it, or
+    every third one as MessageStored and MessageQueued); earlier ones sent, PUBREC'd and completed."""
     if i == 0:
         return [o.SessionOpened(CLIENT, 5, 3600, 1)]
-    ops: list[o.Op] = [o.MessageStored(i, "t", b"x" * (50 + i % 200), 2, False, b"", 0, "p", i),
-                       o.MessageQueued(CLIENT, i, 2, False)]
+    payload = b"x" * (50 + i % 200)
+    ops: list[o.Op]
+    if i % 3 == 0:
+        ops = [o.MessageStored(i, "t", payload, 2, False, b"", 0, "p", i), o.MessageQueued(CLIENT, i, 2, False)]
+    else:
+        ops = [o.MessageRouted(i, "t", payload, 2, False, b"", 0, "p", i, CLIENT, 2, False)]
     if i > 2:
         ops.append(o.MessageInflight(CLIENT, i - 2, (i - 2) % 65535 + 1))
     if i > 4:

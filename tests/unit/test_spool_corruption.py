@@ -493,8 +493,8 @@ def test_the_old_layout_is_refused_with_one_sentence_and_left_untouched(tmp_path
         Spool.open(directory)
     assert str(info.value) == old_layout_sentence(directory)
     assert str(info.value) == (f"spool {directory} holds the old SQLite layout (spool.db), which this version no "
-                               f"longer reads: convert it with `pairmq spool migrate {directory}` (offline), or move it "
-                               "aside and let this node take a full resync from its mate")
+                               f"longer reads: convert it with `pairmq spool migrate {directory}` (offline), or move "
+                               "it aside and let this node take a full resync from its mate")
     after = {p.name: p.read_bytes() for p in directory.iterdir() if p.name != "spool.lock"}
     assert after == before, "the refused open changed the directory"
     with pytest.raises(SpoolOldLayout):  # not SpoolLocked: the refused open let go of the lock

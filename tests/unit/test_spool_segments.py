@@ -128,7 +128,7 @@ def test_a_write_the_disk_cannot_hold_is_cut_back_off_and_nothing_of_it_counts(t
                 prev = entries[-1].point
         assert info.value.errno == errno.ENOSPC
         (segment,) = log.segment_list()
-        assert segment.last == prev and segment.path.stat().st_size == segment.size, "the failed commit was cut back off"
+        assert segment.last == prev and segment.path.stat().st_size == segment.size, "the failed commit was cut off"
         small = chain(prev, 1, [b"fits"])
         log.append(small)  # the space the cut freed takes a small commit
         log.close()
