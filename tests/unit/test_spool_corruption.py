@@ -1,6 +1,6 @@
-"""A damaged spool is refused with `SpoolCorruption`: one sentence naming the file (and, in a segment or a
-checkpoint, the byte offset) and the fault, never another error; a write a crash cut short at the end of the
-log is not damage and is cut off.
+"""A damaged spool is refused with `SpoolCorruption`: one sentence naming the file (and the byte offset of a
+damaged record) and the fault, never another error; a write a crash cut short at the end of the log is not
+damage and is cut off.
 
 The spool under test is what a kill -9 leaves: several segments, a checkpoint in the middle of the log and
 the ops after it (the files of an open spool whose commits all returned). Damage is done to the bytes on
