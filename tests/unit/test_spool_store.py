@@ -4,6 +4,7 @@ from a checkpoint and from the start, compaction of the log."""
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,31 @@ def test_a_body_nothing_refers_to_beside_a_pubrec_copy_of_its_message_survives_a
     state = load(tmp_path)
     assert set(state.messages) == {3} and state.sessions["a"].queue[0].pubrec_received
     assert state == model_of(submissions).state(state.head)
+
+
+def test_a_checkpoint_or_a_copy_taken_between_a_commits_write_and_its_apply_is_consistent(tmp_path):
+    """The writer appends a commit outside the state lock and applies it under the lock, so a checkpoint thread
+    (or a full resync's image) can take the lock in between. What it copies must be the state at the point it
+    names: here the test holds the lock from before the commit (re-entrant: the checkpoint is taken on this
+    thread), so the writer waits with its commit written and not applied."""
+    with Spool.open(tmp_path) as spool:
+        writer = SpoolWriter(spool)
+        writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(timeout=30)
+        with spool.lock:
+            sub = writer.submit([body(1), o.MessageQueued("a", 1, 1, False)], 1)
+            for _ in range(3000):  # until its write is done (then the writer waits for the lock)
+                if spool.log.head.seq == 3:
+                    break
+                time.sleep(0.01)
+            assert spool.log.head.seq == 3 and not sub.future.done()
+            copy = spool.load_state()
+            point = spool.write_checkpoint()
+        sub.future.result(timeout=30)
+        writer.close()
+        first = [[o.SessionOpened("a", 5, 0, 1)]]
+        both = first + [[body(1), o.MessageQueued("a", 1, 1, False)]]
+        consistent = [model_of(first).state(spool.log_point(1)), model_of(both).state(spool.log_point(3))]
+        assert copy in consistent, "a copy that names one point and holds the state at another"
+    assert point.seq in (1, 3)
+    state = load(tmp_path)
+    assert state.head.seq == 3 and [e.msg_id for e in state.sessions["a"].queue] == [1], "an acknowledged op lost"
