@@ -15,9 +15,10 @@ Rules:
   reference its `MessageQueued` took. Those ops come after every queue entry and retained topic is
   rebuilt: earlier, the drop would delete a body that later copies of the same message (other
   subscribers' queues, a retained topic) still had to reference, and they would be lost.
-- If no one else holds such a copy's message either, a placeholder body (empty topic and payload,
-  one per message) is stored before its first copy, and the last of those late ops releases it:
-  the rebuilt state holds no placeholder.
+- If no one else holds such a copy's message either (the state has no body for it, or has one
+  that nothing refers to), a placeholder body (empty topic and payload, one per message) is stored
+  before its first copy, and the last of those late ops releases it: the rebuilt state holds no
+  placeholder, and a body nothing refers to is stored after the releases, so none takes it away.
 - Pure: no I/O, deterministic for a given state.
 - `snapshot_bodies(state)` is the same list encoded; a state whose messages are encoded
   `MessageStored` ops already passes them through untouched.
@@ -72,8 +73,11 @@ def _items(state: SpoolState) -> list[tuple[int | None, o.Op]]:
         entries += ((e.order, s.client_id, e) for e in s.queue)
     releases: list[o.Op] = []
     placeholders: set[int] = set()
+    held = {e.msg_id for _, _, e in entries if not e.pubrec_received}
+    held.update(state.retained.values())
+    held.update(s.will.msg_id for s in state.sessions.values() if s.will is not None)
     for _, client_id, e in sorted(entries, key=lambda t: t[0]):
-        if e.pubrec_received and e.msg_id not in state.messages:
+        if e.pubrec_received and e.msg_id not in held:
             if e.msg_id not in placeholders:
                 placeholders.add(e.msg_id)
                 out.append(o.MessageStored(e.msg_id, "", b"", e.qos, False, b"", 0, "", 0))

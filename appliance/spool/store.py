@@ -13,8 +13,11 @@ Rules:
   do: `pairmq spool migrate DIR` converts it offline; moved aside, the node starts empty and takes a
   full resync from its mate. Nothing of it is ever deleted here.
 - One process at a time: `spool.lock` is held (flock) while a `Spool` is open.
-- Threads: the writer thread appends and applies under `lock`; readers (`load_state`, `read_entries`,
-  `log_point`...) take it for what they copy. `close` closes the writer (after what it holds) first.
+- Threads: the writer thread appends a commit outside `lock`, then applies it under `lock` and moves
+  the model's head; readers (`load_state`, `read_entries`, `log_point`...) take it for what they copy.
+  A copy of the state (a checkpoint, a full resync's image) names the model's head, never the log's,
+  which is ahead of the state while a commit is written and not yet applied. `close` closes the writer
+  (after what it holds) first.
 - Checkpoints: the writer asks for one when the log since the last one holds more bytes than
   `checkpoint_bytes` or than the stored messages themselves (so a checkpoint costs at most about as
   much writing as the log it replaces), and `close` writes one when the log since the last holds
@@ -132,7 +135,7 @@ class Spool:
         """Everything the spool holds, for the broker to rebuild from (a copy: the writer goes on)."""
         del raw_bodies  # the messages are ops in memory already
         with self.lock:
-            return self.model.state(self.log.head)
+            return self.model.state()  # at the model's head (see the rules)
 
     def log_point(self, seq: int) -> ChainPoint | None:
         """The log's point at op `seq` (the base's for seq == base), or None if the log no longer holds it."""
@@ -161,8 +164,8 @@ class Spool:
     def write_checkpoint(self) -> ChainPoint:
         """Checkpoint the state at the log's head, then drop what it made redundant (see the rules)."""
         with self._checkpointing:
-            with self.lock:  # a consistent copy; written outside the lock, while commits go on
-                state = self.model.state(self.log.head)
+            with self.lock:  # a consistent copy (at the model's head); written outside the lock, while commits go on
+                state = self.model.state()
             ckpt.write_checkpoint(self.directory, state)
             old, self.checkpoint = self.checkpoint, state.head
             for path in self.directory.glob("*" + r.CHECKPOINT_SUFFIX):

@@ -1,5 +1,7 @@
 """Durability with real processes and a real (tiny) filesystem: kill -9 mid-stream, a full disk.
 
+(kill -9 at chosen points of a commit, a new segment and a checkpoint: test_spool_crash.py.)
+
 The child writes through the real writer and prints each seq the moment its
 future resolves; whatever it printed was acknowledged, so it must be on disk
 after the kill, with the chain intact.
@@ -7,7 +9,6 @@ after the kill, with the chain intact.
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool.errors import SpoolFull
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
-from pairmq.appliance.spool.writer import SpoolWriter
+from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
 from tests.harness.tmpfs import small_disks
 
@@ -28,7 +29,7 @@ CHILD = textwrap.dedent("""
     import sys, threading
     from pairmq.appliance.spool import ops as o
     from pairmq.appliance.spool.store import Spool
-    from pairmq.appliance.spool.writer import SpoolWriter
+    from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
     directory, first_msg_id, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     writer = SpoolWriter(Spool.open(directory))
@@ -95,12 +96,12 @@ def tiny_fs(tmp_path):
 
 def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
     ballast = tiny_fs / "ballast"
-    ballast.write_bytes(b"\0" * 128 * 1024)  # 16 KiB pages: a spool takes more of the 1 MiB for its first ops
+    ballast.write_bytes(b"\0" * 128 * 1024)  # given back later: space that returns
     directory = tiny_fs / "spool"
     durable = []  # (entries, ops) of acknowledged submissions
     errors = []
     with Spool.open(directory) as spool:
-        writer = SpoolWriter(spool)
+        writer = SpoolWriter(spool, WriterLimits(max_batch_bytes=400_000))  # the big submission below: a batch alone
         opened = writer.submit([o.SessionOpened("sub", 5, 0, 1)], 1)
         durable.append((opened.future.result(5), opened.ops))
         for msg_id in range(1, 10_000, 4):
@@ -115,26 +116,31 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
                 break
         assert errors, "the 1 MiB filesystem never filled up"
         assert all(isinstance(e, SpoolFull) for e in errors)
-        assert "the disk is full (database or disk is full)" in str(errors[0]) and str(directory) in str(errors[0])
+        assert "the disk is full ([Errno 28] No space left on device)" in str(errors[0])
+        assert str(directory) in str(errors[0])
         m = writer.metrics()
         assert writer.head == writer.durable == m.durable and m.pending_ops == 0 and m.failed_batches >= 1
+        (segment,) = spool.log.segment_list()
+        assert segment.last == m.durable and segment.path.stat().st_size == segment.size, \
+            "the failed write was cut back off"
 
-        # Submissions queued behind a batch that fails chained on it: they fail too, though they would fit.
-        lock = sqlite3.connect(spool.path, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")
-        big = writer.submit([o.MessageStored(99_999, "t", b"z" * 500_000, 1, False, b"", 0, "p", 1),
-                             o.MessageQueued("sub", 99_999, 1, False)], 1)
-        small = [writer.submit([o.MessageIdSeen("c", f"small-{i}", i)], 1) for i in range(3)]
-        lock.execute("ROLLBACK")
-        lock.close()
+        ballast.unlink()  # space comes back: the same writer carries on
+        # Submissions queued behind a batch that fails chained on it: they fail too, though they would fit. Holding
+        # the spool's state lock (as a reader copying the state does) keeps the writer inside the gate's commit, after
+        # its write, until all of them are queued.
+        with spool.lock:
+            gate = writer.submit([o.MessageIdSeen("c", "gate", 1)], 1)
+            big = writer.submit([o.MessageStored(99_999, "t", b"z" * 500_000, 1, False, b"", 0, "p", 1),
+                                 o.MessageQueued("sub", 99_999, 1, False)], 1)
+            small = [writer.submit([o.MessageIdSeen("c", f"small-{i}", i)], 1) for i in range(3)]
+        durable.append((gate.future.result(10), gate.ops))
         with pytest.raises(SpoolFull, match="the disk is full"):
             big.future.result(10)
         for sub in small:
-            with pytest.raises(SpoolFull, match="the disk is full"):
+            with pytest.raises(SpoolFull, match="an earlier batch these ops chained on was rolled back"):
                 sub.future.result(10)
-        assert writer.head == writer.durable == m.durable, "the head went back to the last committed op"
+        assert writer.head == writer.durable == durable[-1][0][-1].point, "the head went back to the last commit"
 
-        ballast.unlink()  # space comes back: the same writer carries on
         more = writer.submit([o.MessageIdSeen("c", "after", 1)], 1)
         durable.append((more.future.result(5), more.ops))
         writer.close()
@@ -146,4 +152,4 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
     with Spool.open(directory) as spool:
         state = spool.load_state()
     assert state == model.state(), "exactly the acknowledged submissions, nothing half-applied"
-    assert len(state.sessions["sub"].queue) == len(durable) - 2 > 10
+    assert len(state.sessions["sub"].queue) == len(durable) - 3 > 10

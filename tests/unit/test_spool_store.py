@@ -1,7 +1,10 @@
-"""The SQLite spool on real files: state after every op type, the model, replay, log truncation."""
+"""The spool on real files (segments and checkpoints): state after every op type, the model, replay
+from a checkpoint and from the start, compaction of the log."""
 
-import sqlite3
+import random
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -17,17 +20,23 @@ from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
 
-def write(directory, submissions, epoch=1, limits=WriterLimits()):
-    """Apply the submissions (lists of ops) through a writer; returns the writer's final metrics."""
-    with Spool.open(directory) as spool, SpoolWriter(spool, limits) as writer:
+def write(directory, submissions, epoch=1, limits=WriterLimits(), **sizes):
+    """Apply the submissions (lists of ops) through a writer; returns the writer's final metrics.
+
+    `sizes`: `segment_bytes` (Spool.open's) and `checkpoint_bytes` (the spool's), small to roll segments and
+    checkpoint often."""
+    checkpoint_bytes = sizes.pop("checkpoint_bytes", None)
+    with Spool.open(directory, **sizes) as spool, SpoolWriter(spool, limits) as writer:
+        if checkpoint_bytes is not None:
+            spool.checkpoint_bytes = checkpoint_bytes
         subs = [writer.submit(ops, epoch) for ops in submissions]
         for sub in subs:
             sub.future.result(timeout=30)
         return writer.metrics()
 
 
-def load(directory):
-    with Spool.open(directory) as spool:
+def load(directory, max_message_ids=100_000):
+    with Spool.open(directory, max_message_ids=max_message_ids) as spool:
         return spool.load_state()  # which also cross-checks reference counts, domains and stored bytes
 
 
@@ -158,21 +167,84 @@ RANDOM_OP = st.one_of(
 )
 
 
+def files(directory, suffix):
+    return sorted(p.name for p in Path(directory).glob("*" + suffix))
+
+
+def crash_copy(spool, to):
+    """The spool's files as a kill -9 would leave them now (the spool still open, its writer's futures resolved:
+    every commit is on disk); the lock file stays behind, as the kernel drops a dead process's flock."""
+    shutil.copytree(spool.directory, to, ignore=shutil.ignore_patterns("spool.lock"))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=25))
-def test_random_op_sequences_match_the_model_and_replay_identically(submissions):
+@given(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=25), st.data(),
+       st.sampled_from([300, 1000, 1 << 20]), st.sampled_from([200, 800, 1 << 30]))
+def test_random_op_sequences_replayed_from_a_checkpoint_and_from_the_start_match_the_model(
+        submissions, data, segment_bytes, checkpoint_bytes):
+    """Written through the writer with a checkpoint forced at a random point (and the writer's own checkpoints when
+    `checkpoint_bytes` is small), then recovered three ways: from the checkpoint `close` writes, from the newest
+    checkpoint before it plus the log after it (a crash's copy), and from the log alone (that copy without its
+    checkpoints). Each is the model's state, queue orders and the message-id history's order included."""
     limits = WriterLimits(max_message_ids=3)  # small, so that the history's bound is exercised
+    forced = data.draw(st.integers(0, len(submissions)), label="checkpoint after this many submissions")
+    one_by_one = data.draw(st.booleans(), label="a commit per submission (else group commits)")
+    model = model_of(submissions, max_message_ids=3)
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = write(Path(tmp, "a"), submissions, limits=limits)
-        model = model_of(submissions, max_message_ids=3)
-        state = load(Path(tmp, "a"))
-        assert state == model.state(state.head)
+        live, crashed, from_start = Path(tmp, "live"), Path(tmp, "crashed"), Path(tmp, "from-start")
+        with Spool.open(live, segment_bytes=segment_bytes) as spool:
+            spool.checkpoint_bytes = checkpoint_bytes
+            writer = SpoolWriter(spool, limits)
+            for i, part in enumerate((submissions[:forced], submissions[forced:])):
+                if one_by_one:
+                    for ops in part:
+                        writer.submit(ops, 1).future.result(timeout=30)
+                for sub in [] if one_by_one else [writer.submit(ops, 1) for ops in part]:
+                    sub.future.result(timeout=30)
+                if i == 0:
+                    spool.write_checkpoint()
+            metrics = writer.metrics()
+            writer.close()  # joins a checkpoint of its own still being written
+            crash_copy(spool, crashed)
+            head = spool.log.head
         assert metrics.ignored_ops == model.ignored
-        with Spool.open(Path(tmp, "a")) as spool:
+        expected = model.state(head)
+        assert files(live, ".ckpt") == [f"{head.seq:020d}.ckpt"]
+        assert load(live, 3) == expected
+        assert files(crashed, ".ckpt"), "the forced checkpoint at least"
+        assert load(crashed, 3) == expected
+        shutil.copytree(crashed, from_start, ignore=shutil.ignore_patterns("*.ckpt"))
+        assert files(from_start, ".seg")[0] == f"{1:020d}.seg", "keep_ops kept the whole log"
+        assert load(from_start, 3) == expected
+        with Spool.open(live, max_message_ids=3) as spool:
             entries = spool.read_entries(0, 10_000)
         with Spool.open(Path(tmp, "b")) as spool, SpoolWriter(spool, limits) as writer:
             writer.submit_entries(entries).future.result()
-        assert load(Path(tmp, "b")) == state
+        assert load(Path(tmp, "b"), 3) == expected
+
+
+def test_small_segments_and_checkpoints_roll_and_recover_from_each_other(tmp_path):
+    """The property above's sizes at a scale where every mechanism certainly runs: many segments, the writer's own
+    checkpoints, a crash copy between them."""
+    rng = random.Random(23)
+    submissions = [[body(i, payload=rng.randbytes(rng.randrange(200))), o.SessionOpened(f"c{i % 5}", 5, 0, i),
+                    o.MessageQueued(f"c{i % 5}", i, 1, False)] + ([o.MessageAcked(f"c{(i - 3) % 5}", i - 3)]
+                                                                   if i % 3 and i > 3 else [])
+                   for i in range(1, 400)]
+    model = model_of(submissions)
+    with Spool.open(tmp_path / "live", segment_bytes=2000) as spool:
+        spool.checkpoint_bytes = 5000
+        with SpoolWriter(spool) as writer:
+            for ops in submissions:  # a commit each
+                writer.submit(ops, 1).future.result(timeout=30)
+        head = spool.log.head
+        assert len(files(spool.directory, ".seg")) > 20
+        checkpoint = spool.checkpoint
+        assert 0 < checkpoint.seq < head.seq and files(spool.directory, ".ckpt") == [f"{checkpoint.seq:020d}.ckpt"]
+        crash_copy(spool, tmp_path / "crashed")
+    assert load(tmp_path / "live") == load(tmp_path / "crashed") == model.state(head)
+    shutil.copytree(tmp_path / "crashed", tmp_path / "from-start", ignore=shutil.ignore_patterns("*.ckpt"))
+    assert load(tmp_path / "from-start") == model.state(head)
 
 
 def test_a_session_with_everything_deleted_releases_its_bodies(tmp_path):
@@ -186,19 +258,23 @@ def test_a_session_with_everything_deleted_releases_its_bodies(tmp_path):
     assert state.stored_bytes == len(encode_op(body(1)))
 
 
-def test_the_log_keeps_the_last_keep_ops_and_a_truncated_spool_still_verifies(tmp_path):
-    limits = WriterLimits(keep_ops=50, truncate_chunk_ops=10)
-    write(tmp_path, [[o.MessageIdSeen("c", f"m{i}", i)] for i in range(200)], limits=limits)
-    with Spool.open(tmp_path) as spool:
+def test_the_log_keeps_the_last_keep_ops_and_a_compacted_spool_still_verifies(tmp_path):
+    limits = WriterLimits(keep_ops=50)
+    write(tmp_path, [[o.MessageIdSeen("c", f"m{i}", i)] for i in range(200)], limits=limits, segment_bytes=1000,
+          checkpoint_bytes=1500)
+    with Spool.open(tmp_path, segment_bytes=1000) as spool:
+        base = spool.log_base()
+        per_segment = max(s.last.seq - s.base.seq for s in spool.log.segment_list())
         assert spool.head.seq == 200
-        assert 140 <= spool.base.seq <= 150, "at least keep_ops kept, at most a chunk more"
+        assert 150 - per_segment <= base.seq <= 150, "at least keep_ops kept, whole segments dropped"
+        assert files(tmp_path, ".seg")[0] == f"{base.seq + 1:020d}.seg"
         with pytest.raises(LookupError, match="no longer in the log"):
-            spool.read_entries(spool.base.seq - 1, 10)
-        entries = spool.read_entries(spool.base.seq, 1000)
-        assert entries[0].seq == spool.base.seq + 1 and entries[-1].seq == 200
-        assert verify_chain(entries, spool.base) == spool.head
+            spool.read_entries(base.seq - 1, 10)
+        entries = spool.read_entries(base.seq, 1000)
+        assert entries[0].seq == base.seq + 1 and entries[-1].seq == 200
+        assert verify_chain(entries, base) == spool.head
         assert len(spool.load_state().message_ids) == 200
-    write(tmp_path, [[o.MessageIdSeen("c", "more", 1)]], limits=limits)  # reopens from a truncated log
+    write(tmp_path, [[o.MessageIdSeen("c", "more", 1)]], limits=limits)  # reopens from a compacted log
     assert load(tmp_path).head.seq == 201
 
 
@@ -217,22 +293,62 @@ def test_one_process_at_a_time(tmp_path):
     Spool.open(tmp_path).close()
 
 
-def test_a_fresh_spool_is_empty_and_appears_atomically(tmp_path):
+def test_a_fresh_spool_is_empty_and_its_files_appear_whole(tmp_path):
+    """No file but the lock until the first commit; then a segment that starts at GENESIS (its header written and
+    synced under a `.new` name, then renamed: never half a header under the real name); a checkpoint at close."""
     with Spool.open(tmp_path) as spool:
         state = spool.load_state()
         assert state.head == GENESIS and state.sessions == {} and state.messages == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool.db", "spool.lock"]
-    conn = sqlite3.connect(tmp_path / "spool.db")
-    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    conn.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool.lock"], "an empty spool writes no checkpoint"
+    with Spool.open(tmp_path) as spool, SpoolWriter(spool) as writer:
+        writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(timeout=30)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"{1:020d}.seg", "spool.lock"]
+        assert spool.log.segment_list()[0].base == GENESIS
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{1:020d}.ckpt", f"{1:020d}.seg", "spool.lock"]
 
 
-def test_a_spool_from_before_session_owners_loads_and_gains_the_table_when_written(tmp_path):
+def test_a_session_opened_without_an_owner_keeps_none_until_one_is_set(tmp_path):
+    """A session from before owners (docs/broker.md) keeps owner None through a checkpoint and a replay."""
     write(tmp_path, [[o.SessionOpened("a", 5, 3600, 10)]])
-    conn = sqlite3.connect(tmp_path / "spool.db")
-    conn.execute("DROP TABLE session_owners")  # the layout before owners (same schema version)
-    conn.commit()
-    conn.close()
-    assert load(tmp_path).sessions["a"].owner is None  # a pre-owner session: claimed by its next user
+    assert load(tmp_path).sessions["a"].owner is None  # from the checkpoint written at close
     write(tmp_path, [[o.SessionOwned("a", "alice")]])
     assert load(tmp_path).sessions["a"].owner == "alice"
+
+
+def test_a_body_nothing_refers_to_beside_a_pubrec_copy_of_its_message_survives_a_checkpoint(tmp_path):
+    """The copy whose PUBREC arrived released the body; the same msg_id stored again holds a body no one refers
+    to. A checkpoint must rebuild both (its release op must not take the second body away)."""
+    submissions = [[body(3), o.SessionOpened("a", 5, 0, 0), o.MessageQueued("a", 3, 1, False),
+                    o.MessagePubrecReceived("a", 3), body(3)]]
+    write(tmp_path, submissions)  # `close` writes the checkpoint the reload starts from
+    state = load(tmp_path)
+    assert set(state.messages) == {3} and state.sessions["a"].queue[0].pubrec_received
+    assert state == model_of(submissions).state(state.head)
+
+
+def test_a_checkpoint_or_a_copy_taken_between_a_commits_write_and_its_apply_is_consistent(tmp_path):
+    """The writer appends a commit outside the state lock and applies it under the lock, so a checkpoint thread
+    (or a full resync's image) can take the lock in between. What it copies must be the state at the point it
+    names: here the test holds the lock from before the commit (re-entrant: the checkpoint is taken on this
+    thread), so the writer waits with its commit written and not applied."""
+    with Spool.open(tmp_path) as spool:
+        writer = SpoolWriter(spool)
+        writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(timeout=30)
+        with spool.lock:
+            sub = writer.submit([body(1), o.MessageQueued("a", 1, 1, False)], 1)
+            for _ in range(3000):  # until its write is done (then the writer waits for the lock)
+                if spool.log.head.seq == 3:
+                    break
+                time.sleep(0.01)
+            assert spool.log.head.seq == 3 and not sub.future.done()
+            copy = spool.load_state()
+            point = spool.write_checkpoint()
+        sub.future.result(timeout=30)
+        writer.close()
+        first = [[o.SessionOpened("a", 5, 0, 1)]]
+        both = first + [[body(1), o.MessageQueued("a", 1, 1, False)]]
+        consistent = [model_of(first).state(spool.log_point(1)), model_of(both).state(spool.log_point(3))]
+        assert copy in consistent, "a copy that names one point and holds the state at another"
+    assert point.seq in (1, 3)
+    state = load(tmp_path)
+    assert state.head.seq == 3 and [e.msg_id for e in state.sessions["a"].queue] == [1], "an acknowledged op lost"

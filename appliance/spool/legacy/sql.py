@@ -141,7 +141,9 @@ class SqlApplier:
         self.ignored = 0
         conn.execute(OWNERS_TABLE)
         self.reload()
-        self._handlers = {cls: getattr(self, "_" + cls.__name__) for cls in o.OP_TYPES.values()}
+        # Only the ops the old layout knew: it never held one added after it (MessageRouted).
+        self._handlers = {cls: getattr(self, "_" + cls.__name__) for cls in o.OP_TYPES.values()
+                          if hasattr(self, "_" + cls.__name__)}
 
     def reload(self) -> None:
         """Re-read the in-memory helpers from the file (after a rollback)."""
