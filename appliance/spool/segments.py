@@ -136,8 +136,11 @@ class SegmentLog:
         if found is None:
             return None
         seg, offset = found
-        with open(seg.path, "rb") as f:
-            entry = _read_ops(f, offset, 1)[0]
+        try:
+            with open(seg.path, "rb") as f:
+                entry = _read_ops(f, offset, 1)[0]
+        except FileNotFoundError:  # dropped by a checkpoint since it was located: no longer in the log
+            return None
         return entry.point
 
     def bytes_after(self, seq: int) -> int:
@@ -171,8 +174,11 @@ class SegmentLog:
                 want -= n
         out: list[LogEntry] = []
         for path, offset, n in plan:
-            with open(path, "rb") as f:
-                out += _read_ops(f, offset, n)
+            try:
+                with open(path, "rb") as f:
+                    out += _read_ops(f, offset, n)
+            except FileNotFoundError:  # dropped by a checkpoint since it was planned: as if asked a moment later
+                raise LookupError(f"ops after {after_seq} were dropped from the log while being read") from None
         return out
 
     def _locate(self, seq: int) -> tuple[Segment, int] | None:

@@ -209,7 +209,8 @@ def test_a_damaged_or_truncated_image_is_refused_and_the_live_spool_stays(tmp_pa
     elif damage == "padded":
         data = data + bytes(PIECE)
     elif damage == "flipped in transit":
-        data = data[:500] + bytes([data[500] ^ 1]) + data[501:]
+        at = len(data) // 2
+        data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
     elif damage == "not a checkpoint at the source":  # a sound digest of a file that is no checkpoint
         data = b"\xff" * 100 + data[100:]
         digest = hashlib.sha256(data).digest()
