@@ -530,7 +530,7 @@ def soak_details(soak: Soak) -> list[str]:
 def doc_section(argv: list[str], trials: list[Trial], soak: Soak | None, timers: Timers, rows: dict) -> str:
     cpu = _cpu_model()
     lines = [DOC_BEGIN, "## Failover (bench/failover.py)", "",
-             "```", "cd /work/main && .venv/bin/python bench/failover.py " + " ".join(argv), "```", "",
+             "```", ".venv/bin/python bench/failover.py " + " ".join(argv), "```", "",
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- Machine: nproc {len(os.sched_getaffinity(0))}{cpu}, "
              f"Linux {platform.release()}, Python {platform.python_version()}",

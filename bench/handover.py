@@ -103,7 +103,7 @@ def section(r: dict) -> str:
     rows = [("last PUBACK (old active) → first CONNACK 0 (new active)", gaps),
             ("release/revert: gate closed → yield (drain, node's own clock)", drains)]
     lines = [DOC_BEGIN, "## Planned handover (bench/handover.py)", "", "```",
-             f"cd /work/wt-handover && .venv/bin/python bench/handover.py --handovers {r['handovers']} --write-docs",
+             f".venv/bin/python bench/handover.py --handovers {r['handovers']} --write-docs",
              "```", "",
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- Load average (1/5/15 min) before: {' / '.join(f'{x:.2f}' for x in r['load'][0])}, after: "
