@@ -281,7 +281,8 @@ class ActiveReplication(_Replication):
         async with self._imaging:  # one image at a time; an earlier link's ends at its next piece
             if conn is self.conn and not conn.closed:
                 spool = self.local.spool
-                out_dir = image_dir(spool.directory, self.local.writer.metrics().stored_bytes)
+                out_dir = image_dir(spool.directory, self.local.writer.metrics().stored_bytes,
+                                    linked=spool.checkpoint.seq > 0)
                 try:
                     await self._stream_image(link, conn, spool, out_dir)
                 except OSError as exc:  # our disk: no image for this link

@@ -1,11 +1,16 @@
 """A full resync's image: a checkpoint of the active's state, streamed as bytes and installed whole.
 
 Rules:
-- The active's image (`SpoolImage`) is a checkpoint (checkpoint.py) of its spool's state at its durable
-  head, written for the standby into `image_dir(...)`: memory (/dev/shm) when it has room, else beside
-  the spool. A GB written beside the spool makes every fsync of the node's own (quorum state, spool
-  commits) wait behind its writeback, stalling the active's loop. The copy of the state is taken
-  under the spool's lock; the file is written outside it, while commits go on.
+- The active's image (`SpoolImage`) is a checkpoint (checkpoint.py) and the log after it follows as a
+  catch-up (mate_link/active.py): a full resync is a checkpoint plus the segments after it.
+  - Its newest checkpoint when it has one, hard-linked into `image_dir(...)` beside the spool: nothing
+    is encoded or written, and a checkpoint written meanwhile (which deletes the older one) cannot
+    take the file away. The log keeps every op after its newest checkpoint; a newer checkpoint's
+    compaction may drop some before the catch-up reads them, and then the link restarts its resync.
+  - Else (no checkpoint yet, or a link that fails) one written for the standby from the state at its
+    head (the copy taken under the spool's lock, the file written outside it, while commits go on),
+    into memory (/dev/shm) when it has room, else beside the spool: a GB written beside the spool
+    makes every fsync of the node's own wait behind its writeback, stalling the active's loop.
 - The active reads the image back (`check`: every record's CRC, the counts at its end)
   while it streams it, and ends the image (IMAGE_END) only once that passed; a failure is
   `SpoolCorruption` (our disk damaged it) and no image is ended.
@@ -53,12 +58,12 @@ class ImageInfo:
     how: str  # "checkpoint": a checkpoint written for the standby (see the rules)
 
 
-def image_dir(spool_dir: Path, need: int = 0) -> Path:
-    """Where the active writes its image: memory if /dev/shm has room for twice `need` bytes, else beside the
-    spool."""
+def image_dir(spool_dir: Path, need: int = 0, *, linked: bool = False) -> Path:
+    """Where the active puts its image: beside the spool when it links its checkpoint there (`linked`), else
+    memory if /dev/shm has room for twice `need` bytes, else beside the spool."""
     spool_dir = Path(spool_dir)
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * need:
+    if not linked and shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * need:
         return shm / f"pairmq-image-{os.getpid()}-{spool_dir.name}"
     return spool_dir.with_name(spool_dir.name + ".outgoing")
 
@@ -70,9 +75,19 @@ class SpoolImage:
         out_dir = Path(out_dir)
         shutil.rmtree(out_dir, ignore_errors=True)  # an earlier link's image
         private_dir(out_dir)  # a copy of every payload: as private as the spool
+        point = spool.checkpoint
+        if point.seq:
+            name = r.checkpoint_name(point.seq)
+            try:
+                os.link(spool.directory / name, out_dir / name)
+                self.info = ImageInfo(out_dir / name, point, (out_dir / name).stat().st_size,
+                                      "its newest checkpoint; the log after it follows")
+                return
+            except OSError:  # replaced meanwhile, or another filesystem: write one (see the rules)
+                pass
         state = spool.load_state()
         path = ckpt.write_checkpoint(out_dir, state)
-        self.info = ImageInfo(path, state.head, path.stat().st_size, "checkpoint")
+        self.info = ImageInfo(path, state.head, path.stat().st_size, "a checkpoint written for it")
 
     def check(self) -> None:
         """`SpoolCorruption` if the image does not read back whole."""

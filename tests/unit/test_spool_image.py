@@ -86,11 +86,25 @@ def replayed(spool: Spool, through: ChainPoint):
 def test_an_image_is_a_checkpoint_of_the_actives_state_at_its_head(tmp_path):
     info, data, _ = image_of(tmp_path)
     original = load(tmp_path / "active")
-    assert info.how == "checkpoint" and info.point == original.head and info.size == len(data)
+    assert info.how.startswith("its newest checkpoint") and info.point == original.head and info.size == len(data)
     assert info.path.parent == tmp_path / "active.outgoing" and info.path.name == r.checkpoint_name(info.point.seq)
+    assert info.path.stat().st_ino == (tmp_path / "active" / info.path.name).stat().st_ino, "linked, not written"
     assert data.startswith(r.CHECKPOINT_MAGIC) and ckpt.read_point(info.path) == info.point
     model = StateModel()
     assert ckpt.load(info.path, model)[0] == info.point and model.state(info.point) == original
+
+
+def test_without_a_checkpoint_the_image_is_written_from_the_state_at_the_head(tmp_path):
+    with Spool.open(tmp_path / "active") as spool, SpoolWriter(spool) as writer:
+        for batch in EVERY_OP:
+            writer.submit(batch, 4).future.result(10)
+        assert spool.checkpoint.seq == 0
+        image = SpoolImage(spool, tmp_path / "out")
+        expected = spool.load_state()
+    assert image.info.how == "a checkpoint written for it" and image.info.point == expected.head
+    model = StateModel()
+    ckpt.load(image.info.path, model)
+    assert model.state(image.info.point) == expected
 
 
 def test_an_image_installs_the_same_state_and_the_log_continues_from_its_head(tmp_path):
@@ -327,7 +341,8 @@ async def test_a_standby_installs_an_image_of_many_pieces_then_follows_live_ops(
     assert state_of(sp) == state_of(ap)
     progress = standby.progress(0)
     assert progress["kind"] == "snapshot" and progress["bytes_done"] > 24_000_000
-    await until("the active's copy removed", lambda: not image_dir(ap.spool.path).exists())
+    await until("the active's copy removed", lambda: not image_dir(ap.spool.path).exists()
+                and not image_dir(ap.spool.path, linked=True).exists())
     await stop(standby, active, ap, sp)
 
 
