@@ -20,8 +20,6 @@ Rules:
   before its first copy, and the last of those late ops releases it: the rebuilt state holds no
   placeholder, and a body nothing refers to is stored after the releases, so none takes it away.
 - Pure: no I/O, deterministic for a given state.
-- `snapshot_bodies(state)` is the same list encoded; a state whose messages are encoded
-  `MessageStored` ops already passes them through untouched.
 - `snapshot_items(state)` pairs each op with the seq to apply it with: a queue entry's own `order`
   for its `MessageQueued`, `snapshot_seq(i)` for the rest. A checkpoint (checkpoint.py) keeps these,
   so a state rebuilt from it is equal to the state it was written from, orders included.
@@ -45,14 +43,13 @@ def snapshot_ops(state: SpoolState) -> list[o.Op]:
 
 def snapshot_items(state: SpoolState) -> list[tuple[int, bytes]]:
     """(seq to apply with, encoded op) for each op of the snapshot (see the rules)."""
-    return [(snapshot_seq(i) if order is None else order, op if type(op) is bytes else encode_op(op))
-            for i, (order, op) in enumerate(_items(state))]
+    return [(snapshot_seq(i) if order is None else order, encode_op(op)) for i, (order, op) in enumerate(_items(state))]
 
 
 def _items(state: SpoolState) -> list[tuple[int | None, o.Op]]:
     out: list = []
     orders: dict[int, int] = {}  # index in `out` of a MessageQueued -> its entry's order
-    bodies = dict(state.messages)  # not yet in `out`; values are bytes for a raw_bodies state (snapshot_bodies)
+    bodies = dict(state.messages)  # not yet in `out`
 
     def body_of(msg_id: int) -> None:
         if (b := bodies.pop(msg_id, None)) is not None:
@@ -103,9 +100,6 @@ def _items(state: SpoolState) -> list[tuple[int | None, o.Op]]:
     out += bodies.values()
     return [(orders.get(i), op) for i, op in enumerate(out)]
 
-
-def snapshot_bodies(state: SpoolState) -> list[bytes]:
-    return [op if type(op) is bytes else encode_op(op) for op in snapshot_ops(state)]
 
 
 SNAPSHOT_SPAN = 1 << 40  # more ops than any snapshot holds

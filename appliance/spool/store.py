@@ -23,9 +23,6 @@ Rules:
   much writing as the log it replaces), and `close` writes one when the log since the last holds
   anything. After a checkpoint, older checkpoints go, and so do the segments whose every op is both
   in it and older than the last `keep_ops` ops (what an incremental resync may still ask for).
-- `check_pages=False` (a received checkpoint, whose SHA-256 the receiver checked against the one the
-  active announced) is accepted for the callers' sake and changes nothing: every record is checked
-  as it is read anyway.
 """
 
 from __future__ import annotations
@@ -82,10 +79,9 @@ class Spool:
         self._closing = threading.Lock()  # not `lock`: the writer thread takes that while close joins it
 
     @classmethod
-    def open(cls, directory: Path | str, *, check_pages: bool = True, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS,
+    def open(cls, directory: Path | str, *, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS,
              segment_bytes: int = SEGMENT_BYTES) -> Spool:
         """Open (or create) the spool in `directory` and verify it; `SpoolCorruption` if it cannot be trusted."""
-        del check_pages  # see the rules
         directory = private_dir(Path(directory))
         lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -131,9 +127,8 @@ class Spool:
 
     # Reading (any thread).
 
-    def load_state(self, *, raw_bodies: bool = False) -> SpoolState:
+    def load_state(self) -> SpoolState:
         """Everything the spool holds, for the broker to rebuild from (a copy: the writer goes on)."""
-        del raw_bodies  # the messages are ops in memory already
         with self.lock:
             return self.model.state()  # at the model's head (see the rules)
 
@@ -175,10 +170,6 @@ class Spool:
             self.log.drop_through(keep_after)
             log.info("spool %s: checkpoint at op %d (the one before was at op %d)", self.path, state.head.seq, old.seq)
             return state.head
-
-    def install_checkpoint(self, path: Path) -> None:
-        """Make the (closed) spool directory hold only the checkpoint at `path`: a full resync's (image.py)."""
-        install(path, self.directory)
 
 
 def install(checkpoint_path: Path, directory: Path) -> None:
