@@ -255,16 +255,6 @@ class SegmentLog:
             fsync_dir(self.directory)
         return len(gone)
 
-    def remove_all(self, start: ChainPoint) -> None:
-        """Forget every segment (their files deleted): the log starts again at `start` (a new checkpoint's)."""
-        self.close()
-        with self._lock:
-            gone, self._segments = self._segments, []
-            self._start = start
-        for seg in gone:
-            seg.path.unlink(missing_ok=True)
-        fsync_dir(self.directory)
-
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -122,9 +122,6 @@ class Spool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def corrupt(self, what: str) -> SpoolCorruption:
-        return SpoolCorruption(f"spool {self.path}: {what}; refusing to serve from a corrupt spool")
-
     # Reading (any thread).
 
     def load_state(self) -> SpoolState:

@@ -101,21 +101,6 @@ def test_drop_through_deletes_only_whole_segments_and_never_the_last(tmp_path):
     assert SegmentLog.open(tmp_path).base == log.base, "a reopen starts where compaction left the log"
 
 
-def test_remove_all_starts_the_log_again_at_a_point(tmp_path):
-    log = SegmentLog.open(tmp_path, segment_bytes=600)
-    batches = commits(10)
-    for entries in batches:
-        log.append(entries)
-    point = batches[-1][-1].point
-    log.remove_all(point)
-    assert seg_names(tmp_path) == [] and log.base == log.head == point
-    (more,) = commits(1, prev=point)
-    log.append(more)
-    assert seg_names(tmp_path) == [r.segment_name(point.seq + 1)]
-    assert log.read_entries(point.seq, 100) == more
-    log.close()
-
-
 def test_a_write_the_disk_cannot_hold_is_cut_back_off_and_nothing_of_it_counts(tmp_path):
     with small_disks([tmp_path / "tiny"], "256k") as (mount,):
         log = SegmentLog.open(mount)
