@@ -2,14 +2,16 @@
 
 Rules:
 - Nothing is shipped before the standby's JOIN: its head decides the catch-up (resync.py).
-- Catch-up reads the log through the adapter (`ReadEntries` / `entries_read`, `MakeSnapshot` /
+- Catch-up reads the log through the adapter (`ReadCommits` / `commits_read`, `MakeSnapshot` /
   `snapshot_ready`), never more than `max_inflight_ops` ahead of the standby's acks, so a standby
   far behind costs bounded memory. A snapshot is a batch of op bodies that rebuild the state as of
   a point, then the ops after that point follow as an incremental catch-up.
-- LIVE once everything up to our head was shipped: from then on every entry the writer gives a seq
-  (`local_submitted`, before its local commit even finishes) is shipped at once, in order, one
-  submission per OPS message (never split: the standby applies a message atomically).
-  Log reads see committed ops only, so the last stretch of a catch-up comes from the entries the
+- What is shipped is commits (spool/chain.py), the bytes the segment holds, never re-encoded; a commit
+  is one submission of the writer and is never split.
+- LIVE once everything up to our head was shipped: from then on every commit the writer makes
+  (`local_submitted`, before its local write even finishes) is shipped at once, in order, one
+  commit per OPS message.
+  Log reads see durable commits only, so the last stretch of a catch-up comes from the commits the
   writer handed us recently (a bounded buffer), which bridges the read to the live stream.
 - `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
 - caught up = LIVE, heard within `link_timeout_ms`, and at most `INSYNC_LAG_FACTOR` x `max_lag_ops`
@@ -33,7 +35,7 @@ import dataclasses
 import enum
 
 from pairmq.appliance.errors import RemoteProtocolError
-from pairmq.appliance.spool.chain import ChainPoint, LogEntry
+from pairmq.appliance.spool.chain import ChainPoint, Commit
 
 from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 from .resync import ResyncPlan
@@ -66,7 +68,7 @@ class LinkLimits:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ReadEntries:
+class ReadCommits:
     after_seq: int
     max_ops: int
 
@@ -115,7 +117,8 @@ class ActiveLink(Endpoint):
         self.round_trip_ms: int | None = None
         self._next_ping = now_ms
         self._reading = False
-        self._recent: collections.deque[LogEntry] = collections.deque(maxlen=limits.max_recent_ops)
+        self._recent: collections.deque[Commit] = collections.deque()
+        self._recent_ops = 0  # ops in `_recent`, kept within limits.max_recent_ops
         self._unacked_bytes: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes)
         self.unacked_bytes = 0
         self.catchup_done_ops = 0
@@ -189,28 +192,29 @@ class ActiveLink(Endpoint):
         self.phase = Phase.CATCHING_UP
         self._continue_catchup()
 
-    def entries_read(self, entries: list[LogEntry]) -> None:
-        """The adapter's answer to ReadEntries: the next ops of the log (maybe none)."""
+    def commits_read(self, commits: list[Commit]) -> None:
+        """The adapter's answer to ReadCommits: the next commits of the log (maybe none)."""
         self._reading = False
         if self.phase is not Phase.CATCHING_UP:
             return
-        fresh = [e for e in entries if e.seq > self.shipped_seq]
-        if fresh and fresh[0].seq != self.shipped_seq + 1:
-            raise AssertionError(f"the log read skipped from op {self.shipped_seq} to {fresh[0].seq}")
+        fresh = [c for c in commits if c.last_seq > self.shipped_seq]
+        if fresh and fresh[0].first_seq != self.shipped_seq + 1:
+            raise AssertionError(f"the log read skipped from op {self.shipped_seq} to {fresh[0].first_seq}")
         self._ship(fresh)
-        self.catchup_done_ops += len(fresh)
+        self.catchup_done_ops += sum(c.ops for c in fresh)
         if fresh:
             self._continue_catchup()  # nothing new: wait for the next commit, ack or timer
 
-    def local_submitted(self, entries: list[LogEntry] | tuple[LogEntry, ...]) -> None:
-        """The writer gave these ops their seqs (in order); ship them now if we are LIVE."""
-        if not entries:
-            return
-        self.head = entries[-1].point
-        self._recent.extend(entries)
+    def local_submitted(self, commit: Commit) -> None:
+        """The writer made this commit (in seq order); ship it now if we are LIVE."""
+        self.head = commit.point
+        self._recent.append(commit)
+        self._recent_ops += commit.ops
+        while self._recent_ops > self.limits.max_recent_ops and len(self._recent) > 1:
+            self._recent_ops -= self._recent.popleft().ops
         if self.phase is Phase.LIVE:
-            assert entries[0].seq == self.shipped_seq + 1, (entries[0].seq, self.shipped_seq)
-            self._ship(entries, whole=True)
+            assert commit.first_seq == self.shipped_seq + 1, (commit.first_seq, self.shipped_seq)
+            self._ship([commit], whole=True)
         elif self.phase is Phase.CATCHING_UP:
             self._continue_catchup()
 
@@ -221,8 +225,8 @@ class ActiveLink(Endpoint):
         submission, which reuses their seqs, would follow ops that no longer exist (and fail the assertion in
         `local_submitted`)."""
         self.head = head
-        while self._recent and self._recent[-1].seq > head.seq:
-            self._recent.pop()
+        while self._recent and self._recent[-1].last_seq > head.seq:
+            self._recent_ops -= self._recent.pop().ops
         if self.shipped_seq > head.seq:
             raise LinkFault(f"ops {head.seq + 1}..{self.shipped_seq} were shipped then rolled back; resync")
 
@@ -276,38 +280,40 @@ class ActiveLink(Endpoint):
         if self.phase is Phase.CATCHING_UP:
             self._continue_catchup()
 
-    def _ship(self, entries: list[LogEntry], whole: bool = False) -> None:
-        """Batches of OPS; `whole` keeps them in one message: the standby applies a message atomically, and a
-        submission split across two could leave it, at a failover, holding half of one (a message queued
-        without the QoS 2 record that stops its retransmission from being routed again)."""
-        if whole:  # the live path, once per submission: no per-op loop beyond the byte count
-            if entries:
-                total = sum(map(len, [e.body for e in entries]))
-                self._out.append(Ops(self.epoch, tuple(entries)))
-                self.shipped_seq = entries[-1].seq
+    def _ship(self, commits: list[Commit], whole: bool = False) -> None:
+        """Batches of OPS, whole commits only: the standby applies a commit atomically, and a submission split
+        across two could leave it, at a failover, holding half of one (a message queued without the QoS 2 record
+        that stops its retransmission from being routed again). `whole`: all in one message."""
+        if whole:  # the live path, once per submission
+            if commits:
+                total = sum(len(c.data) for c in commits)
+                self._out.append(Ops(self.epoch, tuple(commits)))
+                self.shipped_seq = commits[-1].last_seq
                 self._unacked_bytes.append((self.shipped_seq, total))
                 self.unacked_bytes += total
             return
-        batch: list[LogEntry] = []
-        size = total = 0
-        for e in entries:
-            if batch and (len(batch) >= self.limits.max_batch_ops or size + len(e.body) > self.limits.max_batch_bytes):
+        batch: list[Commit] = []
+        ops = size = total = 0
+        for c in commits:
+            if batch and (ops + c.ops > self.limits.max_batch_ops or size + len(c.data) > self.limits.max_batch_bytes):
                 self._out.append(Ops(self.epoch, tuple(batch)))
-                batch, size = [], 0
-            batch.append(e)
-            size += len(e.body)
-            total += len(e.body)
+                batch, ops, size = [], 0, 0
+            batch.append(c)
+            ops += c.ops
+            size += len(c.data)
+            total += len(c.data)
         if batch:
             self._out.append(Ops(self.epoch, tuple(batch)))
-            self.shipped_seq = batch[-1].seq
+            self.shipped_seq = batch[-1].last_seq
             self._unacked_bytes.append((self.shipped_seq, total))
             self.unacked_bytes += total
 
     def _continue_catchup(self) -> None:
-        if self._recent and self._recent[0].seq <= self.shipped_seq + 1 <= self._recent[-1].seq:
-            bridge = [e for e in self._recent if e.seq > self.shipped_seq]
-            self._ship(bridge, whole=True)
-            self.catchup_done_ops += len(bridge)
+        if self._recent and self._recent[0].first_seq <= self.shipped_seq + 1 <= self._recent[-1].last_seq:
+            bridge = [c for c in self._recent if c.last_seq > self.shipped_seq]
+            assert bridge[0].first_seq == self.shipped_seq + 1, "a catch-up ended inside a commit"
+            self._ship(bridge)
+            self.catchup_done_ops += sum(c.ops for c in bridge)
         if self.shipped_seq >= self.head.seq:
             self.phase = Phase.LIVE
             self.live_from_seq = self.shipped_seq
@@ -315,4 +321,4 @@ class ActiveLink(Endpoint):
         room = self.limits.max_inflight_ops - (self.shipped_seq - max(self.acked_seq, self._lag_floor))
         if room > 0 and not self._reading:
             self._reading = True
-            self._requests.append(ReadEntries(self.shipped_seq, min(room, self.limits.max_batch_ops * 10)))
+            self._requests.append(ReadCommits(self.shipped_seq, min(room, self.limits.max_batch_ops * 10)))

@@ -3,17 +3,20 @@
 Rules:
 - Every message starts with its type (u8) and the sender's epoch (u64): the standby refuses
   anything from an epoch lower than one it has seen active (DESIGN §3 rule 3).
-- Integers are big-endian and fixed-size; op bodies are the op log's bytes (spool/codec.py),
-  shipped untouched with their (epoch, seq, checksum) so the standby verifies the chain itself.
+- Integers are big-endian and fixed-size. OPS carries commits exactly as the active's segment holds
+  them (spool/records.py: op records, then the commit record with its epoch, seq and chained
+  checksum), so the standby checks the chain itself and appends the same bytes.
 - Decoding is strict: an unknown type, a short or over-long message, a count that does not match,
-  or an op body over `MAX_OP_BYTES` raises `MalformedMessage`; nothing is half-decoded.
+  a commit whose last record is not a sound commit record, or a body over its limit raises
+  `MalformedMessage`; nothing is half-decoded. (The op records inside a commit are checked where
+  they are applied: spool/writer.py `submit_commits`.)
 
 Messages:
   JOIN       standby → active  its spool head (epoch, seq, checksum) and boot incarnation
   PLAN       active → standby  how it catches up: IN_STEP, INCREMENTAL after `after_seq`, or SNAPSHOT;
                                `target` is the active's head when it decided; `bytes_to_go` the op
                                bodies' bytes of an INCREMENTAL catch-up (progress only, never trusted)
-  OPS        active → standby  a batch of op log entries, in order
+  OPS        active → standby  a batch of commits, in order, as written
   ACK        standby → active  every op up to `seq` is durable on the standby
   SNAPSHOT   active → standby  a batch of op bodies that rebuild the state from empty
                                (`last` marks the final batch, which carries the point to adopt);
@@ -31,16 +34,17 @@ import enum
 import struct
 
 from pairmq.appliance.errors import RemoteProtocolError
-from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.appliance.spool import records
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, Commit
 
 MAX_OP_BYTES = 2 * 1024 * 1024
+MAX_COMMIT_BYTES = 16 * 1024 * 1024
 MAX_BATCH_OPS = 65_535
 MAX_IMAGE_CHUNK_BYTES = 4 * 1024 * 1024
 DIGEST_BYTES = 32
 
 _HEAD = struct.Struct(">BQ")
 _POINT = struct.Struct(f">QQ{CHECKSUM_BYTES}s")
-_ENTRY_HEAD = struct.Struct(f">QQ{CHECKSUM_BYTES}sI")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _IMAGE_HEAD = struct.Struct(">QQI")
@@ -87,7 +91,7 @@ class Plan:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ops:
     epoch: int
-    entries: tuple[LogEntry, ...]
+    commits: tuple[Commit, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,8 +151,7 @@ def encode(m: Message) -> bytes:
         return (_HEAD.pack(Kind.PLAN, m.epoch) + bytes([m.catchup]) + _U64.pack(m.after_seq) + _point(m.target)
                 + _U64.pack(m.bytes_to_go))
     if isinstance(m, Ops):
-        return _HEAD.pack(Kind.OPS, m.epoch) + _bodies(
-            m.entries, lambda e: _ENTRY_HEAD.pack(e.epoch, e.seq, e.checksum, len(e.body)) + e.body)
+        return _HEAD.pack(Kind.OPS, m.epoch) + _bodies(m.commits, lambda c: _U32.pack(len(c.data)) + c.data)
     if isinstance(m, Ack):
         return _HEAD.pack(Kind.ACK, m.epoch) + _U64.pack(m.seq)
     if isinstance(m, Snapshot):
@@ -209,24 +212,18 @@ class _Reader:
             raise MalformedMessage(f"{len(self.data) - self.pos} bytes after the message")
 
 
-def _entries(r: _Reader) -> tuple[LogEntry, ...]:
-    """An OPS message's entries: the hot loop of a catch-up (a million ops), so offsets, not `_Reader` calls."""
-    n, data, pos = r.count(), r.data, r.pos
-    end, head_size, unpack_from = len(data), _ENTRY_HEAD.size, _ENTRY_HEAD.unpack_from
-    entries = []
-    for _ in range(n):
-        if pos + head_size > end:
-            raise MalformedMessage(f"message ends {pos + head_size - end} bytes early")
-        e_epoch, seq, checksum, length = unpack_from(data, pos)
-        pos += head_size
-        if length > MAX_OP_BYTES:
-            raise MalformedMessage(f"a {length}-byte op (at most {MAX_OP_BYTES})")
-        if pos + length > end:
-            raise MalformedMessage(f"message ends {pos + length - end} bytes early")
-        entries.append(LogEntry(e_epoch, seq, checksum, data[pos:pos + length]))
-        pos += length
-    r.pos = pos
-    return tuple(entries)
+def _commits(r: _Reader) -> tuple[Commit, ...]:
+    """An OPS message's commits, each its bytes as written and the fields of its commit record."""
+    commits = []
+    for _ in range(r.count()):
+        (length,) = r.unpack(_U32)
+        if length > MAX_COMMIT_BYTES:
+            raise MalformedMessage(f"a {length}-byte commit (at most {MAX_COMMIT_BYTES})")
+        try:
+            commits.append(records.commit_from_bytes(r.take(length)))
+        except records.RecordError as exc:
+            raise MalformedMessage(f"a commit that does not end with a sound commit record ({exc.why})") from None
+    return tuple(commits)
 
 
 def decode(data: bytes) -> Message:
@@ -246,7 +243,7 @@ def decode(data: bytes) -> Message:
             raise MalformedMessage(f"unknown catch-up kind {code}") from None
         m = Plan(epoch, catchup, r.unpack(_U64)[0], r.point(), r.unpack(_U64)[0])
     elif kind is Kind.OPS:
-        m = Ops(epoch, _entries(r))
+        m = Ops(epoch, _commits(r))
     elif kind is Kind.ACK:
         m = Ack(epoch, r.unpack(_U64)[0])
     elif kind is Kind.SNAPSHOT:

@@ -2,8 +2,8 @@
 
 Rules, in order:
 1. The standby's head is the active's head: IN_STEP, live ops only.
-2. The standby's head is a point of the active's log that the log still holds (same seq, same
-   checksum; the checksum digests the whole history up to it, so equal checksums mean equal
+2. The standby's head is a point of the active's log (a commit's end) that the log still holds (same seq,
+   same checksum; the checksum digests the whole history up to it, so equal checksums mean equal
    histories): INCREMENTAL, the ops after it.
 3. Anything else is SNAPSHOT, with the reason:
    - the active dropped those ops from its log already (it starts after the standby's head);
@@ -43,7 +43,7 @@ def plan_resync(active_base: ChainPoint, active_head: ChainPoint, standby_head: 
                                       f"{standby_head.seq}")
     ours = active_base.checksum if standby_head.seq == active_base.seq else checksum_at(standby_head.seq)
     if ours is None:
-        return _snapshot(active_head, f"op {standby_head.seq} is no longer in our log")
+        return _snapshot(active_head, f"no commit of our log ends at op {standby_head.seq} (dropped, or the standby's tail diverged)")
     if ours != standby_head.checksum:
         return _snapshot(active_head, f"the standby's op {standby_head.seq} differs from ours: its tail diverged "
                                       "and is discarded")

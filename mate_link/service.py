@@ -5,7 +5,7 @@ Rules:
   serve (`may_serve()`, asked again once the handshake is done); a newer link from the standby
   replaces an older one. Every op the spool writer gives a seq is handed to the link at once.
 - The standby dials the active it knows of (`active_address()`), retrying every `redial_s`, and
-  applies what it receives through its own writer: ops via `submit_entries`, a snapshot via
+  applies what it receives through its own writer: commits via `submit_commits`, a snapshot via
   `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
   node's spool and writer through the LocalSpool the node's wiring hands them.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
@@ -44,13 +44,13 @@ from pathlib import Path
 from pairmq.appliance.clock import now_ms
 from pairmq.appliance.errors import RemoteProtocolError, SpoolCorruption
 from pairmq.appliance.roles import Role
-from pairmq.appliance.spool.chain import ChainPoint, LogEntry
+from pairmq.appliance.spool.chain import ChainPoint, Commit
 from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
 from pairmq.appliance.spool.install import SnapshotBuilder
 from pairmq.appliance.spool.local import LocalSpool
 
-from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadEntries
+from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadCommits
 from .messages import Catchup, Message
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
@@ -158,7 +158,7 @@ class ActiveReplication(_Replication):
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._imaging = asyncio.Lock()
-        self.local.tap(self._on_entries, lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head))
+        self.local.tap(self._on_commit, lambda head: self._loop.call_soon_threadsafe(self._rolled_back, head))
         self._server = await self._loop.create_server(self._new_connection, host, port, reuse_address=True)
         self._ticker = self._loop.create_task(self._ticks())
 
@@ -228,9 +228,9 @@ class ActiveReplication(_Replication):
         if conn is self.conn:
             log.warning("mate link with %s down: %s", conn.peer, why)
 
-    def _on_entries(self, entries: tuple[LogEntry, ...]) -> None:
+    def _on_commit(self, commit: Commit) -> None:
         if self.link is not None and not self.conn.closed:
-            self.link.local_submitted(entries)
+            self.link.local_submitted(commit)
             self._loop.call_soon(self._drain)  # under the writer's lock now: send from the loop's next turn
 
     def _rolled_back(self, head: ChainPoint) -> None:
@@ -261,10 +261,10 @@ class ActiveReplication(_Replication):
                          if plan.catchup is Catchup.INCREMENTAL else 0)
                 if conn is self.conn and not conn.closed:
                     link.planned(plan, to_go)
-            elif isinstance(request, ReadEntries):
-                entries = await asyncio.to_thread(spool.read_entries, request.after_seq, request.max_ops)
+            elif isinstance(request, ReadCommits):
+                commits = await asyncio.to_thread(spool.read_commits, request.after_seq, request.max_ops)
                 if conn is self.conn and not conn.closed:
-                    link.entries_read(entries)
+                    link.commits_read(commits)
             elif isinstance(request, MakeSnapshot):
                 await self._send_image(link, conn)
         except LookupError as exc:  # the log was truncated under a catch-up: start over
@@ -478,8 +478,8 @@ class StandbyReplication(_Replication):
                     if not oldest.done():
                         await asyncio.wait({oldest})
                     self._committing.popleft()
-                sub = self.local.writer.submit_entries(  # StandbyLink verified the chain within the batch
-                    list(request.entries), asyncio.get_running_loop(), chained=True)
+                sub = self.local.writer.submit_commits(  # StandbyLink verified their chain
+                    list(request.commits), asyncio.get_running_loop(), chained=True)
                 self._committing.append(sub.future)
                 while self._committing and self._committing[0].done():
                     self._committing.popleft()
@@ -534,16 +534,16 @@ class StandbyReplication(_Replication):
             sub = await acks.get()
             link, conn = self.link, self.conn  # set once the handshake is done, after this task started
             try:
-                entries = await sub.future
+                commits = await sub.future
             except Exception as exc:  # noqa: BLE001 - our spool failed the commit: nothing of it is acknowledged
                 conn.close(f"applying the active's ops failed here: {exc}")
                 return
             finally:
                 acks.task_done()
-            if entries and not conn.closed:
-                link.applied(entries[-1].point)
+            if commits and not conn.closed:
+                link.applied(commits[-1].point)
                 running = link.progress is not None and link.progress.finished_ms is None
-                link.progressed(len(entries), sum(len(e.body) for e in entries), now_ms())
+                link.progressed(sub.nops, sub.nbytes, now_ms())
                 if running and link.progress.finished_ms is not None:
                     p = link.progress
                     log.info("mate link: catch-up done: %d ops (%d bytes of ops) in %d ms", p.ops_done, p.bytes_done,

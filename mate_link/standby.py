@@ -17,8 +17,9 @@ Rules:
   digest and head; spool/image.py): pieces must arrive in order (each at the offset where the last
   ended) and never mix with SNAPSHOT batches; the adapter writes them (`ImageChunk`) and checks
   and installs the whole (`ImageDone`); the same ACK rule holds.
-- OPS must continue our chain (epoch, seq + 1, chained checksum: spool/chain.verify_chain); they go
-  to the adapter (`Apply`) to be written durably; only after `applied(point)` do we ACK that seq.
+- OPS carry commits as the active wrote them; each must continue our chain (its first op right after
+  our head, its epoch not older, its chained checksum: spool/chain.py); they go to the adapter
+  (`Apply`) to be appended as they came; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
 - PING is answered with PONG; silence for `link_timeout_ms` ends the link (the adapter redials).
   We PING too, every `ping_interval_ms`: the active's PINGs queue behind what it sends (a snapshot
@@ -32,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pairmq.appliance.spool.chain import ChainPoint, LogEntry, checksum, verify_chain
+from pairmq.appliance.spool import records
+from pairmq.appliance.spool.chain import ChainPoint, Commit
 from pairmq.appliance.spool.errors import ChainError
 
 from .active import Endpoint, LinkFault
@@ -41,7 +43,7 @@ from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, P
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Apply:
-    entries: tuple[LogEntry, ...]
+    commits: tuple[Commit, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -217,9 +219,9 @@ class StandbyLink(Endpoint):
     def _on_ops(self, m: Ops) -> None:
         if self._in_snapshot:
             raise LinkFault("OPS before the snapshot ended")
-        self.head = continue_chain(m.entries, self.head, m.epoch)
-        if m.entries:
-            self._requests.append(Apply(tuple(m.entries)))
+        self.head = continue_chain(m.commits, self.head, m.epoch)
+        if m.commits:
+            self._requests.append(Apply(m.commits))
 
     def applied(self, point: ChainPoint) -> None:
         """The adapter wrote everything up to `point` durably."""
@@ -266,21 +268,14 @@ class StandbyLink(Endpoint):
         return min(self._next_ping, self.heard_at + self.link_timeout_ms + 1)
 
 
-
-def continue_chain(entries: tuple[LogEntry, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
-    """The point after `entries` if they continue `prev` (chain.verify_chain's rules) and none claims an epoch newer
-    than its sender's; else LinkFault. One tight loop over the ops as received (a catch-up is a million of them);
-    a failure is named by verify_chain itself."""
-    prev_sum, seq, epoch = prev.checksum, prev.seq, prev.epoch
-    for e_epoch, e_seq, e_sum, body in entries:
-        seq += 1
-        if e_epoch > sender_epoch:
-            raise LinkFault(f"op {e_seq} claims epoch {e_epoch}, newer than its sender's {sender_epoch}")
-        if e_seq != seq or e_epoch < epoch or checksum(prev_sum, e_epoch, seq, body) != e_sum:
-            try:
-                verify_chain(entries, prev)
-            except ChainError as exc:
-                raise LinkFault(f"the ops do not continue our log: {exc}") from None
-            raise AssertionError(f"op {e_seq} failed the chain here but passed verify_chain")
-        prev_sum, epoch = e_sum, e_epoch
-    return ChainPoint(epoch, seq, prev_sum) if entries else prev
+def continue_chain(commits: tuple[Commit, ...], prev: ChainPoint, sender_epoch: int) -> ChainPoint:
+    """The point after `commits` if they continue `prev` (chain.py's rules) and none claims an epoch newer than its
+    sender's; else LinkFault naming the first that does not. One digest per commit, over its op records as they came."""
+    for c in commits:
+        if c.epoch > sender_epoch:
+            raise LinkFault(f"ops {c.first_seq}..{c.last_seq} claim epoch {c.epoch}, newer than their sender's "
+                            f"{sender_epoch}")
+    try:
+        return records.verify_chain(commits, prev)
+    except ChainError as exc:
+        raise LinkFault(f"the ops do not continue our log: {exc}") from None

@@ -386,8 +386,8 @@ class BrokerService:
         if exc is not None:
             self._commit_failed(exc)
             return
-        entries = fut.result()
-        seq = entries[-1].seq if entries else self.writer.durable.seq
+        commits = fut.result()
+        seq = commits[-1].last_seq if commits else self.writer.durable.seq
         if self._held or (self._release is not None and not self._release.allows(seq)):
             self._held.append((seq, then, core))
             return

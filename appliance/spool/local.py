@@ -19,11 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .chain import ChainPoint, LogEntry
+from .chain import ChainPoint, Commit
 from .store import Spool
 from .writer import SpoolWriter, WriterLimits
 
-EntriesTap = Callable[[tuple[LogEntry, ...]], None]
+CommitTap = Callable[[Commit], None]
 RollbackTap = Callable[[ChainPoint], None]
 
 
@@ -32,18 +32,18 @@ class LocalSpool:
                  on_lost: Callable[[str], None] | None = None) -> None:
         self.directory = Path(directory)
         self._on_lost = on_lost
-        self._taps: tuple[EntriesTap | None, RollbackTap | None] = (None, None)
+        self._taps: tuple[CommitTap | None, RollbackTap | None] = (None, None)
         self.spool = Spool.open(self.directory, max_message_ids=limits.max_message_ids)  # SpoolCorruption: refuse to serve from a corrupt spool
         self.writer = self._new_writer(limits)
 
     def _new_writer(self, limits: WriterLimits) -> SpoolWriter:
-        on_entries, on_rollback = self._taps
-        return SpoolWriter(self.spool, limits, on_entries=on_entries, on_rollback=on_rollback)
+        on_commit, on_rollback = self._taps
+        return SpoolWriter(self.spool, limits, on_commit=on_commit, on_rollback=on_rollback)
 
-    def tap(self, on_entries: EntriesTap | None, on_rollback: RollbackTap | None) -> None:
+    def tap(self, on_commit: CommitTap | None, on_rollback: RollbackTap | None) -> None:
         """The mate link's taps (SpoolWriter's rules), on this writer and every later one; None, None: off."""
-        self._taps = (on_entries, on_rollback)
-        self.writer.on_entries, self.writer.on_rollback = on_entries, on_rollback
+        self._taps = (on_commit, on_rollback)
+        self.writer.on_commit, self.writer.on_rollback = on_commit, on_rollback
 
     def replace_spool(self, builder) -> None:
         """A full resync: swap in the spool `builder` made (see the rules)."""

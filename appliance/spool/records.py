@@ -3,14 +3,17 @@
 Rules:
 - Every record is framed: u32 payload length, u32 CRC-32 of the payload, the payload. Big-endian.
   The payload's first byte says what it is:
-    O  an op:         u64 epoch, u64 seq, 16-byte chained checksum (chain.py), the op's bytes (codec.py)
-    C  a commit:      u64 offset of the group commit's first record, u64 seq of its last op, u32 ops
+    O  an op:         the op's bytes (codec.py); its seq is its place in its commit
+    C  a commit:      u64 epoch, u64 seq of its last op, u32 ops, 16-byte chained checksum (chain.py);
+                      it ends the commit whose op records come right before it
     S  a checkpoint's ops: for each, i64 the seq it is applied with (snapshot.py), u32 its length, its
        bytes; as many as fit in CHUNK_BYTES (one frame and one CRC for many ops)
     E  a checkpoint's end: u64 ops, u64 S records (so a checkpoint cut short between records is told)
+- A commit's bytes (`Commit.data`: its op records, then its commit record) never depend on where they
+  are written, so the active's segment, the mate link and the standby's segment hold the same bytes.
 - A segment starts with SEGMENT_HEADER: magic, format, the chain point its first op follows, a CRC.
-  Its name is the seq of that first op, 20 digits, then `.seg`. Then group commits follow, each its
-  op records and one commit record; a commit is durable once the fdatasync after its write returns.
+  Its name is the seq of that first op, 20 digits, then `.seg`. Then commits follow; a group commit
+  is several of them in one write, durable once the fdatasync after it returns.
 - A checkpoint starts with CHECKPOINT_HEADER: magic, format, the chain point it holds the state at, a
   CRC; then S records, the snapshot of that state; then one E record, and nothing after it. Its name is that point's seq,
   20 digits, then `.ckpt`.
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable
 from typing import NamedTuple
 
-from .chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from .chain import CHECKSUM_BYTES, ChainPoint, Commit, checksum, follows
+from .errors import ChainError
 
-FORMAT = 1
+FORMAT = 2
 SEGMENT_MAGIC = b"PAIRMQSG"
 CHECKPOINT_MAGIC = b"PAIRMQCP"
 SEGMENT_SUFFIX = ".seg"
@@ -40,19 +45,20 @@ OP, COMMIT, SNAPSHOT_OP, CHECKPOINT_END = b"O"[0], b"C"[0], b"S"[0], b"E"[0]
 _FRAME = struct.Struct(">II")
 _HEADER = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epoch, seq, checksum)
 _CRC = struct.Struct(">I")
-_OP_HEAD = struct.Struct(f">BQQ{CHECKSUM_BYTES}s")
-_COMMIT = struct.Struct(">BQQI")
+_OP_FRAME = struct.Struct(">IIB")  # an op record's frame and kind byte: its payload's first byte
+_COMMIT = struct.Struct(f">BQQI{CHECKSUM_BYTES}s")
 _END = struct.Struct(">BQQ")
 SNAPSHOT_ITEM = struct.Struct(">qI")
 CHUNK_BYTES = 1 << 20
 HEADER_BYTES = _HEADER.size + _CRC.size
 FRAME_BYTES = _FRAME.size
-OP_HEAD_BYTES = _OP_HEAD.size
-OP_OVERHEAD = FRAME_BYTES + _OP_HEAD.size  # bytes a record adds to an op's own
+OP_OVERHEAD = _OP_FRAME.size  # bytes a record adds to an op's own
 COMMIT_BYTES = FRAME_BYTES + _COMMIT.size
 _crc32 = zlib.crc32
-_frame_pack = _FRAME.pack
-_op_head_pack = _OP_HEAD.pack
+_OP_CRC = _crc32(bytes((OP,)))  # an op record's CRC starts from its kind byte's
+_frame_from = _FRAME.unpack_from
+_op_frame_pack = _OP_FRAME.pack
+_commit_from = _COMMIT.unpack_from
 
 
 class RecordError(ValueError):
@@ -62,12 +68,6 @@ class RecordError(ValueError):
         super().__init__(f"at byte {offset}: {why}")
         self.offset = offset
         self.why = why
-
-
-class Commit(NamedTuple):
-    start: int  # offset of the commit's first record in its segment
-    last_seq: int
-    ops: int
 
 
 def segment_name(first_seq: int) -> str:
@@ -89,7 +89,7 @@ def parse_header(data: bytes, magic: bytes) -> ChainPoint:
         raise RecordError(0, f"a header of {len(data)} bytes ({HEADER_BYTES} expected)")
     head = data[:_HEADER.size]
     (crc,) = _CRC.unpack_from(data, _HEADER.size)
-    got_magic, fmt, epoch, seq, checksum = _HEADER.unpack(head)
+    got_magic, fmt, epoch, seq, checksum_ = _HEADER.unpack(head)
     if got_magic != magic:
         raise RecordError(0, f"not a PairMQ {'segment' if magic == SEGMENT_MAGIC else 'checkpoint'} "
                              f"(magic {got_magic!r})")
@@ -97,23 +97,93 @@ def parse_header(data: bytes, magic: bytes) -> ChainPoint:
         raise RecordError(0, "the header's CRC does not match")
     if fmt != FORMAT:
         raise RecordError(0, f"format {fmt}, but this build reads format {FORMAT}")
-    return ChainPoint(epoch, seq, checksum)
+    return ChainPoint(epoch, seq, checksum_)
 
 
 def frame(payload: bytes) -> bytes:
-    return _frame_pack(len(payload), _crc32(payload)) + payload
+    return _FRAME.pack(len(payload), _crc32(payload)) + payload
 
 
-def put_op(out: bytearray, entry: LogEntry) -> None:
-    """Append `entry`'s framed op record to `out` (the writer's hot path: one buffer per group commit)."""
-    payload = _op_head_pack(OP, entry.epoch, entry.seq, entry.checksum) + entry.body
-    out += _frame_pack(len(payload), _crc32(payload))
-    out += payload
+# Commits.
+
+def make_commit(prev: ChainPoint, epoch: int, bodies: Iterable[bytes]) -> Commit:
+    """The commit of `bodies` (encoded ops, at least one), written in `epoch` after `prev`.
+
+    The writer's hot path, once per submission: one buffer, two appends and one CRC per op, one digest."""
+    assert epoch >= prev.epoch, f"epoch {epoch} is older than the log's {prev.epoch}"
+    buf = bytearray()
+    n = 0
+    for body in bodies:
+        buf += _op_frame_pack(len(body) + 1, _crc32(body, _OP_CRC), OP)
+        buf += body
+        n += 1
+    assert n, "a commit of no ops"
+    last_seq = prev.seq + n
+    chained = checksum(prev.checksum, epoch, last_seq, n, buf)
+    buf += frame(_COMMIT.pack(COMMIT, epoch, last_seq, n, chained))
+    return Commit(epoch, last_seq, n, chained, bytes(buf))
 
 
-def commit_record(start: int, last_seq: int, ops: int) -> bytes:
-    return frame(_COMMIT.pack(COMMIT, start, last_seq, ops))
+def parse_commit(data: bytes | memoryview, pos: int) -> Commit:
+    """The fields of the commit record framed at `pos` (its `data` is left empty: the caller knows the span)."""
+    if pos < 0 or pos + COMMIT_BYTES > len(data):
+        raise RecordError(max(pos, 0), "a commit record cut off")
+    length, crc = _frame_from(data, pos)
+    start = pos + FRAME_BYTES
+    if length != _COMMIT.size or data[start] != COMMIT:
+        raise RecordError(pos, "not a commit record where a commit must end")
+    if _crc32(data[start:start + length]) != crc:
+        raise RecordError(pos, "a record whose CRC does not match")
+    _, epoch, last_seq, ops, chained = _commit_from(data, start)
+    return Commit(epoch, last_seq, ops, chained, b"")
 
+
+def commit_from_bytes(data: bytes) -> Commit:
+    """A commit received whole (the mate link's OPS): its fields from its last record; `RecordError` if none."""
+    c = parse_commit(data, len(data) - COMMIT_BYTES)
+    return c._replace(data=data)
+
+
+def op_bodies(commit: Commit, offset: int = 0) -> list[bytes]:
+    """The ops' bytes of `commit`, every record's frame and CRC checked and their number matched.
+
+    `offset`: where the commit starts in its file, for the errors."""
+    data = commit.data
+    end = len(data) - COMMIT_BYTES
+    out, pos = [], 0
+    while pos < end:
+        if pos + FRAME_BYTES > end:
+            raise RecordError(offset + pos, "an op record cut off before its commit record")
+        length, crc = _frame_from(data, pos)
+        start = pos + FRAME_BYTES
+        stop = start + length
+        if length < 2 or stop > end or data[start] != OP:
+            raise RecordError(offset + pos, f"not an op record of a sound length ({length})")
+        if _crc32(data[start:stop]) != crc:
+            raise RecordError(offset + pos, "a record whose CRC does not match")
+        out.append(data[start + 1:stop])
+        pos = stop
+    if len(out) != commit.ops:
+        raise RecordError(offset + end, f"a commit record for {commit.ops} ops after {len(out)} op records")
+    return out
+
+
+def verify_chain(commits: Iterable[Commit], prev: ChainPoint) -> ChainPoint:
+    """The point after the last commit, if every commit follows its predecessor (the first one `prev`).
+
+    Raises `ChainError` naming the first commit that does not follow, and why."""
+    for c in commits:
+        why = follows(prev, c.epoch, c.last_seq, c.ops)
+        if not why and checksum(prev.checksum, c.epoch, c.last_seq, c.ops,
+                                memoryview(c.data)[:len(c.data) - COMMIT_BYTES]) != c.checksum:
+            why = f"ops {c.first_seq}..{c.last_seq}: their checksum does not chain"
+        if why:
+            raise ChainError(c.last_seq, why)
+        prev = c.point
+    return prev
+
+
+# Checkpoints.
 
 def put_snapshot_op(chunk: bytearray, seq: int, body: bytes) -> None:
     """Append one op to an S record's payload being built (start it with `bytearray((SNAPSHOT_OP,))`)."""
@@ -141,12 +211,21 @@ def checkpoint_end_record(ops: int, chunks: int) -> bytes:
     return frame(_END.pack(CHECKPOINT_END, ops, chunks))
 
 
+def parse_end(payload: bytes, offset: int) -> tuple[int, int]:
+    if len(payload) != _END.size:
+        raise RecordError(offset, f"a checkpoint end of {len(payload)} bytes ({_END.size} expected)")
+    _, ops, chunks = _END.unpack(payload)
+    return ops, chunks
+
+
+# Reading records one by one.
+
 def next_record(data: bytes | memoryview, pos: int) -> tuple[bytes, int]:
     """(the payload of the record at `pos`, the offset after it); `RecordError` if it is not whole and sound."""
     end = len(data)
     if pos + FRAME_BYTES > end:
         raise RecordError(pos, f"a record frame cut off after {end - pos} bytes")
-    length, crc = _FRAME.unpack_from(data, pos)
+    length, crc = _frame_from(data, pos)
     if length == 0 or length > MAX_PAYLOAD:
         raise RecordError(pos, f"a record of impossible length {length}")
     start = pos + FRAME_BYTES
@@ -158,27 +237,6 @@ def next_record(data: bytes | memoryview, pos: int) -> tuple[bytes, int]:
     return payload, start + length
 
 
-def parse_op(payload: bytes, offset: int) -> LogEntry:
-    if len(payload) < _OP_HEAD.size + 2:
-        raise RecordError(offset, f"an op record of {len(payload)} bytes is too short")
-    _, epoch, seq, checksum = _OP_HEAD.unpack_from(payload)
-    return LogEntry(epoch, seq, checksum, payload[_OP_HEAD.size:])
-
-
-def parse_commit(payload: bytes, offset: int) -> Commit:
-    if len(payload) != _COMMIT.size:
-        raise RecordError(offset, f"a commit record of {len(payload)} bytes ({_COMMIT.size} expected)")
-    _, start, last_seq, ops = _COMMIT.unpack(payload)
-    return Commit(start, last_seq, ops)
-
-
-def parse_end(payload: bytes, offset: int) -> tuple[int, int]:
-    if len(payload) != _END.size:
-        raise RecordError(offset, f"a checkpoint end of {len(payload)} bytes ({_END.size} expected)")
-    _, ops, chunks = _END.unpack(payload)
-    return ops, chunks
-
-
 def find_commit_after(data: bytes | memoryview, pos: int) -> int | None:
     """The offset of a sound commit record anywhere after `pos` (byte by byte, not by frames), or None.
 
@@ -188,9 +246,8 @@ def find_commit_after(data: bytes | memoryview, pos: int) -> int | None:
     at = raw.find(needle, pos + 1)
     while at >= 0:
         try:
-            payload, _ = next_record(raw, at)
-            if payload[0] == COMMIT:
-                return at
+            parse_commit(raw, at)
+            return at
         except RecordError:
             pass
         at = raw.find(needle, at + 1)

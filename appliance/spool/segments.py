@@ -2,34 +2,37 @@
 
 Rules:
 - The log is the segments in a spool directory (records.py has their bytes), in seq order, each
-  following the one before: a segment's header holds the point of the previous segment's last op.
-  The log's base is the first segment's header point; its head the last op of the last segment.
-- `append(entries)` is one group commit: the op records and a commit record, one `pwrite` at the end of
-  the last segment and one `fdatasync`. Only then are the entries durable. A failed write or sync
-  takes the file back to its size before (ftruncate) and raises the OSError; nothing of it counts.
+  following the one before: a segment's header holds the point of the previous segment's last commit.
+  The log's base is the first segment's header point; its head the last commit of the last segment.
+- `append(commits)` is one group commit: the commits' bytes as they are (`Commit.data`), one `pwrite`
+  at the end of the last segment and one `fdatasync`. Only then are they durable. A failed write or
+  sync takes the file back to its size before (ftruncate) and raises the OSError; nothing of it counts.
 - A new segment begins when the last one holds `segment_bytes` or more; a commit is never split.
   The new file's header is written and synced, and the directory synced, before any op goes in.
-- Opening scans every segment: each record's frame and CRC, the seqs, the commits, and the chain
-  (chain.py) of every op after `replay_after` (the checkpoint's point, which the store checks is on the
-  log): the ops before it are only kept for an incremental resync, and the standby checks their chain
-  itself as they arrive.
+- Opening scans every segment: each record's frame and CRC, each commit against the op records
+  before it and the commit before it, and the chained checksum (chain.py) of every commit after
+  `replay_after` (the checkpoint's point, which the store checks is on the log): the commits before
+  it are only kept for an incremental resync, and the standby checks their chain itself as they arrive.
   In the last segment, records after the last sound commit that do not parse, with no sound commit
   anywhere after them, are a write that a crash cut short: never acknowledged (its fdatasync never
   returned), so the file is cut back to the end of the last commit and a warning says how many bytes
   went. Anything else that does not parse or chain is damage: `SpoolCorruption` naming the segment
   and the offset, and the node refuses to serve from it.
-- `open(..., check_all=True)` (`pairmq spool verify`) checks the chain of every op and changes nothing:
-  a torn last write is reported (`Segment.unfinished`), not cut off.
+- `open(..., check_all=True)` (`pairmq spool verify`) checks the chain of every commit and changes
+  nothing: a torn last write is reported (`Segment.unfinished`), not cut off.
+- Reads for the mate link (`read_commits`, `point_at`) go by commits: a point of the log is a commit's
+  end, and what is read is the commits' bytes as written, never re-framed.
 - `drop_through(seq)` deletes whole segments whose every op is at or before `seq` (the caller keeps
   what the checkpoint has not covered and what an incremental resync may still ask for); the last
   segment always stays.
-- Threads: the writer thread appends; any thread reads (`read_entries`, `point_at`); `_lock` guards the
+- Threads: the writer thread appends; any thread reads (`read_commits`, `point_at`); `_lock` guards the
   segment list and each segment's index, and readers use their own file descriptors.
 """
 
 from __future__ import annotations
 
 import array
+import bisect
 import logging
 import os
 import struct
@@ -39,28 +42,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import records as r
-from .chain import GENESIS, ChainPoint, LogEntry, checksum
+from .chain import GENESIS, ChainPoint, Commit, checksum, follows
 from ..errors import SpoolCorruption
 
 log = logging.getLogger(__name__)
 SEGMENT_BYTES = 64 << 20
 _frame_from = struct.Struct(">II").unpack_from
-_seq_from = struct.Struct(">Q").unpack_from
 _crc32 = zlib.crc32
+Replay = Callable[[int, bytes], None]  # (seq, op bytes), in seq order
 
 
 class Segment:
-    """One segment file: where its ops are (`offsets[i]` is the record of op `first_seq + i`)."""
+    """One segment file and where its commits end (`ends[i]`: the offset after commit i, `lasts[i]`: its last seq)."""
 
-    __slots__ = ("path", "base", "last", "size", "offsets", "commits", "unfinished")
+    __slots__ = ("path", "base", "last", "size", "ends", "lasts", "unfinished")
 
     def __init__(self, path: Path, base: ChainPoint) -> None:
         self.path = path
         self.base = base  # the point its first op follows
-        self.last = base  # its last op's point (base while it holds none)
+        self.last = base  # its last commit's point (base while it holds none)
         self.size = r.HEADER_BYTES
-        self.offsets = array.array("Q")
-        self.commits = 0  # found when it was opened
+        self.ends = array.array("Q")
+        self.lasts = array.array("Q")
         self.unfinished = 0  # bytes after its last commit found at open (cut off unless opened to check)
 
     @property
@@ -69,7 +72,21 @@ class Segment:
 
     @property
     def ops(self) -> int:
-        return len(self.offsets)
+        return self.last.seq - self.base.seq
+
+    @property
+    def commits(self) -> int:
+        return len(self.ends)
+
+    def commit_after(self, seq: int) -> int:
+        """The index of the commit that starts at op seq + 1; LookupError if no commit of this segment does."""
+        i = bisect.bisect_right(self.lasts, seq)
+        if (self.lasts[i - 1] if i else self.base.seq) != seq or i == len(self.lasts):
+            raise LookupError(f"op {seq} is not the end of a commit in segment {self.path.name}")
+        return i
+
+    def start_of(self, i: int) -> int:
+        return self.ends[i - 1] if i else r.HEADER_BYTES
 
 
 def fsync_dir(directory: Path) -> None:
@@ -94,9 +111,9 @@ class SegmentLog:
 
     @classmethod
     def open(cls, directory: Path, start: ChainPoint = GENESIS, *, replay_after: int = 0,
-             replay: Callable[[LogEntry], None] | None = None, segment_bytes: int = SEGMENT_BYTES,
+             replay: Replay | None = None, segment_bytes: int = SEGMENT_BYTES,
              check_all: bool = False) -> SegmentLog:
-        """Scan the directory's segments (see the rules); `replay(entry)` for each op with seq > `replay_after`.
+        """Scan the directory's segments (see the rules); `replay(seq, op bytes)` for each op with seq > `replay_after`.
 
         `start`: the point the log begins at when there is no segment (a checkpoint's, or GENESIS)."""
         paths = sorted(directory.glob("*" + r.SEGMENT_SUFFIX))
@@ -127,35 +144,42 @@ class SegmentLog:
             return list(self._segments)
 
     def point_at(self, seq: int) -> ChainPoint | None:
-        """The point of op `seq` (the base's for seq == base), or None if the log does not hold it."""
+        """The point of the commit ending at op `seq` (the base's for seq == base), or None if the log holds none."""
         with self._lock:
             base = self._segments[0].base if self._segments else self._start
             if seq == base.seq:
                 return base
-            found = self._locate(seq)
-        if found is None:
-            return None
-        seg, offset = found
+            seg = self._holding(seq)
+            if seg is None:
+                return None
+            i = bisect.bisect_left(seg.lasts, seq)
+            if i == len(seg.lasts) or seg.lasts[i] != seq:
+                return None
+            at = seg.ends[i] - r.COMMIT_BYTES
         try:
             with open(seg.path, "rb") as f:
-                entry = _read_ops(f, offset, 1)[0]
+                commit = r.parse_commit(os.pread(f.fileno(), r.COMMIT_BYTES, at), 0)
         except FileNotFoundError:  # dropped by a checkpoint since it was located: no longer in the log
             return None
-        return entry.point
+        except r.RecordError as exc:
+            raise SpoolCorruption(f"segment {seg.path}: at byte {at}: {exc.why}; refusing to serve from a "
+                                  "corrupt spool") from None
+        return commit.point
 
     def bytes_after(self, seq: int) -> int:
-        """The bytes of the records after op `seq` (a catch-up's size, for its progress only)."""
+        """The bytes of the commits after op `seq` (a catch-up's size, for its progress only)."""
         with self._lock:
             total = 0
             for seg in self._segments:
                 if seg.last.seq <= seq:
                     continue
-                at = seg.offsets[seq - seg.first_seq + 1] if seq >= seg.first_seq else r.HEADER_BYTES
-                total += seg.size - at
+                i = bisect.bisect_right(seg.lasts, seq) if seq >= seg.first_seq else 0
+                total += seg.size - seg.start_of(i)
             return total
 
-    def read_entries(self, after_seq: int, max_ops: int) -> list[LogEntry]:
-        """Up to `max_ops` ops with seq > after_seq, in order; `LookupError` if the log no longer holds them."""
+    def read_commits(self, after_seq: int, max_ops: int) -> list[Commit]:
+        """The commits after op `after_seq`, in order, as written: at least one if there is any, and no more once
+        they hold `max_ops` ops. `LookupError` if the log no longer holds them, or op `after_seq` ends no commit."""
         with self._lock:
             base = self._segments[0].base if self._segments else self._start
             if after_seq < base.seq:
@@ -166,44 +190,59 @@ class SegmentLog:
             for seg in self._segments:
                 if want <= 0:
                     break
-                if seg.last.seq <= after_seq or not seg.ops:
+                if seg.last.seq <= after_seq:
                     continue
-                i = max(0, after_seq + 1 - seg.first_seq)
-                n = min(want, seg.ops - i)
-                plan.append((seg.path, seg.offsets[i], n))
-                want -= n
-        out: list[LogEntry] = []
-        for path, offset, n in plan:
+                i = seg.commit_after(after_seq) if after_seq >= seg.first_seq else 0
+                j = i
+                while j < len(seg.lasts) and want > 0:
+                    want -= seg.lasts[j] - (seg.lasts[j - 1] if j else seg.base.seq)
+                    j += 1
+                start = seg.start_of(i)
+                plan.append((seg.path, start, [end - start for end in seg.ends[i:j]]))
+                after_seq = seg.lasts[j - 1]
+        out: list[Commit] = []
+        for path, start, ends in plan:
             try:
                 with open(path, "rb") as f:
-                    out += _read_ops(f, offset, n)
+                    data = os.pread(f.fileno(), ends[-1], start)
             except FileNotFoundError:  # dropped by a checkpoint since it was planned: as if asked a moment later
                 raise LookupError(f"ops after {after_seq} were dropped from the log while being read") from None
+            if len(data) != ends[-1]:
+                raise SpoolCorruption(f"segment {path}: commits end early at byte {start + len(data)}; refusing to "
+                                      "serve from a corrupt spool")
+            at = 0
+            for end in ends:
+                try:
+                    commit = r.parse_commit(data, end - r.COMMIT_BYTES)
+                except r.RecordError as exc:
+                    raise SpoolCorruption(f"segment {path}: at byte {start + exc.offset}: {exc.why}; refusing to "
+                                          "serve from a corrupt spool") from None
+                out.append(commit._replace(data=data[at:end]))
+                at = end
         return out
 
-    def _locate(self, seq: int) -> tuple[Segment, int] | None:
+    def _holding(self, seq: int) -> Segment | None:
         for seg in self._segments:
             if seg.first_seq <= seq <= seg.last.seq:
-                return seg, seg.offsets[seq - seg.first_seq]
+                return seg
         return None
 
     # Writing (the writer thread).
 
-    def append(self, entries: list[LogEntry] | tuple[LogEntry, ...]) -> None:
+    def append(self, commits: list[Commit] | tuple[Commit, ...]) -> None:
         """One group commit, durable on return (see the rules); OSError if it failed, with nothing kept."""
         seg = self._writable()
         start = seg.size
-        buf = bytearray()
-        offsets = []
-        put = r.put_op
-        for entry in entries:
-            offsets.append(start + len(buf))
-            put(buf, entry)
-        buf += r.commit_record(start, entries[-1].seq, len(entries))
+        ends = []
+        at = start
+        for c in commits:
+            at += len(c.data)
+            ends.append(at)
+        buf = b"".join([c.data for c in commits]) if len(commits) > 1 else commits[0].data
         try:
             written = 0
             while written < len(buf):
-                written += os.pwrite(self._fd, buf[written:] if written else buf, start + written)
+                written += os.pwrite(self._fd, memoryview(buf)[written:] if written else buf, start + written)
             os.fdatasync(self._fd)
         except OSError:
             try:
@@ -212,13 +251,14 @@ class SegmentLog:
                 log.error("segment %s: could not cut a failed commit back off: %s", seg.path, again)
             raise
         with self._lock:
-            seg.size = start + len(buf)
-            seg.offsets.extend(offsets)
-            seg.last = entries[-1].point
+            seg.size = at
+            seg.ends.extend(ends)
+            seg.lasts.extend([c.last_seq for c in commits])
+            seg.last = commits[-1].point
 
     def _writable(self) -> Segment:
         seg = self._segments[-1] if self._segments else None
-        if seg is not None and (seg.size < self.segment_bytes or not seg.ops):
+        if seg is not None and (seg.size < self.segment_bytes or not seg.ends):
             if self._fd < 0:
                 self._fd = os.open(seg.path, os.O_WRONLY)
             return seg
@@ -261,33 +301,8 @@ class SegmentLog:
             self._fd = -1
 
 
-def _read_ops(f, offset: int, n: int) -> list[LogEntry]:
-    """`n` op records from `offset` of an open segment file (commit records in between are skipped)."""
-    out: list[LogEntry] = []
-    chunk = 1 << 20
-    data = b""
-    pos = 0
-    f.seek(offset)
-    while len(out) < n:
-        try:
-            payload, end = r.next_record(data, pos)
-        except r.RecordError:
-            more = f.read(max(chunk, 2 * (len(data) - pos) + 1))
-            if not more:
-                raise SpoolCorruption(f"segment {f.name}: op records end early at byte {offset + pos}; "
-                                      "refusing to serve from a corrupt spool") from None
-            data = data[pos:] + more
-            offset += pos
-            pos = 0
-            continue
-        if payload[0] == r.OP:
-            out.append(r.parse_op(payload, offset + pos))
-        pos = end
-    return out
-
-
 def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
-          replay: Callable[[LogEntry], None] | None, check_all: bool = False) -> Segment:
+          replay: Replay | None, check_all: bool = False) -> Segment:
     def damaged(what: str) -> SpoolCorruption:
         return SpoolCorruption(f"segment {path}: {what}; refusing to serve from a corrupt spool")
 
@@ -304,82 +319,65 @@ def _scan(path: Path, prev: ChainPoint | None, *, last: bool, replay_after: int,
                       f"(epoch {prev.epoch}){' with another checksum' if base.seq == prev.seq else ''}")
     seg = Segment(path, base)
     point = base
-    pending: list[tuple[int, LogEntry | None]] = []  # ops of the commit being read
-    pos = good = r.HEADER_BYTES
     size, view = len(data), memoryview(data)
-    lazy = -1  # where the op that `point` should be is, when only its seq was read (the fast path below)
+    pos = good = r.HEADER_BYTES
     chain_after = -1 if check_all else replay_after
-    while pos < size:
-        # The fast path: an op kept only for an incremental resync (see the rules): frame, CRC and seq.
-        if pos + r.FRAME_BYTES <= size:
+    bodies: list[bytes] = []  # the ops of the commit being read, when it is replayed
+    ops = 0
+    replaying = replay is not None and point.seq >= replay_after
+    try:
+        while pos < size:
+            if pos + r.FRAME_BYTES > size:
+                raise r.RecordError(pos, f"a record frame cut off after {size - pos} bytes")
             length, crc = _frame_from(data, pos)
             start = pos + r.FRAME_BYTES
             end = start + length
-            if end <= size and length > r.OP_HEAD_BYTES and data[start] == r.OP \
-                    and _crc32(view[start:end]) == crc:
-                seq = _seq_from(data, start + 9)[0]
-                if seq <= chain_after:
-                    if seq != (point.seq if lazy < 0 else lazy_seq) + 1:
-                        raise damaged(f"op {seq} at byte {pos} follows op {point.seq if lazy < 0 else lazy_seq}")
-                    lazy, lazy_seq = pos, seq
-                    pending.append((pos, None))
-                    pos = end
-                    continue
-        if lazy >= 0:
-            point = r.parse_op(r.next_record(data, lazy)[0], lazy).point
-            lazy = -1
-        try:
-            payload, end = r.next_record(data, pos)
-            kind = payload[0]
+            if length < 2 or length > r.MAX_PAYLOAD or end > size:
+                raise r.RecordError(pos, f"a record of impossible length {length}" if end <= size
+                                    else f"a record of {length} bytes cut off after {size - start}")
+            if _crc32(view[start:end]) != crc:
+                raise r.RecordError(pos, "a record whose CRC does not match")
+            kind = data[start]
             if kind == r.OP:
-                entry = r.parse_op(payload, pos)
-                if entry.seq <= chain_after:
-                    if entry.seq != point.seq + 1:
-                        raise damaged(f"op {entry.seq} at byte {pos} follows op {point.seq}")
-                    point = entry.point
-                else:
-                    point = _follow(point, entry, pos, damaged)
-                pending.append((pos, entry))
+                ops += 1
+                if replaying:
+                    bodies.append(data[start + 1:end])
             elif kind == r.COMMIT:
-                commit = r.parse_commit(payload, pos)
-                if not pending or commit.start != pending[0][0] or commit.last_seq != point.seq \
-                        or commit.ops != len(pending):
-                    raise damaged(f"the commit at byte {pos} does not match the ops before it")
-                for at, entry in pending:
-                    seg.offsets.append(at)
-                    if replay is not None and entry is not None and entry.seq > replay_after:
-                        replay(entry)
-                seg.commits += 1
-                pending.clear()
-                seg.last = point
+                c = r.parse_commit(data, pos)
+                why = follows(point, c.epoch, c.last_seq, c.ops)
+                if not why and c.ops != ops:
+                    why = f"it is for {c.ops} ops, but {ops} op records come before it"
+                if not why and c.last_seq > chain_after \
+                        and checksum(point.checksum, c.epoch, c.last_seq, c.ops, view[good:pos]) != c.checksum:
+                    why = f"ops {c.first_seq}..{c.last_seq}: their checksum does not chain"
+                if why:
+                    raise damaged(f"the commit at byte {pos}: {why}")
+                if replaying:
+                    for seq, body in enumerate(bodies, c.first_seq):
+                        replay(seq, body)
+                    bodies.clear()
+                seg.ends.append(end)
+                seg.lasts.append(c.last_seq)
+                point = c.point
+                ops = 0
                 good = end
+                replaying = replay is not None and point.seq >= replay_after
             else:
                 raise r.RecordError(pos, f"a record of unknown kind {kind}")
-        except r.RecordError as exc:
-            if last and r.find_commit_after(data, exc.offset) is None:
-                break  # a torn last write (see the rules)
+            pos = end
+    except r.RecordError as exc:
+        if not (last and r.find_commit_after(data, exc.offset) is None):
             raise damaged(str(exc)) from None  # its str names the offset
-        pos = end
-    if lazy >= 0:
-        raise damaged(f"{size - good} bytes of ops after its last commit")
-    seg.unfinished = len(data) - good
-    if good < len(data) and not last:
-        raise damaged(f"{len(data) - good} bytes after its last commit")
-    if good < len(data) and not check_all:
+        # a torn last write (see the rules)
+    seg.last = point
+    seg.unfinished = size - good
+    if good < size and not last:
+        raise damaged(f"{size - good} bytes after its last commit")
+    if good < size and not check_all:
         log.warning("segment %s: %d bytes after the last commit were cut off (a write a crash cut short, never "
-                    "acknowledged)", path, len(data) - good)
+                    "acknowledged)", path, size - good)
         with open(path, "r+b") as f:
             f.truncate(good)
             os.fdatasync(f.fileno())
     seg.size = good
     return seg
-
-
-def _follow(prev: ChainPoint, entry: LogEntry, pos: int, damaged) -> ChainPoint:
-    if entry.seq != prev.seq + 1:
-        raise damaged(f"op {entry.seq} at byte {pos} follows op {prev.seq}")
-    if entry.epoch < prev.epoch:
-        raise damaged(f"op {entry.seq} at byte {pos} has epoch {entry.epoch}, older than op {prev.seq}'s")
-    if checksum(prev.checksum, entry.epoch, entry.seq, entry.body) != entry.checksum:
-        raise damaged(f"op {entry.seq} at byte {pos}: its checksum does not chain")
-    return entry.point

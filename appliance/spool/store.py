@@ -1,7 +1,7 @@
 """The durable spool on disk: the op log's segments and a checkpoint, in one directory (DESIGN §4).
 
 Rules:
-- The op log is the store (docs/spool.md): segment files of framed, chained op records appended by
+- The op log is the store (docs/spool.md): segment files of framed op records in chained commits, appended by
   group commits (segments.py), and checkpoints, the whole state at one point (checkpoint.py). The
   state itself lives in memory (state.py `StateModel`): opening loads the newest checkpoint and
   replays the log after it; each group commit applies its ops once they are durable.
@@ -14,7 +14,7 @@ Rules:
   full resync from its mate. Nothing of it is ever deleted here.
 - One process at a time: `spool.lock` is held (flock) while a `Spool` is open.
 - Threads: the writer thread appends a commit outside `lock`, then applies it under `lock` and moves
-  the model's head; readers (`load_state`, `read_entries`, `log_point`...) take it for what they copy.
+  the model's head; readers (`load_state`, `read_commits`, `log_point`...) take it for what they copy.
   A copy of the state (a checkpoint, a full resync's image) names the model's head, never the log's,
   which is ahead of the state while a commit is written and not yet applied. `close` closes the writer
   (after what it holds) first.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt
 from . import records as r
-from .chain import GENESIS, ChainPoint, LogEntry
+from .chain import GENESIS, ChainPoint, Commit
 from .codec import decode_op
 from .errors import OpCodecError, SpoolLocked
 from .segments import SEGMENT_BYTES, SegmentLog, fsync_dir
@@ -130,7 +130,7 @@ class Spool:
             return self.model.state()  # at the model's head (see the rules)
 
     def log_point(self, seq: int) -> ChainPoint | None:
-        """The log's point at op `seq` (the base's for seq == base), or None if the log no longer holds it."""
+        """The log's point at op `seq` (the base's for seq == base), or None if no commit of the log ends there."""
         return self.log.point_at(seq)
 
     def log_base(self) -> ChainPoint:
@@ -141,11 +141,12 @@ class Spool:
         """The log's bytes after `after_seq` (an incremental resync's size, for its progress)."""
         return self.log.bytes_after(after_seq)
 
-    def read_entries(self, after_seq: int, max_ops: int) -> list[LogEntry]:
-        """Up to `max_ops` committed ops with seq > after_seq, in order (for the mate link's resync); it reads
-        files: call it off the event loop. `LookupError` if the log no longer holds them (send a snapshot)."""
+    def read_commits(self, after_seq: int, max_ops: int) -> list[Commit]:
+        """The committed commits after op `after_seq`, about `max_ops` ops of them, in order and as written (for the
+        mate link's resync); it reads files: call it off the event loop. `LookupError` if the log no longer holds
+        them (send a snapshot)."""
         assert max_ops > 0
-        return self.log.read_entries(after_seq, max_ops)
+        return self.log.read_commits(after_seq, max_ops)
 
     # Checkpoints and compaction.
 
@@ -201,14 +202,14 @@ def _recover(directory: Path, max_message_ids: int, segment_bytes: int) -> tuple
 
 def replayer(directory: Path, model: StateModel):
     """Apply one op of the log to `model` at open; `SpoolCorruption` if it does not decode (its CRC held)."""
-    def replay(entry: LogEntry) -> None:
+    def replay(seq: int, body: bytes) -> None:
         try:
-            op = decode_op(entry.body)
+            op = decode_op(body)
             check_op(op)
         except (OpCodecError, ValueError) as exc:
-            raise SpoolCorruption(f"spool {directory}: op {entry.seq} is malformed ({exc}); refusing to serve from a "
+            raise SpoolCorruption(f"spool {directory}: op {seq} is malformed ({exc}); refusing to serve from a "
                                   "corrupt spool") from None
-        model.apply(entry.seq, op, len(entry.body))
+        model.apply(seq, op, len(body))
     return replay
 
 

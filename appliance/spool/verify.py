@@ -5,7 +5,7 @@ Rules:
   from the directory. What such a node may be doing at that moment reads as what it is: the last
   segment growing (an unfinished write at its end, which the node would cut off at open if it died
   now), a checkpoint or a segment replaced or dropped while it is read (then: run again).
-- It runs the store's own checks (checkpoint.py, segments.py, store.py), with the chain of every op
+- It runs the store's own checks (checkpoint.py, segments.py, store.py), with the chain of every commit
   checked, not only of those after the checkpoint: the newest checkpoint whole, each segment's header
   and records, the log reaching back to the checkpoint and holding its point; the state replayed for
   its totals. An unfinished write at the end of the last segment is not a fault.
@@ -102,7 +102,7 @@ def verify(directory: Path | str) -> Report:
                                                checkpoint_paths[-1].stat().st_size, True))
         log = SegmentLog.open(directory, point, replay_after=point.seq, replay=replayer(directory, model),
                               check_all=True)
-        segments = [SegmentFacts(s.path.name, s.base, s.last, log.point_at(s.first_seq).epoch if s.ops else
+        segments = [SegmentFacts(s.path.name, s.base, s.last, log.point_at(s.lasts[0]).epoch if s.ends else
                                  s.base.epoch, s.size, s.commits, s.ops, s.unfinished) for s in log.segment_list()]
         base, head = log.base, log.head
         check_on_log(directory, log, point)

@@ -2,16 +2,19 @@
 
 Rules:
 - `submit` is called on the caller's thread (the event loop) and never blocks
-  on I/O: it encodes the ops, gives them the next seqs and chained checksums
-  at once (so the mate link can ship them while the local commit runs) and
-  queues them. Its future resolves with those entries only after the
-  group commit holding them is durable (written and fdatasync'ed: segments.py).
+  on I/O: it encodes the ops and makes them one commit at once (their seqs,
+  their records and the commit's chained checksum: chain.py), so the mate link
+  can ship its bytes while the local commit runs, and queues it. Its future
+  resolves with that commit only after the group commit holding it is durable
+  (written and fdatasync'ed: segments.py).
   Futures resolve in seq order; a `concurrent.futures` future's callbacks run
   in the writer thread (keep them short), an asyncio one's on its loop.
 - The thread drains every queued submission, up to `max_batch_ops` ops or
   `max_batch_bytes`, into ONE group commit: one write and one fdatasync of
-  their records, then their ops applied to the spool's state in memory. A
-  submission is never split.
+  their commits' bytes as they are, then their ops applied to the spool's
+  state in memory. A submission is never split.
+- The standby's submissions (`submit_commits`) are the active's commits as
+  they arrived: their bytes are appended unchanged.
 - Bounded: at most `max_pending_ops` ops queued or committing; past that
   `submit` raises `SpoolBusy` (the broker watches `pending_ops` and stops
   reading publishers well before). Stored bodies are bounded by
@@ -19,8 +22,8 @@ Rules:
   bodies still in flight, not counting frees until they commit) is refused
   with `SpoolFull` before it gets a seq.
 - A full disk fails the whole batch with `SpoolFull`; the write is cut back
-  off the segment and so is every submission queued behind it (their seqs chained on
-  the failed ops): the head returns to the last committed op and the writer
+  off the segment and so is every submission queued behind it (their commits chained on
+  the failed ones): the head returns to the last committed op and the writer
   carries on. None of those ops may be acknowledged; a mate that was shipped
   them holds a divergent unacknowledged tail, which resync discards.
 - A rollback starts a new `history` (a number). A submitter whose state was
@@ -50,9 +53,10 @@ import time
 from collections.abc import Callable
 
 from . import ops as o
-from .chain import ChainPoint, LogEntry, chain, verify_chain
+from . import records as r
+from .chain import ChainPoint, Commit
 from .codec import decode_op, encode_op
-from .errors import SpoolBusy, SpoolFull
+from .errors import ChainError, SpoolBusy, SpoolFull
 from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size_of
 from .store import Spool
 from ..errors import LocalProtocolError
@@ -93,13 +97,15 @@ class WriterMetrics:
 
 @dataclasses.dataclass(slots=True)
 class Submission:
-    """What `submit` returns: the entries (ship them to the mate now) and a future resolved when durable."""
+    """What `submit` returns: its commits (ship them to the mate now) and a future resolved with them when durable."""
 
-    entries: tuple[LogEntry, ...]
+    commits: tuple[Commit, ...]
     future: concurrent.futures.Future | asyncio.Future
     ops: tuple[o.Op, ...] = ()
+    sizes: tuple[int, ...] = ()  # each op's encoded size
     added_bytes: int = 0
     nbytes: int = 0
+    nops: int = 0
     loop: asyncio.AbstractEventLoop | None = None
 
 
@@ -107,7 +113,7 @@ class SpoolWriter:
     """Owns the spool's write connection in a dedicated thread; see the rules above."""
 
     def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits(), *,
-                 on_entries: Callable[[tuple[LogEntry, ...]], None] | None = None,
+                 on_commit: Callable[[Commit], None] | None = None,
                  on_rollback: Callable[[ChainPoint], None] | None = None) -> None:
         assert spool.writer is None, f"spool {spool.path} already has a writer"
         self.spool = spool
@@ -129,11 +135,11 @@ class SpoolWriter:
         self._stored_bytes = spool.model.stored_bytes
         self.durable = self.head = spool.log.head
         self._checkpointer: threading.Thread | None = None
-        # The mate link's taps. `on_entries(entries)` runs under the writer's lock on the submitting
-        # thread, right after the entries get their seqs, so they are seen in seq order and can be shipped
+        # The mate link's taps. `on_commit(commit)` runs under the writer's lock on the submitting
+        # thread, right after the commit is made, so commits are seen in seq order and can be shipped
         # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
         # after a failed batch took the head back to `head`.
-        self.on_entries = on_entries
+        self.on_commit = on_commit
         self.on_rollback = on_rollback
         self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
         self._thread.start()
@@ -147,7 +153,7 @@ class SpoolWriter:
         return self._pending_ops
 
     def submit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int, history: int | None = None) -> Submission:
-        """Queue `ops`, written in `epoch`; the future resolves with their entries once durable.
+        """Queue `ops`, written in `epoch`, as one commit; the future resolves with (that commit,) once durable.
 
         Refusals (nothing queued, no seq given): `SpoolBusy`, `SpoolFull` (also when `history` is given and is
         no longer the writer's), `OpCodecError`/ValueError for an op that cannot be encoded or is outside its
@@ -166,34 +172,36 @@ class SpoolWriter:
             self.history += 1
             return self.history
 
-    async def commit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> tuple[LogEntry, ...]:
+    async def commit(self, ops: list[o.Op] | tuple[o.Op, ...], epoch: int) -> tuple[Commit, ...]:
         """Submit and wait until durable."""
         return await self.submit_async(ops, epoch).future
 
-    def submit_entries(self, entries: list[LogEntry], loop: asyncio.AbstractEventLoop | None = None, *,
+    def submit_commits(self, commits: list[Commit], loop: asyncio.AbstractEventLoop | None = None, *,
                        chained: bool = False) -> Submission:
-        """The standby's path: entries received from the active, applied as they are.
+        """The standby's path: commits received from the active, appended as they came and applied.
 
-        `ChainError` if they do not follow the head, `OpCodecError` if a body is malformed, ValueError if an op is
-        outside its domain (state.check_op): all the peer's fault; nothing is queued then. `chained`: the caller
-        verified that each entry chains on the one before it (the mate link's standby end does), so only the
-        first is checked against our head here (a checksum per op fewer in a catch-up).
+        `ChainError` if they do not follow the head, `RecordError` if a record is malformed, `OpCodecError` if an
+        op is, ValueError if an op is outside its domain (state.check_op): all the peer's fault; nothing is queued
+        then. `chained`: the caller verified that the commits chain on our head (the mate link's standby end
+        does), so their checksums are not computed again here.
         """
-        ops = tuple(decode_op(e.body) for e in entries)
+        bodies = [body for c in commits for body in r.op_bodies(c)]
+        ops = tuple(map(decode_op, bodies))
         for op in ops:
             check_op(op)
         future = loop.create_future() if loop else concurrent.futures.Future()
-        bodies = [e.body for e in entries]
         with self._lock:
             added = self._admit(ops, bodies, None)
-            if chained and entries:
-                verify_chain(entries[:1], self.head)
-                self.head = entries[-1].point
+            if chained:
+                for c in commits:
+                    if c.first_seq != self.head.seq + 1:
+                        raise ChainError(c.last_seq, f"ops {c.first_seq}..{c.last_seq} do not follow op {self.head.seq}")
+                    self.head = c.point
             else:
-                self.head = verify_chain(entries, self.head)
-            sub = Submission(tuple(entries), future, ops, added, loop=loop)
-            self._enqueue(sub, bodies)
-        if not entries:
+                self.head = r.verify_chain(commits, self.head)
+            sub = Submission(tuple(commits), future, ops, tuple(map(len, bodies)), added, loop=loop)
+            self._enqueue(sub)
+        if not commits:
             _settle([(sub, (), None)])
         return sub
 
@@ -229,14 +237,14 @@ class SpoolWriter:
                 raise SpoolFull(f"spool {self.spool.path}: these ops were made on history {history}, which a failed "
                                 f"commit ended (now {self.history}); refused until the submitter rebuilds")
             added = self._admit(ops, bodies, epoch)
-            entries = tuple(chain(self.head, epoch, bodies))
-            sub = Submission(entries, future, ops, added, loop=loop)
-            if entries:
-                self.head = entries[-1].point
-                self._enqueue(sub, bodies)
-                if self.on_entries is not None:
-                    self.on_entries(entries)
-        if not entries:
+            commits = (r.make_commit(self.head, epoch, bodies),) if bodies else ()
+            sub = Submission(commits, future, ops, tuple(map(len, bodies)), added, loop=loop)
+            if commits:
+                self.head = commits[0].point
+                self._enqueue(sub)
+                if self.on_commit is not None:
+                    self.on_commit(commits[0])
+        if not commits:
             _settle([(sub, (), None)])  # outside the lock: a callback may submit again
         return sub
 
@@ -263,11 +271,12 @@ class SpoolWriter:
                             f"{self._pending_added} in flight); refused, nothing applied")
         return added
 
-    def _enqueue(self, sub: Submission, bodies: list[bytes]) -> None:
-        if not sub.entries:
+    def _enqueue(self, sub: Submission) -> None:
+        if not sub.commits:
             return
-        sub.nbytes = sum(map(len, bodies))
-        self._pending_ops += len(sub.entries)
+        sub.nbytes = sum(sub.sizes)
+        sub.nops = len(sub.ops)
+        self._pending_ops += sub.nops
         self._pending_added += sub.added_bytes
         self._submissions += 1
         self._queue.append(sub)
@@ -293,21 +302,21 @@ class SpoolWriter:
             batch, n, nbytes = [], 0, 0
             while self._queue:
                 nxt = self._queue[0]
-                if batch and (n + len(nxt.entries) > limits.max_batch_ops
+                if batch and (n + nxt.nops > limits.max_batch_ops
                               or nbytes + nxt.nbytes > limits.max_batch_bytes):
                     break
                 batch.append(self._queue.popleft())
-                n += len(nxt.entries)
+                n += nxt.nops
                 nbytes += nxt.nbytes
             return batch
 
     def _commit(self, batch: list[Submission]) -> None:
-        entries: list[LogEntry] = []
+        commits: list[Commit] = []
         for sub in batch:
-            entries += sub.entries
+            commits += sub.commits
         started = time.monotonic()
         try:
-            self.spool.log.append(entries)
+            self.spool.log.append(commits)
         except Exception as exc:  # noqa: BLE001 - every failure is reported to the batch's submitters
             self._rollback(batch, exc)
             return
@@ -317,12 +326,13 @@ class SpoolWriter:
         with self.spool.lock:
             apply = model.apply
             for sub in batch:
-                for entry, op in zip(sub.entries, sub.ops):
-                    apply(entry.seq, op, len(entry.body))
-            model.head = entries[-1].point
-        n = len(entries)
+                for seq, op, size in zip(range(sub.commits[0].first_seq, sub.commits[-1].last_seq + 1), sub.ops,
+                                         sub.sizes):
+                    apply(seq, op, size)
+            model.head = commits[-1].point
+        n = sum(sub.nops for sub in batch)
         with self._lock:
-            self.durable = entries[-1].point
+            self.durable = commits[-1].point
             self._pending_ops -= n
             self._pending_added -= sum(sub.added_bytes for sub in batch)
             self._stored_bytes = model.stored_bytes
@@ -331,13 +341,13 @@ class SpoolWriter:
             self._ignored += model.ignored - ignored_before
             self._last_ms = elapsed_ms
             self._max_ms = max(self._max_ms, elapsed_ms)
-        _settle([(sub, sub.entries, None) for sub in batch])
+        _settle([(sub, sub.commits, None) for sub in batch])
 
     def _rollback(self, batch: list[Submission], exc: Exception) -> None:
         full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
         if full:
             error: BaseException = SpoolFull(f"spool {self.spool.path}: the disk is full ({exc}); the batch of "
-                                             f"{sum(len(s.entries) for s in batch)} ops was rolled back")
+                                             f"{sum(s.nops for s in batch)} ops was rolled back")
             chained: BaseException = SpoolFull(f"spool {self.spool.path}: the disk is full; an earlier batch these "
                                                "ops chained on was rolled back")
         else:

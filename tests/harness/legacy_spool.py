@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pairmq.appliance.broker.session import NEVER
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, ChainPoint, chain
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint
 from pairmq.appliance.spool.codec import encode_op
-from pairmq.appliance.spool.legacy.sql import SqlApplier, create
+from pairmq.appliance.spool.legacy.sql import SqlApplier, chain, create
 from pairmq.appliance.spool.state import DEFAULT_MAX_MESSAGE_IDS
 
 

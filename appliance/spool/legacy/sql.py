@@ -15,11 +15,14 @@ appending is a rowid append.
 from __future__ import annotations
 
 import functools
+import hashlib
 import sqlite3
+import struct
 import zlib
+from typing import NamedTuple
 
 from .. import ops as o
-from ..chain import ChainPoint, LogEntry
+from ..chain import CHECKSUM_BYTES, ChainPoint
 from ..codec import encode_uints
 from ..state import stored_size
 
@@ -76,6 +79,29 @@ OWNERS_TABLE = """CREATE TABLE IF NOT EXISTS session_owners (
 ) STRICT, WITHOUT ROWID"""
 TABLES = ("meta", "oplog", "messages", "sessions", "subscriptions", "queue", "retained", "inbound_qos2", "wills",
           "message_ids")
+
+
+class LogEntry(NamedTuple):
+    """One row of the old layout's op log: every op carried a checksum of its own."""
+
+    epoch: int
+    seq: int
+    checksum: bytes
+    body: bytes
+
+    @property
+    def point(self) -> ChainPoint:
+        return ChainPoint(self.epoch, self.seq, self.checksum)
+
+
+def chain(prev: ChainPoint, epoch: int, bodies: list[bytes]) -> list[LogEntry]:
+    """The old layout's entries for `bodies` after `prev`: sha256(prev || epoch || seq || body)[:16] per op."""
+    entries, point_sum, seq = [], prev.checksum, prev.seq
+    for body in bodies:
+        seq += 1
+        point_sum = hashlib.sha256(point_sum + struct.pack(">QQ", epoch, seq) + body).digest()[:CHECKSUM_BYTES]
+        entries.append(LogEntry(epoch, seq, point_sum, body))
+    return entries
 
 
 def create(conn: sqlite3.Connection) -> None:
