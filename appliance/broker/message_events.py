@@ -115,8 +115,8 @@ class MessageEvents:
     def _spooled(self, fut, msg_ids: list[int], epoch: int) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return  # the broker drops every client and rebuilds: these were never acknowledged
-        entries = fut.result()
-        seq = entries[-1].seq if entries else 0
+        commits = fut.result()
+        seq = commits[-1].last_seq if commits else 0
         self.events.write("message_spooled", msg_ids=msg_ids, seq=seq, epoch=epoch)
         if self._acked_seq is not None:
             self._pending.append((seq, msg_ids, epoch))

@@ -1,6 +1,6 @@
 """The broker simulator with a standby: S2 across a failover, with the mate link's real ends.
 
-Node A is active: the sans-I/O BrokerCore, its spool (a StateModel) and op log (chained entries).
+Node A is active: the sans-I/O BrokerCore, its spool (a StateModel) and op log (chained commits).
 Node B is its standby: a StateModel fed by the mate link's two ends (mate_link/active.py and
 standby.py), their messages going through the real codec over a channel that delivers in order,
 late, or not at all (the link is cut and redialled; B rejoins by the resync plan, incremental or
@@ -34,11 +34,12 @@ import functools
 
 from pairmq.appliance.broker.core import BrokerCore, Persist, restore
 from pairmq.appliance.spool import ops
-from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.chain import GENESIS
+from pairmq.appliance.spool.records import make_commit, op_bodies
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
 from pairmq.appliance.spool.state import StateModel
-from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
+from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadCommits
 from pairmq.mate_link.messages import decode, encode
 from pairmq.mate_link.resync import plan_resync
 from pairmq.mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
@@ -52,7 +53,7 @@ class ReplicatedSim(BrokerSim):
     def __init__(self, seed: int) -> None:
         super().__init__(seed)
         self.epoch = 1
-        self.log: list = []  # A's op log: every entry given a seq (committed or not)
+        self.log: list = []  # A's op log: every commit made (durable or not)
         self.head = GENESIS  # A's writer head
         self.durable_seq = 0  # A's last committed op
         self.held: collections.deque = collections.deque()  # (seq, then) behind the release rule
@@ -77,26 +78,26 @@ class ReplicatedSim(BrokerSim):
 
     def on_persist(self, e: Persist) -> None:
         bodies = [encode_op(op) for op in e.ops]
-        entries = chain(self.head, self.epoch, bodies) if bodies else []
-        if entries:
-            self.head = entries[-1].point
-            self.log += entries
+        commit = make_commit(self.head, self.epoch, bodies) if bodies else None
+        if commit is not None:
+            self.head = commit.point
+            self.log.append(commit)
             if self.link is not None:
-                self.link.local_submitted(entries)
+                self.link.local_submitted(commit)
                 self._pump_link()
-        self.pending.append((e, entries))
+        self.pending.append((e, commit))
 
     def commit(self, groups: int) -> None:
         for _ in range(min(groups, len(self.pending))):
-            persist, entries = self.pending.pop(0)
-            for entry, op in zip(entries, persist.ops):
-                if not self.committed.apply(entry.seq, op):
-                    raise SimFailure(f"A's spool ignored op {entry.seq}: {op}")
-                if isinstance(op, (ops.MessageStored, ops.MessageRouted)):
-                    self.note_stored(op, entry.seq)
-            if entries:
-                self.durable_seq = entries[-1].seq
-            self.held.append((entries[-1].seq if entries else self.head.seq, persist.then))
+            persist, commit = self.pending.pop(0)
+            if commit is not None:
+                for seq, op in zip(range(commit.first_seq, commit.last_seq + 1), persist.ops):
+                    if not self.committed.apply(seq, op):
+                        raise SimFailure(f"A's spool ignored op {seq}: {op}")
+                    if isinstance(op, (ops.MessageStored, ops.MessageRouted)):
+                        self.note_stored(op, seq)
+                self.durable_seq = commit.last_seq
+            self.held.append((commit.last_seq if commit is not None else self.head.seq, persist.then))
         self.release()
 
     def release(self) -> None:
@@ -152,12 +153,17 @@ class ReplicatedSim(BrokerSim):
     def _serve_active(self, r) -> None:
         if isinstance(r, PlanNeeded):
             def checksum_at(seq):
-                return self.log[seq - 1].checksum if 0 < seq <= self.durable_seq else None
+                return next((c.checksum for c in self.log if c.last_seq == seq <= self.durable_seq), None)
             self.link.planned(plan_resync(GENESIS, self.link.head, r.standby_head, checksum_at))
-        elif isinstance(r, ReadEntries):
-            self.link.entries_read(self.log[r.after_seq:min(self.durable_seq, r.after_seq + r.max_ops)])
+        elif isinstance(r, ReadCommits):
+            read, ops_read = [], 0
+            for c in self.log:
+                if r.after_seq < c.last_seq <= self.durable_seq and ops_read < r.max_ops:
+                    read.append(c)
+                    ops_read += c.ops
+            self.link.commits_read(read)
         elif isinstance(r, MakeSnapshot):
-            point = self.log[self.durable_seq - 1].point if self.durable_seq else GENESIS
+            point = next(c.point for c in self.log if c.last_seq == self.durable_seq) if self.durable_seq else GENESIS
             self.link.snapshot_ready([encode_op(op) for op in snapshot_ops(self.committed.state())], point)
 
     def _serve_standby(self, r) -> None:
@@ -191,9 +197,10 @@ class ReplicatedSim(BrokerSim):
     def b_apply(self) -> None:
         if self.link is not None and self.b_applying:
             apply = self.b_applying.popleft()
-            for e in apply.entries:
-                self.b_state.apply(e.seq, decode_op(e.body))
-            self.b_head = apply.entries[-1].point
+            for c in apply.commits:
+                for seq, body in enumerate(op_bodies(c), c.first_seq):
+                    self.b_state.apply(seq, decode_op(body))
+            self.b_head = apply.commits[-1].point
             self._guarded(lambda: self.standby.applied(self.b_head))
 
     def _guarded(self, action) -> None:
@@ -225,7 +232,7 @@ class ReplicatedSim(BrokerSim):
             self.durable_seq = self.b_head.seq
             self.log = []  # B serves alone from here: nothing is shipped any more
         else:
-            self.log = self.log[:self.durable_seq]
+            self.log = [c for c in self.log if c.last_seq <= self.durable_seq]
             self.head = self.log[-1].point if self.log else GENESIS
         self.core = BrokerCore(limits=self.limits)
         restore(self.core, self.committed.state(dataclasses.replace(GENESIS, seq=self.head.seq)), self.now)
@@ -255,7 +262,7 @@ class ReplicatedSim(BrokerSim):
         self.epoch += 1
         # B serves from its own spool; A's spool becomes the standby's. Their op logs are one chain.
         self.committed, self.b_state = self.b_state, self.committed
-        self.log = self.log[:self.b_head.seq]
+        self.log = [c for c in self.log if c.last_seq <= self.b_head.seq]
         self.durable_seq = self.head.seq
         self.b_acked = self.released_seq = self.head.seq
         self.core = BrokerCore(limits=self.limits)

@@ -117,7 +117,7 @@ def main(directory: str, spec: str) -> None:
         def done(future) -> None:
             window.release()
             if future.exception() is None:
-                sys.stdout.write(f"{i} {future.result()[-1].seq}\n")
+                sys.stdout.write(f"{i} {future.result()[-1].last_seq}\n")
                 sys.stdout.flush()
         return done
 

@@ -1,7 +1,7 @@
 """The two ends of the mate link (mate_link/active.py, standby.py) wired together in memory.
 
 `Pair` plays both adapters: messages go through the real codec; the active's log is a list of
-chained entries with a committed prefix; the standby "writes" what it is told to apply when the
+chained commits with a committed prefix; the standby "writes" what it is told to apply when the
 test says so. No sockets, no clock: `now` is a number.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pairmq.appliance.spool.chain import GENESIS, ChainPoint, chain
-from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadEntries
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint
+from pairmq.appliance.spool.records import make_commit
+from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadCommits
 from pairmq.mate_link.messages import Ack, Catchup, Ops, Ping, Plan, decode, encode
 from pairmq.mate_link.resync import plan_resync
 from pairmq.mate_link.standby import Apply, SnapshotBatch, SnapshotDone, StandbyLink
@@ -21,7 +22,7 @@ EPOCH = 5
 class Pair:
     def __init__(self, active_ops: int, standby_head: ChainPoint = GENESIS, *, limits=LinkLimits(),
                  committed: int | None = None, auto_apply: bool = True) -> None:
-        self.log = chain(GENESIS, EPOCH, [b"op%d" % i for i in range(1, active_ops + 1)])
+        self.log = chained([[b"op%d" % i] for i in range(1, active_ops + 1)])  # one op a commit
         self.committed = active_ops if committed is None else committed
         self.now = 0
         head = self.log[-1].point if self.log else GENESIS
@@ -31,10 +32,10 @@ class Pair:
         self.to_apply: list[Apply] = []
         self.snapshot: list[bytes] = []
         self.wire: list[object] = []  # every message, decoded, in the order sent
-        self.reads: list[ReadEntries] = []
+        self.reads: list[ReadCommits] = []
 
     def checksum_at(self, seq: int):
-        return self.log[seq - 1].checksum if 0 < seq <= len(self.log) else None
+        return next((c.checksum for c in self.log if c.last_seq == seq), None)
 
     def pump(self, rounds: int = 50) -> None:
         for _ in range(rounds):
@@ -61,11 +62,16 @@ class Pair:
     def _serve_active(self, r) -> None:
         if isinstance(r, PlanNeeded):
             self.active.planned(plan_resync(GENESIS, self.active.head, r.standby_head, self.checksum_at))
-        elif isinstance(r, ReadEntries):
+        elif isinstance(r, ReadCommits):
             self.reads.append(r)
-            self.active.entries_read(self.log[r.after_seq:min(self.committed, r.after_seq + r.max_ops)])
+            read, ops = [], 0
+            for c in self.log:
+                if r.after_seq < c.last_seq <= self.committed and ops < r.max_ops:
+                    read.append(c)
+                    ops += c.ops
+            self.active.commits_read(read)
         elif isinstance(r, MakeSnapshot):
-            point = self.log[self.committed - 1].point
+            point = next(c.point for c in self.log if c.last_seq == self.committed)
             self.active.snapshot_ready([b"state%d" % i for i in range(2500)], point)
 
     def _serve_standby(self, r) -> None:
@@ -82,17 +88,26 @@ class Pair:
     def apply_all(self) -> bool:
         if not self.to_apply:
             return False
-        last = self.to_apply[-1].entries[-1].point
+        last = self.to_apply[-1].commits[-1].point
         self.to_apply.clear()
         self.standby.applied(last)
         return True
 
     def write_locally(self, n: int) -> None:
-        """The active's writer gives n more ops their seqs; they commit at once."""
-        new = chain(self.log[-1].point if self.log else GENESIS, EPOCH, [b"live%d" % i for i in range(n)])
-        self.log += new
-        self.committed = len(self.log)
+        """The active's writer makes one commit of n more ops; it is durable at once."""
+        new = make_commit(self.log[-1].point if self.log else GENESIS, EPOCH, [b"live%d" % i for i in range(n)])
+        self.log.append(new)
+        self.committed = new.last_seq
         self.active.local_submitted(new)
+
+
+def chained(groups, prev=GENESIS, epoch=EPOCH):
+    """Commits of the op bodies in each group, chained after `prev`."""
+    out = []
+    for bodies in groups:
+        out.append(make_commit(prev, epoch, bodies))
+        prev = out[-1].point
+    return out
 
 
 def test_an_empty_standby_catches_up_incrementally_then_follows_live():
@@ -110,7 +125,7 @@ def test_a_snapshot_counts_only_once_the_standby_installed_it():
     """Found by tests/netns/test_replication_faults.py: the active took the snapshot's point as acknowledged when it
     shipped it, so with nothing newer to send the link was caught up (and the standby granted in sync) while
     the standby was still building the snapshot; the active's kill then lost what only the snapshot held."""
-    diverged = chain(GENESIS, EPOCH - 1, [b"old"] * 3)[-1].point
+    diverged = make_commit(GENESIS, EPOCH - 1, [b"old"] * 3).point
     p = Pair(12, diverged)
     held: list[SnapshotDone] = []
     serve = p._serve_standby
@@ -136,7 +151,7 @@ def test_a_standby_in_step_gets_only_live_ops():
 
 
 def test_a_diverged_standby_gets_a_snapshot_then_the_ops_after_it():
-    diverged = chain(GENESIS, EPOCH - 1, [b"old"] * 3)[-1].point
+    diverged = make_commit(GENESIS, EPOCH - 1, [b"old"] * 3).point
     p = Pair(12, diverged, committed=10)
     p.pump()
     assert p.wire[1].catchup is Catchup.SNAPSHOT
@@ -148,9 +163,10 @@ def test_a_diverged_standby_gets_a_snapshot_then_the_ops_after_it():
     assert p.active.phase is Phase.LIVE and p.standby.durable == p.log[-1].point
 
 
-def test_the_last_stretch_of_a_catchup_comes_from_the_writers_recent_entries():
+def test_the_last_stretch_of_a_catchup_comes_from_the_writers_recent_commits():
     p = Pair(0)
-    p.write_locally(30)
+    p.write_locally(20)
+    p.write_locally(10)
     p.committed = 20  # ops 21..30 have seqs but their commit is still running
     p.pump()
     assert p.active.phase is Phase.LIVE and p.standby.durable.seq == 30
@@ -185,24 +201,26 @@ def test_unacknowledged_backlog_raises_backpressure_until_acked():
 def test_ops_that_do_not_chain_close_the_link():
     p = Pair(5)
     p.pump()
-    forged = chain(ChainPoint(EPOCH, 5, b"x" * 16), EPOCH, [b"forged"])
+    forged = make_commit(ChainPoint(EPOCH, 5, b"x" * 16), EPOCH, [b"forged"])
     with pytest.raises(LinkFault, match="do not continue our log"):
-        p.standby.receive(Ops(EPOCH, tuple(forged)), 0)
+        p.standby.receive(Ops(EPOCH, (forged,)), 0)
 
 
 @pytest.mark.parametrize("spoil, match", [
-    (lambda es: es[:2] + es[3:], "op 4 follows op 2 \\(op 3 is missing\\)"),
-    (lambda es: es[:2] + [es[2]._replace(body=b"changed")] + es[3:], "op 3's checksum does not chain"),
-    (lambda es: es[:1] + [es[1]._replace(checksum=es[1].checksum[:8])] + es[2:], "op 2's checksum does not chain"),
-    (lambda es: es[:1] + [es[1]._replace(epoch=EPOCH + 1)] + es[2:], "op 2 claims epoch 6, newer than its sender's 5"),
-    (lambda es: es[:3] + [es[2]] + es[3:], "op 3 repeats or goes back after op 3"),
+    (lambda cs: cs[:1] + cs[2:], "ops 5..6 follow op 2 \\(op 3 is missing\\)"),
+    (lambda cs: cs[:1] + [cs[1]._replace(data=cs[1].data.replace(b"op3", b"opX"))] + cs[2:],
+     "ops 3..4: their checksum does not chain"),
+    (lambda cs: cs[:1] + [cs[1]._replace(checksum=bytes(16))] + cs[2:], "ops 3..4: their checksum does not chain"),
+    (lambda cs: cs[:1] + [cs[1]._replace(epoch=EPOCH + 1)] + cs[2:],
+     "ops 3..4 claim epoch 6, newer than their sender's 5"),
+    (lambda cs: cs[:2] + [cs[1]] + cs[2:], "ops 3..4 repeat or go back after op 4"),
 ])
-def test_a_catch_up_batch_is_checked_op_by_op_and_a_bad_one_named(spoil, match):
-    """The standby's one-loop chain check (standby.continue_chain) over a whole batch: any op out of place,
-    changed, cut short or from a newer epoch refuses the batch, naming the op; nothing reaches the writer."""
+def test_a_catch_up_batch_is_checked_commit_by_commit_and_a_bad_one_named(spoil, match):
+    """The standby's chain check (standby.continue_chain) over a whole batch: any commit out of place, changed,
+    with another checksum or from a newer epoch refuses the batch, naming its ops; nothing reaches the writer."""
     standby = StandbyLink(GENESIS, 1, EPOCH, 0)
     standby.receive(Plan(EPOCH, Catchup.INCREMENTAL, 0, ChainPoint(EPOCH, 6, b"t" * 16)), 0)
-    good = chain(GENESIS, EPOCH, [b"op%d" % i for i in range(1, 7)])
+    good = chained([[b"op1", b"op2"], [b"op3", b"op4"], [b"op5", b"op6"]])
     standby.requests()
     with pytest.raises(LinkFault, match=match):
         standby.receive(Ops(EPOCH, tuple(spoil(list(good)))), 0)

@@ -40,7 +40,7 @@ CHILD = textwrap.dedent("""
         def done(future):
             window.release()
             if future.exception() is None:
-                sys.stdout.write(f"{sub.entries[-1].seq} {msg_id}\\n")
+                sys.stdout.write(f"{sub.commits[-1].last_seq} {msg_id}\\n")
                 sys.stdout.flush()
         return done
 

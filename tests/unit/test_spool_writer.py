@@ -280,7 +280,7 @@ entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
 with Spool.open(sys.argv[1]) as spool, SpoolWriter(spool) as writer:
     for at in range(0, len(entries), {KILL_BATCH_OPS}):
         sub = writer.submit_entries(entries[at:at + {KILL_BATCH_OPS}], chained=True)
-        sub.future.add_done_callback(lambda f: print(f.result()[-1].seq, flush=True))
+        sub.future.add_done_callback(lambda f: print(f.result()[-1].last_seq, flush=True))
 print("done", flush=True)
 """
 
