@@ -34,7 +34,8 @@ from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, Cursor, MqttError, Pa
 from pairmq.appliance.quorum import auth as hb_auth
 from pairmq.appliance.quorum import wire as hb_wire
 from pairmq.appliance.roles import Role
-from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint
+from pairmq.appliance.spool.records import make_commit
 from pairmq.configsync import exchange
 from pairmq.configsync.document import ConfigDocument
 from pairmq.configsync.store import Entry, Head
@@ -277,7 +278,7 @@ def _mate_seeds() -> list[bytes]:
     point = ChainPoint(2, 10, b"\x01" * CHECKSUM_BYTES)
     return [mate.encode(m) for m in (
         mate.Join(2, point, 3), mate.Plan(2, mate.Catchup.INCREMENTAL, 4, point, 100),
-        mate.Ops(2, (LogEntry(2, 11, b"\x02" * CHECKSUM_BYTES, b"body"),)), mate.Ack(2, 11),
+        mate.Ops(2, (make_commit(point, 2, [b"body"]),)), mate.Ack(2, 11),
         mate.Snapshot(2, (b"a", b"bc"), point, 2, 3), mate.Image(2, 0, 4, b"abcd"),
         mate.ImageEnd(2, point, 4, b"\x03" * 32), mate.Ping(2, 5), mate.Pong(2, 5))]
 

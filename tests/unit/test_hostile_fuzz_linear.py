@@ -24,7 +24,8 @@ from pairmq.appliance.errors import RemoteProtocolError
 from pairmq.appliance.mqtt.codec import PacketReader, decode_packet, parse_fixed_header
 from pairmq.appliance.mqtt.properties import PropertyId, encode_properties
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, PacketType, encode_vbi
-from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, LogEntry
+from pairmq.appliance.spool.chain import CHECKSUM_BYTES, GENESIS, ChainPoint
+from pairmq.appliance.spool.records import make_commit
 from pairmq.configsync import exchange
 from pairmq.mate_link import messages as mate
 from pairmq.mate_link.secure import SecureChannel
@@ -157,7 +158,7 @@ def test_mqtt_decoding_is_linear(build, n):
 # --- mate link and config-sync ---------------------------------------------------------------------------
 
 def _mate_ops(n: int):
-    data = mate.encode(mate.Ops(3, tuple(LogEntry(3, i + 1, bytes(CHECKSUM_BYTES), b"op") for i in range(n))))
+    data = mate.encode(mate.Ops(3, tuple(make_commit(GENESIS, 3, [b"op", b"op"]) for i in range(n))))
     return lambda: mate.decode(data)
 
 

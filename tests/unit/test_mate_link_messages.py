@@ -6,20 +6,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pairmq.appliance.spool.chain import GENESIS, ChainPoint, LogEntry, chain
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint
+from pairmq.appliance.spool.records import make_commit
 from pairmq.mate_link.messages import (
-    MAX_IMAGE_CHUNK_BYTES, MAX_OP_BYTES, Ack, Catchup, Image, ImageEnd, Join, MalformedMessage, Ops, Ping, Plan,
+    MAX_COMMIT_BYTES, MAX_IMAGE_CHUNK_BYTES, Ack, Catchup, Image, ImageEnd, Join, MalformedMessage, Ops, Ping, Plan,
     Pong, Snapshot, decode, encode,
 )
 from pairmq.mate_link.resync import plan_resync
 
 u64 = st.integers(0, (1 << 64) - 1)
 points = st.builds(ChainPoint, u64, u64, st.binary(min_size=16, max_size=16))
-entries = st.builds(LogEntry, u64, u64, st.binary(min_size=16, max_size=16), st.binary(max_size=64))
+u62 = st.integers(0, (1 << 62) - 1)
+commits = st.builds(lambda prev, later, bodies: make_commit(prev, prev.epoch + later, bodies),
+                    st.builds(ChainPoint, u62, u62, st.binary(min_size=16, max_size=16)), st.integers(0, 3),
+                    st.lists(st.binary(max_size=64), min_size=1, max_size=4))
 messages = st.one_of(
     st.builds(Join, u64, points, u64),
     st.builds(Plan, u64, st.sampled_from(Catchup), u64, points),
-    st.builds(Ops, u64, st.lists(entries, max_size=5).map(tuple)),
+    st.builds(Ops, u64, st.lists(commits, max_size=5).map(tuple)),
     st.builds(Ack, u64, u64),
     st.builds(Snapshot, u64, st.lists(st.binary(max_size=64), max_size=5).map(tuple), st.none() | points),
     st.builds(Image, u64, u64, u64, st.binary(max_size=64)),
@@ -61,7 +65,8 @@ def test_garbage_is_a_clean_refusal_or_a_canonical_message(raw):
     (b"\x08" + bytes(8) + bytes(16) + (MAX_IMAGE_CHUNK_BYTES + 1).to_bytes(4, "big"), "-byte image chunk"),
     (b"\x02" + bytes(8) + b"\x07" + bytes(40), "unknown catch-up kind 7"),
     (b"\x03" + bytes(8) + b"\xff\xff\xff\xff", "ops in one message"),
-    (b"\x03" + bytes(8) + b"\x00\x00\x00\x01" + bytes(32) + (MAX_OP_BYTES + 1).to_bytes(4, "big"), "-byte op"),
+    (b"\x03" + bytes(8) + b"\x00\x00\x00\x01" + (MAX_COMMIT_BYTES + 1).to_bytes(4, "big"), "-byte commit"),
+    (b"\x03" + bytes(8) + b"\x00\x00\x00\x01" + (60).to_bytes(4, "big") + bytes(60), "sound commit record"),
     (b"\x05" + bytes(8) + b"\x02", "snapshot flag 2"),
 ])
 def test_malformed_messages_say_what_is_wrong(raw, why):
@@ -71,12 +76,14 @@ def test_malformed_messages_say_what_is_wrong(raw, why):
 
 # --- resync -----------------------------------------------------------------------------------
 
-LOG = chain(GENESIS, 3, [b"op%d" % i for i in range(1, 11)])  # ops 1..10, epoch 3
+LOG = []  # ops 1..10, epoch 3, one a commit
+for _i in range(1, 11):
+    LOG.append(make_commit(LOG[-1].point if LOG else GENESIS, 3, [b"op%d" % _i]))
 HEAD = LOG[-1].point
 
 
 def checksum_at(seq: int, log=LOG, base_seq: int = 0):
-    return next((e.checksum for e in log if e.seq == seq), None) if seq > base_seq else None
+    return next((c.checksum for c in log if c.last_seq == seq), None) if seq > base_seq else None
 
 
 def test_a_standby_at_our_head_is_in_step():
@@ -100,8 +107,8 @@ def test_a_standby_behind_our_truncated_log_gets_a_snapshot():
 
 
 def test_a_diverged_tail_is_discarded_by_a_snapshot():
-    theirs = chain(LOG[5].point, 4, [b"never acked"])  # an old active wrote op 7 in epoch 4 alone
-    plan = plan_resync(GENESIS, HEAD, theirs[-1].point, checksum_at)
+    theirs = make_commit(LOG[5].point, 4, [b"never acked"])  # an old active wrote op 7 in epoch 4 alone
+    plan = plan_resync(GENESIS, HEAD, theirs.point, checksum_at)
     assert plan.catchup is Catchup.SNAPSHOT and "diverged" in plan.reason
-    ahead = chain(HEAD, 3, [b"more"])[-1].point
+    ahead = make_commit(HEAD, 3, [b"more"]).point
     assert "ahead" in plan_resync(GENESIS, HEAD, ahead, checksum_at).reason

@@ -61,7 +61,7 @@ def test_a_swap_that_fails_before_its_rename_reopens_the_old_spool_which_takes_o
 
     assert lost == [], "the old spool opened again: nothing is lost, the node goes on"
     assert sorted(p.name for p in (tmp_path / "standby").iterdir()) == live_files, "the old spool's files stay"
-    assert (service.writer.on_entries, service.writer.on_rollback) == taps, "the mate link's taps moved too"
+    assert (service.writer.on_commit, service.writer.on_rollback) == taps, "the mate link's taps moved too"
     service.writer.submit([o.SessionOpened("after", 5, 60, 1)], 2).future.result(timeout=10)
     service.spool.close()
     assert load(tmp_path / "standby").sessions.keys() == {"stale", "after"}

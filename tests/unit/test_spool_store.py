@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, verify_chain
+from pairmq.appliance.spool.chain import GENESIS
+from pairmq.appliance.spool.records import verify_chain
 from pairmq.appliance.spool.codec import encode_op
 from pairmq.appliance.spool.errors import SpoolLocked
 from pairmq.appliance.spool.state import QueueEntry, StateModel
@@ -108,11 +109,11 @@ def test_a_replay_of_the_op_log_from_empty_rebuilds_the_same_state(tmp_path):
     write(tmp_path / "a", EVERY_OP)
     with Spool.open(tmp_path / "a") as spool:
         original = spool.load_state()
-        entries = spool.read_entries(0, 1000)
-    assert verify_chain(entries) == original.head
+        commits = spool.read_commits(0, 1000)
+    assert verify_chain(commits, GENESIS) == original.head and len(commits) > 2
     with Spool.open(tmp_path / "b") as spool, SpoolWriter(spool) as writer:
-        writer.submit_entries(entries[:7]).future.result()
-        writer.submit_entries(entries[7:]).future.result()
+        writer.submit_commits(commits[:2]).future.result()
+        writer.submit_commits(commits[2:]).future.result()
     assert load(tmp_path / "b") == original
 
 
@@ -217,9 +218,9 @@ def test_random_op_sequences_replayed_from_a_checkpoint_and_from_the_start_match
         assert files(from_start, ".seg")[0] == f"{1:020d}.seg", "keep_ops kept the whole log"
         assert load(from_start, 3) == expected
         with Spool.open(live, max_message_ids=3) as spool:
-            entries = spool.read_entries(0, 10_000)
+            commits = spool.read_commits(0, 10_000)
         with Spool.open(Path(tmp, "b")) as spool, SpoolWriter(spool, limits) as writer:
-            writer.submit_entries(entries).future.result()
+            writer.submit_commits(commits).future.result()
         assert load(Path(tmp, "b"), 3) == expected
 
 
@@ -269,10 +270,10 @@ def test_the_log_keeps_the_last_keep_ops_and_a_compacted_spool_still_verifies(tm
         assert 150 - per_segment <= base.seq <= 150, "at least keep_ops kept, whole segments dropped"
         assert files(tmp_path, ".seg")[0] == f"{base.seq + 1:020d}.seg"
         with pytest.raises(LookupError, match="no longer in the log"):
-            spool.read_entries(base.seq - 1, 10)
-        entries = spool.read_entries(base.seq, 1000)
-        assert entries[0].seq == base.seq + 1 and entries[-1].seq == 200
-        assert verify_chain(entries, base) == spool.head
+            spool.read_commits(base.seq - 1, 10)
+        commits = spool.read_commits(base.seq, 1000)
+        assert commits[0].first_seq == base.seq + 1 and commits[-1].last_seq == 200
+        assert verify_chain(commits, base) == spool.head
         assert len(spool.load_state().message_ids) == 200
     write(tmp_path, [[o.MessageIdSeen("c", "more", 1)]], limits=limits)  # reopens from a compacted log
     assert load(tmp_path).head.seq == 201
@@ -282,7 +283,7 @@ def test_a_new_epoch_continues_the_same_sequence(tmp_path):
     write(tmp_path, [[o.SessionOpened("a", 5, 0, 1)]], epoch=3)
     write(tmp_path, [[o.SessionOpened("b", 5, 0, 1)]], epoch=4)
     with Spool.open(tmp_path) as spool:
-        assert [(e.epoch, e.seq) for e in spool.read_entries(0, 10)] == [(3, 1), (4, 2)]
+        assert [(c.epoch, c.last_seq) for c in spool.read_commits(0, 10)] == [(3, 1), (4, 2)]
         assert spool.load_state().position == (4, 2)
 
 
