@@ -18,6 +18,7 @@ from pairmq.appliance.broker.message_events import MessageEvents
 from pairmq.appliance.broker.service import BrokerService
 from pairmq.appliance.spool.codec import decode_op
 from pairmq.appliance.spool.state import StateModel
+from tests.harness.oplog import logged_ops
 from tests.harness.inprocess_broker import HOST, InProcessBroker
 from tests.harness.mqttraw import PUBACK, PUBLISH, SUBACK, V5, Raw
 
@@ -54,8 +55,8 @@ class Broker(InProcessBroker):
     def queued_on_disk(self, client_id: str) -> int:
         """The client's queue as the committed records in the segment files say (read from disk, replayed)."""
         model = StateModel()
-        for entry in self.service.spool.read_entries(0, 1_000_000):  # the log from the start: never compacted here
-            model.apply(entry.seq, decode_op(entry.body))
+        for seq, body in logged_ops(self.service.spool):  # the log from the start: never compacted here
+            model.apply(seq, decode_op(body))
         session = model.state(self.service.spool.log.head).sessions.get(client_id)
         return len(session.queue) if session is not None else 0
 

@@ -195,8 +195,8 @@ def test_a_full_disk_fails_the_commit_with_spool_full_cuts_the_segment_back_and_
             writer.submit([stored(2, BIG), queued(2)], 1).future.result(5)
         ballast.unlink()
         done = writer.submit([stored(3, BIG), queued(3)], 1).future.result(5)
-        assert [e.seq for e in done] == [2, 3], "the rolled-back seqs are given again"
-        assert [e.seq for e in spool.read_entries(0, 100)] == [1, 2, 3]
+        assert [(c.first_seq, c.last_seq) for c in done] == [(2, 3)], "the rolled-back seqs are given again"
+        assert [c.last_seq for c in spool.read_commits(0, 100)] == [1, 3]
     (ckpt,) = directory.glob("*.ckpt")
     ckpt.unlink()  # replayed from the log alone, as after a crash before any checkpoint
     with Spool.open(directory) as again:
@@ -334,15 +334,17 @@ def test_a_catch_up_after_a_rollback_does_not_ship_the_rolled_back_ops():
     submission gets seq 4 and its commit fails on the full disk (rolled back to op 3). The catch-up after
     the snapshot must not bridge with the rolled-back op 4, and the next submission, which reuses seq 4,
     must ship; shipping the stale op 4 would fail `local_submitted`'s assertion (4, 4)."""
-    from pairmq.appliance.spool.chain import GENESIS, chain
+    from pairmq.appliance.spool.chain import GENESIS
+    from pairmq.appliance.spool.records import make_commit, op_bodies
+    from tests.harness.oplog import chained
     from pairmq.mate_link.active import ActiveLink, MakeSnapshot, Phase, PlanNeeded
     from pairmq.mate_link.messages import Ops, decode, encode
     from pairmq.mate_link.resync import plan_resync
     from pairmq.mate_link.standby import StandbyLink
 
     epoch = 5
-    log = chain(GENESIS, epoch, [b"op1", b"op2", b"op3"])
-    ahead = chain(GENESIS, epoch - 1, [b"old%d" % i for i in range(1, 6)])[-1].point
+    log = chained([[b"op1"], [b"op2"], [b"op3"]], epoch=epoch)
+    ahead = make_commit(GENESIS, epoch - 1, [b"old%d" % i for i in range(1, 6)]).point
     active = ActiveLink(epoch, log[-1].point, 0)
     standby = StandbyLink(ahead, incarnation=3, highest_epoch=epoch - 1, now_ms=0)
     for m in standby.messages_to_send():
@@ -351,11 +353,11 @@ def test_a_catch_up_after_a_rollback_does_not_ship_the_rolled_back_ops():
     active.planned(plan_resync(GENESIS, active.head, need.standby_head, lambda seq: None))
     assert active.phase is Phase.SNAPSHOT and any(isinstance(r, MakeSnapshot) for r in active.requests())
 
-    active.local_submitted(chain(log[-1].point, epoch, [b"op4-rolled-back"]))
+    active.local_submitted(make_commit(log[-1].point, epoch, [b"op4-rolled-back"]))
     active.local_rolled_back(log[-1].point)
     active.snapshot_ready([b"state"], log[-1].point)
     assert active.phase is Phase.LIVE and active.shipped_seq == 3
-    again = chain(log[-1].point, epoch, [b"op4-again"])
+    again = make_commit(log[-1].point, epoch, [b"op4-again"])
     active.local_submitted(again)
-    shipped = [e.body for m in active.messages_to_send() if isinstance(m, Ops) for e in m.entries]
+    shipped = [b for m in active.messages_to_send() if isinstance(m, Ops) for c in m.commits for b in op_bodies(c)]
     assert shipped == [b"op4-again"], shipped

@@ -22,6 +22,7 @@ from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 
+from tests.harness.oplog import logged_ops
 from tests.harness.tmpfs import small_disks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,9 +79,9 @@ def test_kill_9_mid_stream_loses_no_acknowledged_op(tmp_path):
                              after_acks=3000 + 1000 * round_)
         with Spool.open(tmp_path) as spool:  # verifies the whole chain
             state = spool.load_state()
-            entries = spool.read_entries(0, 10_000_000)
+            logged = logged_ops(spool)
         assert state.head.seq >= max(seq for seq, _ in acked)
-        assert [e.seq for e in entries] == list(range(1, state.head.seq + 1))
+        assert [seq for seq, _ in logged] == list(range(1, state.head.seq + 1))
         queued = {e.msg_id for e in state.sessions["sub"].queue}
         everything += [msg_id for _, msg_id in acked]
         missing = [msg_id for msg_id in everything if msg_id not in queued]
@@ -98,7 +99,7 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
     ballast = tiny_fs / "ballast"
     ballast.write_bytes(b"\0" * 128 * 1024)  # given back later: space that returns
     directory = tiny_fs / "spool"
-    durable = []  # (entries, ops) of acknowledged submissions
+    durable = []  # ((commit,), ops) of acknowledged submissions
     errors = []
     with Spool.open(directory) as spool:
         writer = SpoolWriter(spool, WriterLimits(max_batch_bytes=400_000))  # the big submission below: a batch alone
@@ -145,10 +146,10 @@ def test_a_full_disk_is_spool_full_and_the_spool_stays_consistent(tiny_fs):
         durable.append((more.future.result(5), more.ops))
         writer.close()
     model = StateModel()
-    for entries, ops in sorted(durable, key=lambda d: d[0][0].seq):
-        for entry, op in zip(entries, ops):
-            model.apply(entry.seq, op)
-        model.head = entries[-1].point
+    for (commit,), ops in sorted(durable, key=lambda d: d[0][0].last_seq):
+        for seq, op in zip(range(commit.first_seq, commit.last_seq + 1), ops):
+            model.apply(seq, op)
+        model.head = commit.point
     with Spool.open(directory) as spool:
         state = spool.load_state()
     assert state == model.state(), "exactly the acknowledged submissions, nothing half-applied"

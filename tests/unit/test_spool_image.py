@@ -19,7 +19,8 @@ import pytest
 from pairmq.appliance.spool import checkpoint as ckpt
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.chain import ChainPoint, chain
+from pairmq.appliance.spool.chain import ChainPoint
+from tests.harness.oplog import logged_ops
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir, read_chunks
 from pairmq.appliance.spool.state import StateModel
@@ -78,8 +79,9 @@ def files_of(directory) -> dict[str, bytes]:
 def replayed(spool: Spool, through: ChainPoint):
     """The state the spool's log holds at `through`, replayed from its first op into the model."""
     model = StateModel()
-    for entry in spool.read_entries(0, through.seq):
-        model.apply(entry.seq, decode_op(entry.body))
+    for seq, body_ in logged_ops(spool):
+        if seq <= through.seq:
+            model.apply(seq, decode_op(body_))
     return model.state(through)
 
 
@@ -126,11 +128,11 @@ def test_an_image_installs_the_same_state_and_the_log_continues_from_its_head(tm
 
 def continues_the_chain(spool_dir, original) -> None:
     """The installed spool takes the active's next live ops after the image's head, in a segment of its own."""
-    live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
+    live = r.make_commit(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
     with Spool.open(spool_dir) as spool, SpoolWriter(spool) as writer:
         assert spool.log_base() == original.head and spool.log_point(original.head.seq) == original.head
-        writer.submit_entries(live).future.result(timeout=10)
-        assert [e.seq for e in spool.read_entries(original.head.seq, 10)] == [e.seq for e in live]
+        writer.submit_commits([live]).future.result(timeout=10)
+        assert spool.read_commits(original.head.seq, 10) == [live]
     assert (spool_dir / r.segment_name(original.head.seq + 1)).exists()
     assert load(spool_dir).sessions["a"].queue[-1].msg_id == 99
 
@@ -166,7 +168,7 @@ def test_an_image_carries_what_the_log_no_longer_holds(tmp_path):
         spool.write_checkpoint()
         assert spool.log_base().seq > len([op for batch in EVERY_OP for op in batch]), "the first ops were dropped"
         with pytest.raises(LookupError):
-            spool.read_entries(0, 1)
+            spool.read_commits(0, 1)
         image = SpoolImage(spool, tmp_path / "out")
         expected = spool.load_state()
     image.check()

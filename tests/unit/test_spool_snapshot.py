@@ -81,7 +81,7 @@ def test_any_history_survives_a_snapshot(submissions):
 
 def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_log(tmp_path):
     """The standby's full resync on real files: build beside, swap in, then live ops chain on."""
-    from pairmq.appliance.spool.chain import chain
+    from pairmq.appliance.spool.records import make_commit
     from pairmq.appliance.spool.codec import encode_op
     from pairmq.appliance.spool.install import SnapshotBuilder
     from pairmq.appliance.spool.store import Spool
@@ -106,11 +106,11 @@ def test_a_spool_built_from_a_snapshot_loads_the_same_state_and_continues_the_lo
 
     rebuilt_state = load(tmp_path / "standby")
     assert ranked(rebuilt_state) == ranked(original) and rebuilt_state.head == original.head
-    live = chain(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
+    live = make_commit(original.head, 4, [encode_op(body(99)), encode_op(o.MessageQueued("a", 99, 1, False))])
     with Spool.open(tmp_path / "standby") as spool, SpoolWriter(spool) as writer:
-        writer.submit_entries(live).future.result(timeout=10)
+        writer.submit_commits([live]).future.result(timeout=10)
     after = load(tmp_path / "standby")
-    assert after.head == live[-1].point and after.sessions["a"].queue[-1].msg_id == 99, "new ops queue behind"
+    assert after.head == live.point and after.sessions["a"].queue[-1].msg_id == 99, "new ops queue behind"
     assert (tmp_path / "standby" / segment_name(original.head.seq + 1)).exists(), "the log goes on from the point"
 
 
@@ -153,17 +153,18 @@ def test_a_malformed_snapshot_batch_is_refused_whole(tmp_path):
     assert not (tmp_path / "incoming").exists()
 
 
-def test_the_mate_links_taps_see_every_entry_in_seq_order_and_the_log_answers_points(tmp_path):
+def test_the_mate_links_taps_see_every_commit_in_seq_order_and_the_log_answers_points(tmp_path):
     from pairmq.appliance.spool.chain import GENESIS
     from pairmq.appliance.spool.store import Spool
     from pairmq.appliance.spool.writer import SpoolWriter
 
     seen = []
     with Spool.open(tmp_path) as spool, SpoolWriter(spool) as writer:
-        writer.on_entries = seen.extend
+        writer.on_commit = seen.append
         subs = [writer.submit(ops, 3) for ops in EVERY_OP]
         for sub in subs:
             sub.future.result(timeout=10)
-        assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
-        assert spool.log_point(4) == seen[3].point and spool.log_point(0) == GENESIS == spool.log_base()
-        assert spool.log_point(len(seen) + 1) is None
+        assert [c.first_seq for c in seen] == [1] + [c.last_seq + 1 for c in seen[:-1]]
+        assert [c.ops for c in seen] == [len(ops) for ops in EVERY_OP]
+        assert spool.log_point(seen[3].last_seq) == seen[3].point and spool.log_point(0) == GENESIS == spool.log_base()
+        assert spool.log_point(seen[-1].last_seq + 1) is None

@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 
 from pairmq.appliance.errors import LocalProtocolError
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, chain, verify_chain
+from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, SpoolFull
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
+from pairmq.appliance.spool.records import RecordError, make_commit, segment_name, verify_chain
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 from tests.harness.commit_gate import commits_stalled
+from tests.harness.oplog import chained, ops_of
 from tests.unit.test_spool_store import RANDOM_OP, model_of
 
 
@@ -46,15 +48,15 @@ def stored(msg_id, payload=b"x" * 100):
     return o.MessageStored(msg_id, "a/b/c", payload, 1, False, b"", 0, "pub", 1)
 
 
-def test_a_future_resolves_with_its_entries_once_committed(spool):
+def test_a_future_resolves_with_its_commit_once_durable(spool):
     with writer_of(spool) as writer:
         first = writer.submit([o.SessionOpened("a", 5, 0, 1), o.Subscribed("a", "t", 1)], 2)
         second = writer.submit([o.MessageIdSeen("c", "m", 1)], 3)
-        assert [(e.epoch, e.seq) for e in first.entries + second.entries] == [(2, 1), (2, 2), (3, 3)]
-        assert writer.head == second.entries[-1].point, "seqs are given at submit, before the commit"
-        assert second.future.result(5) == second.entries and first.future.done()
+        assert [(c.epoch, c.first_seq, c.last_seq) for c in first.commits + second.commits] == [(2, 1, 2), (3, 3, 3)]
+        assert writer.head == second.commits[-1].point, "seqs are given at submit, before the commit"
+        assert second.future.result(5) == second.commits and first.future.done()
         assert writer.durable == writer.head and writer.pending_ops == 0
-        assert verify_chain(first.entries + second.entries) == writer.durable
+        assert verify_chain(first.commits + second.commits, GENESIS) == writer.durable
         with pytest.raises(LocalProtocolError, match="ops of epoch 2 after epoch 3"):
             writer.submit([o.MessageIdSeen("c", "n", 1)], 2)
         assert writer.submit([], 3).future.result(0) == ()
@@ -64,15 +66,15 @@ def test_the_asyncio_variant_resolves_on_the_callers_loop(spool):
     async def main():
         with writer_of(spool) as writer:
             loop_thread = threading.get_ident()
-            entries = await writer.commit([o.SessionOpened("a", 5, 0, 1)], 1)
+            commits = await writer.commit([o.SessionOpened("a", 5, 0, 1)], 1)
             sub = writer.submit_async([o.MessageIdSeen("c", "m", 1)], 1)
             sub.future.add_done_callback(lambda _: seen.append(threading.get_ident()))
             await sub.future
-            return entries, loop_thread
+            return commits, loop_thread
 
     seen = []
-    entries, loop_thread = asyncio.run(main())
-    assert [e.seq for e in entries] == [1] and seen == [loop_thread]
+    commits, loop_thread = asyncio.run(main())
+    assert [c.last_seq for c in commits] == [1] and seen == [loop_thread]
 
 
 def test_twenty_concurrent_submitters_share_one_commit(spool):
@@ -175,28 +177,35 @@ def test_close_commits_what_is_queued(spool):
         writer.submit([o.MessageIdSeen("c", "late", 1)], 1)
 
 
-def test_the_standby_path_applies_received_entries_and_refuses_bad_ones(tmp_path):
+def test_the_standby_path_appends_received_commits_as_they_came_and_refuses_bad_ones(tmp_path):
     with Spool.open(tmp_path / "active") as active, writer_of(active) as writer:
-        sub = writer.submit([o.SessionOpened("a", 5, 0, 1), stored(1), o.MessageQueued("a", 1, 2, False)], 4)
-        entries = list(sub.future.result(5))
+        commits = []
+        for ops in ([o.SessionOpened("a", 5, 0, 1)], [stored(1), o.MessageQueued("a", 1, 2, False)]):
+            commits += writer.submit(ops, 4).future.result(5)
+    first = commits[0]
+    forged = make_commit(GENESIS, 4, [encode_op(o.SessionOpened("b", 5, 0, 1))])
+    junk = make_commit(GENESIS, 4, [b"\x01\x07junk"])
     with Spool.open(tmp_path / "standby") as standby, writer_of(standby) as writer:
-        with pytest.raises(ChainError, match="op 2 follows op 0"):
-            writer.submit_entries(entries[1:])
-        with pytest.raises(ChainError, match="op 1's checksum does not chain"):
-            writer.submit_entries([entries[0]._replace(body=encode_op(o.SessionOpened("b", 5, 0, 1)))])
+        with pytest.raises(ChainError, match="ops 2..3 follow op 0"):
+            writer.submit_commits(commits[1:])
+        with pytest.raises(ChainError, match="ops 1..1: their checksum does not chain"):
+            writer.submit_commits([forged._replace(checksum=first.checksum)])
+        with pytest.raises(RecordError, match="CRC does not match"):
+            writer.submit_commits([first._replace(data=first.data.replace(b"a", b"b", 1))])
         with pytest.raises(OpCodecError):
-            writer.submit_entries([entries[0]._replace(body=b"\x01\x07junk")])
+            writer.submit_commits([junk])
         with pytest.raises(ValueError, match="qos 7 is outside 0..2"):
             writer.submit([o.Subscribed("a", "t", 7)], 4)
         assert writer.head == GENESIS
-        writer.submit_entries(entries[:1]).future.result(5)
-        writer.submit_entries(entries[1:]).future.result(5)
-        assert writer.durable == entries[-1].point
+        writer.submit_commits(commits[:1]).future.result(5)
+        writer.submit_commits(commits[1:]).future.result(5)
+        assert writer.durable == commits[-1].point
         state = standby.load_state()
+    assert (tmp_path / "standby" / segment_name(1)).read_bytes() == (tmp_path / "active" / segment_name(1)).read_bytes()
     model = StateModel()
-    for e in entries:
-        model.apply(e.seq, decode_op(e.body))
-    assert state == model.state(entries[-1].point)
+    for seq, body in ops_of(commits):
+        model.apply(seq, decode_op(body))
+    assert state == model.state(commits[-1].point)
 
 
 def test_throughput_of_durable_100_byte_messages_with_fan_out_1(spool, capsys):
@@ -228,12 +237,13 @@ def test_throughput_of_durable_100_byte_messages_with_fan_out_1(spool, capsys):
 
 def test_a_standby_batch_with_a_malformed_op_is_refused_whole(tmp_path):
     with Spool.open(tmp_path / "s") as spool, writer_of(spool) as writer:
-        entries = chain(GENESIS, 1, [encode_op(o.SessionOpened("a", 5, 3600, 1)), b"\x01\x02\xff"])
+        sound = encode_op(o.SessionOpened("a", 5, 3600, 1))
+        commits = chained([[sound], [sound, b"\x01\x02\xff"]])
         with pytest.raises(OpCodecError):
-            writer.submit_entries(entries, chained=True)
+            writer.submit_commits(commits, chained=True)
         assert writer.head == GENESIS and writer.pending_ops == 0
-        assert spool.log.head == GENESIS and spool.read_entries(0, 10) == []
-        writer.submit_entries(entries[:1]).future.result(5)  # the sound op alone goes on
+        assert spool.log.head == GENESIS and spool.read_commits(0, 10) == []
+        writer.submit_commits(commits[:1]).future.result(5)  # the sound commit alone goes on
     assert set(load_state(tmp_path / "s").sessions) == {"a"}
 
 
@@ -246,7 +256,7 @@ def load_state(directory):
 @given(rounds=st.lists(st.lists(st.lists(RANDOM_OP, min_size=1, max_size=8), min_size=1, max_size=6),
                        min_size=1, max_size=3))
 def test_any_ops_received_by_the_standby_path_end_as_the_model_across_restarts(rounds):
-    """The standby applies what the active sent (submit_entries), a writer per round with the spool closed and
+    """The standby applies what the active sent (submit_commits), a writer per round with the spool closed and
     opened in between (a checkpoint then, replayed from it): the state is the model's of the same ops."""
     submissions = [[o.SessionOpened(c, 5, 3600, 1) for c in ("a", "b", "c")]] + [s for r in rounds for s in r]
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,9 +265,9 @@ def test_any_ops_received_by_the_standby_path_end_as_the_model_across_restarts(r
             with Spool.open(tmp) as spool, writer_of(spool) as writer:
                 subs = []
                 for ops in batch:
-                    entries = chain(head, 1 + i, [encode_op(op) for op in ops])
-                    head = entries[-1].point
-                    subs.append(writer.submit_entries(entries, chained=i % 2 == 0))
+                    commit = make_commit(head, 1 + i, [encode_op(op) for op in ops])
+                    head = commit.point
+                    subs.append(writer.submit_commits([commit], chained=i % 2 == 0))
                 for sub in subs:
                     sub.future.result(30)
         state = load_state(tmp)
@@ -268,18 +278,22 @@ KILL_BATCH_OPS = 500
 CATCH_UP = f"""
 import sys
 from pairmq.appliance.spool import ops as o
-from pairmq.appliance.spool.chain import GENESIS, chain
+from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.codec import encode_op
+from pairmq.appliance.spool.records import make_commit
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter
 
 ops = [o.SessionOpened("sub", 4, 0xFFFFFFFF, 1), o.Subscribed("sub", "t", 1)]
 for m in range(1, 60_001):
     ops += [o.MessageStored(m, "t", b"m" * 500, 1, False, b"", 0, "pub", 1), o.MessageQueued("sub", m, 1, False)]
-entries = chain(GENESIS, 1, [encode_op(op) for op in ops])
+bodies = [encode_op(op) for op in ops]
+head = GENESIS
 with Spool.open(sys.argv[1]) as spool, SpoolWriter(spool) as writer:
-    for at in range(0, len(entries), {KILL_BATCH_OPS}):
-        sub = writer.submit_entries(entries[at:at + {KILL_BATCH_OPS}], chained=True)
+    for at in range(0, len(bodies), {KILL_BATCH_OPS}):
+        commit = make_commit(head, 1, bodies[at:at + {KILL_BATCH_OPS}])
+        head = commit.point
+        sub = writer.submit_commits([commit], chained=True)
         sub.future.add_done_callback(lambda f: print(f.result()[-1].last_seq, flush=True))
 print("done", flush=True)
 """

@@ -1,0 +1,25 @@
+"""The op log seen from tests: commits made from op bodies, and the (seq, op bytes) a log holds."""
+
+from __future__ import annotations
+
+from pairmq.appliance.spool.chain import GENESIS, ChainPoint, Commit
+from pairmq.appliance.spool.records import make_commit, op_bodies
+
+
+def chained(groups, prev: ChainPoint = GENESIS, epoch: int = 1) -> list[Commit]:
+    """A commit of each group of op bodies, chained after `prev`."""
+    out = []
+    for bodies in groups:
+        out.append(make_commit(prev, epoch, bodies))
+        prev = out[-1].point
+    return out
+
+
+def ops_of(commits) -> list[tuple[int, bytes]]:
+    """(seq, op bytes) of every op of `commits`, in order."""
+    return [(seq, body) for c in commits for seq, body in enumerate(op_bodies(c), c.first_seq)]
+
+
+def logged_ops(spool, after_seq: int = 0) -> list[tuple[int, bytes]]:
+    """(seq, op bytes) of every op an open spool's log holds after `after_seq`."""
+    return ops_of(spool.read_commits(after_seq, 1 << 40))
