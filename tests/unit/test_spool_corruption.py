@@ -5,7 +5,8 @@ damage and is cut off.
 The spool under test is what a kill -9 leaves: several segments, a checkpoint in the middle of the log and
 the ops after it (the files of an open spool whose commits all returned). Damage is done to the bytes on
 disk; where a test needs a record that still parses (a changed checksum, epoch or body), it reframes the
-record with a correct CRC, so that only the chain can tell.
+record with a correct CRC, so that only the chain can tell. A commit record's payload is: kind [0], epoch [1:9],
+last seq [9:17], ops [17:21], checksum [21:37].
 """
 
 import logging
@@ -18,7 +19,7 @@ import pytest
 from pairmq.appliance.errors import SpoolCorruption
 from pairmq.appliance.spool import ops as o
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.chain import verify_chain
+from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.store import Spool, SpoolOldLayout, old_layout_sentence
 from pairmq.appliance.spool.writer import SpoolWriter
@@ -26,7 +27,7 @@ from pairmq.appliance.spool.writer import SpoolWriter
 from tests.harness.legacy_spool import write_old_spool
 
 MARKER = b"MARKER-only-in-the-op-log-"
-SEGMENT_BYTES = 700  # a few commits each: the 38 ops span several segments
+SEGMENT_BYTES = 400  # a few commits each: the 38 ops span several segments
 CHECKPOINT_AT = 17  # after the session and 8 messages
 HEAD = 38
 
@@ -92,12 +93,34 @@ def records(path):
 
 
 def op_record(directory, seq):
-    """(segment path, offset, payload) of op `seq`."""
+    """(segment path, offset, payload) of op `seq` (an op's seq is its place: counted from the segment's header)."""
     for path in segments(directory):
+        at_seq = r.parse_header(path.read_bytes(), r.SEGMENT_MAGIC).seq
         for at, payload in records(path):
-            if payload[0] == r.OP and r.parse_op(payload, at).seq == seq:
-                return path, at, payload
+            if payload[0] == r.OP:
+                at_seq += 1
+                if at_seq == seq:
+                    return path, at, payload
     raise AssertionError(f"op {seq} is in no segment")
+
+
+def commits_in(path):
+    """(start, at, fields) of each commit of a segment: where its first record starts, where its commit record is."""
+    data, out, start = path.read_bytes(), [], r.HEADER_BYTES
+    for at, payload in records(path):
+        if payload[0] == r.COMMIT:
+            out.append((start, at, r.parse_commit(data, at)))
+            start = at + r.COMMIT_BYTES
+    return out
+
+
+def commit_record(directory, last_seq):
+    """(segment path, offset, payload) of the commit record of the commit ending at op `last_seq`."""
+    for path in segments(directory):
+        for _, at, fields in commits_in(path):
+            if fields.last_seq == last_seq:
+                return path, at, dict(records(path))[at]
+    raise AssertionError(f"no commit ends at op {last_seq}")
 
 
 def reframe(path, at, payload):
@@ -144,9 +167,9 @@ def test_a_flipped_byte_in_an_op_record_is_caught_by_its_crc_naming_the_segment_
 
 
 def test_a_changed_checksum_in_the_middle_of_a_segment_breaks_the_chain(damaged):
-    path, at, payload = op_record(damaged, 30)
-    reframe(path, at, payload[:17] + bytes(16) + payload[33:])  # kind, epoch, seq, then the checksum
-    refused(damaged, path, f"op 30 at byte {at}: its checksum does not chain")
+    path, at, payload = commit_record(damaged, 31)
+    reframe(path, at, payload[:21] + bytes(16))
+    refused(damaged, path, f"the commit at byte {at}: ops 30..31: their checksum does not chain")
 
 
 def test_a_changed_body_with_a_recomputed_crc_breaks_the_chain(damaged):
@@ -154,55 +177,56 @@ def test_a_changed_body_with_a_recomputed_crc_breaks_the_chain(damaged):
     assert MARKER in payload
     i = payload.index(MARKER)
     reframe(path, at, payload[:i + 3] + b"k" + payload[i + 4:])  # 'K' -> 'k': a well-formed op, other contents
-    refused(damaged, path, f"op {HEAD} at byte {at}: its checksum does not chain")
+    _, commit_at, _ = commit_record(damaged, HEAD)
+    refused(damaged, path, f"the commit at byte {commit_at}: ops {HEAD}..{HEAD}: their checksum does not chain")
 
 
-def test_an_op_before_the_checkpoint_is_checked_by_its_crc_and_seq_at_open_and_by_its_chain_when_shipped(damaged):
-    """Ops the checkpoint covers are kept only for an incremental resync (segments.py's rules): opening checks
-    their frames, CRCs and seqs; the chain is checked where they are used, by the standby receiving them."""
-    path, at, payload = op_record(damaged, 5)
+def test_a_commit_before_the_checkpoint_is_checked_by_its_crcs_and_seqs_at_open_and_by_its_chain_when_shipped(
+        damaged):
+    """Commits the checkpoint covers are kept only for an incremental resync (segments.py's rules): opening checks
+    their records' frames and CRCs and their seqs; the chain is checked where they are used, by the standby
+    receiving them."""
+    path, at, payload = commit_record(damaged, 5)
     assert 5 <= CHECKPOINT_AT
-    reframe(path, at, payload[:17] + bytes(16) + payload[33:])
+    reframe(path, at, payload[:21] + bytes(16))
     with Spool.open(damaged) as spool:
-        entries = spool.read_entries(0, 1000)
-    with pytest.raises(ChainError, match="op 5's checksum does not chain"):
-        verify_chain(entries)
+        commits = spool.read_commits(0, 1000)
+    with pytest.raises(ChainError, match="ops 4..5: their checksum does not chain"):
+        r.verify_chain(commits, GENESIS)
     data = bytearray(path.read_bytes())
-    data[at + r.FRAME_BYTES + 12] ^= 0x01  # its seq, the CRC not redone
+    data[at + r.FRAME_BYTES + 12] ^= 0x01  # its last seq, the CRC not redone
     path.write_bytes(bytes(data))
     refused(damaged, path, f"at byte {at}: a record whose CRC does not match")
-    reframe(path, at, payload[:9] + (6).to_bytes(8, "big") + payload[17:])  # its seq, the CRC redone
-    refused(damaged, path, f"op 6 at byte {at} follows op 4")
+    reframe(path, at, payload[:9] + (6).to_bytes(8, "big") + payload[17:])  # its last seq, the CRC redone
+    refused(damaged, path, f"the commit at byte {at}: ops 5..6 follow op 3 (op 4 is missing)")
 
 
 def test_a_changed_epoch_breaks_the_chain(damaged):
-    path, at, payload = op_record(damaged, 20)
+    path, at, payload = commit_record(damaged, 21)
     reframe(path, at, payload[:1] + (7).to_bytes(8, "big") + payload[9:])
-    refused(damaged, path, f"op 20 at byte {at}: its checksum does not chain")
+    refused(damaged, path, f"the commit at byte {at}: ops 20..21: their checksum does not chain")
 
 
-def test_an_op_taken_back_to_an_older_epoch_is_refused(damaged):
-    path, at, payload = op_record(damaged, HEAD)  # epoch 2 after epoch 1
+def test_a_commit_taken_back_to_an_older_epoch_is_refused(damaged):
+    path, at, payload = commit_record(damaged, HEAD)  # epoch 2 after epoch 1
     reframe(path, at, payload[:1] + (0).to_bytes(8, "big") + payload[9:])
-    refused(damaged, path, f"op {HEAD} at byte {at} has epoch 0, older than op {HEAD - 1}'s")
+    refused(damaged, path, f"the commit at byte {at}: ops {HEAD}..{HEAD} have epoch 0, older than op {HEAD - 1}'s")
 
 
-def test_a_commit_record_that_does_not_match_its_ops_is_refused(damaged):
-    path = segments(damaged)[1]
-    at, payload = next((at, p) for at, p in records(path) if p[0] == r.COMMIT)
-    commit = r.parse_commit(payload, at)
-    reframe(path, at, r.commit_record(commit.start, commit.last_seq, commit.ops + 1)[r.FRAME_BYTES:])
-    refused(damaged, path, f"the commit at byte {at} does not match the ops before it")
+def test_a_commit_record_that_does_not_count_its_ops_is_refused(damaged):
+    path, at, payload = commit_record(damaged, 9)
+    reframe(path, at, payload[:9] + (10).to_bytes(8, "big") + (3).to_bytes(4, "big") + payload[21:])
+    refused(damaged, path, f"the commit at byte {at}: it is for 3 ops, but 2 op records come before it")
 
 
 def test_a_whole_commit_appended_twice_is_refused_not_cut(damaged):
-    """A sound record that repeats an op is not a torn write: the chain refuses it."""
+    """A sound record that repeats a commit is not a torn write: the chain refuses it."""
     path = segments(damaged)[-1]
     data = path.read_bytes()
-    last_commit = [(at, p) for at, p in records(path) if p[0] == r.COMMIT][-1]
-    start = r.parse_commit(last_commit[1], last_commit[0]).start
+    start, at, _ = commits_in(path)[-1]
     path.write_bytes(data + data[start:])
-    refused(damaged, path, f"op {HEAD} at byte {len(data)} follows op {HEAD}")
+    refused(damaged, path, f"the commit at byte {len(data) + at - start}: ops {HEAD}..{HEAD} repeat or go back "
+                           f"after op {HEAD}")
 
 
 @pytest.mark.parametrize("which", [0, 1, -2])
@@ -271,8 +295,7 @@ def test_a_missing_last_segment_after_a_clean_close_is_refused(damaged):
 def test_every_cut_inside_the_last_commit_is_a_torn_write_and_loses_only_that_commit(damaged, tmp_path, caplog):
     path = segments(damaged)[-1]
     data = path.read_bytes()
-    last = [(at, p) for at, p in records(path) if p[0] == r.COMMIT][-1]
-    start = r.parse_commit(last[1], last[0]).start
+    start, _, _ = commits_in(path)[-1]
     before = None
     for cut in range(start, len(data)):
         directory = tmp_path / f"cut{cut}"
@@ -296,8 +319,7 @@ def test_a_zeroed_tail_is_a_torn_write(damaged, extra_zeros, pristine_state):
     """A crash can leave the last write's blocks allocated but zero (and the file longer than written)."""
     path = segments(damaged)[-1]
     data = path.read_bytes()
-    last = [(at, p) for at, p in records(path) if p[0] == r.COMMIT][-1]
-    start = r.parse_commit(last[1], last[0]).start
+    start, _, _ = commits_in(path)[-1]
     path.write_bytes(data[:start] + bytes(len(data) - start + extra_zeros))
     state = opens(damaged)
     assert state.head.seq == HEAD - 1 and len(state.sessions["a"].queue) == 18
@@ -307,9 +329,9 @@ def test_a_zeroed_tail_is_a_torn_write(damaged, extra_zeros, pristine_state):
 def test_a_torn_write_before_a_sound_commit_is_damage_not_a_tail(damaged):
     """Bad bytes followed by a commit that survived them: not a write cut short, so refused."""
     path = segments(damaged)[-1]
-    commits = [(at, p) for at, p in records(path) if p[0] == r.COMMIT]
+    commits = commits_in(path)
     assert len(commits) >= 2
-    start = r.parse_commit(commits[-1][1], commits[-1][0]).start
+    start, _, _ = commits[-1]
     data = bytearray(path.read_bytes())
     data[start + 2] ^= 0xFF  # the last commit's first op's length
     path.write_bytes(bytes(data))
@@ -435,8 +457,8 @@ def test_random_byte_flips_anywhere_give_a_clean_refusal_or_a_consistent_spool(p
     one_back = tmp_path / "one-back"
     shutil.copytree(pristine, one_back)
     last = segments(one_back)[-1]
-    commit_at, payload = [(at, p) for at, p in records(last) if p[0] == r.COMMIT][-1]
-    last.write_bytes(last.read_bytes()[:r.parse_commit(payload, commit_at).start])
+    start, _, _ = commits_in(last)[-1]
+    last.write_bytes(last.read_bytes()[:start])
     states = {"same": pristine_state, "one commit back": opens(one_back)}
     rng = random.Random(2024)
     outcomes = {"refused": 0, "same": 0, "one commit back": 0}
