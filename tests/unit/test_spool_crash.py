@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from pairmq.appliance.spool import records as r
-from pairmq.appliance.spool.chain import verify_chain
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.writer import SpoolWriter
@@ -58,8 +57,8 @@ def recovered(directory, stream_end):
     with Spool.open(directory) as spool:
         state = spool.load_state()
         base = spool.log_base()
-        entries = spool.read_entries(base.seq, 10_000_000)
-        assert verify_chain(entries, base) == state.head
+        commits = spool.read_commits(base.seq, 10_000_000)
+        assert r.verify_chain(commits, base) == state.head
     assert not list(Path(directory).glob("*.new")), "a crash's unfinished file was left"
     model, seq, k = StateModel(), 0, 0
     while seq < state.head.seq:
@@ -162,18 +161,20 @@ def test_a_power_loss_that_keeps_only_part_of_the_unsynced_commit_loses_only_it(
     acked, _ = crash(tmp_path, KillPoint("fdatasync", ".seg", rng.randrange(3, 30), segment_bytes=1 << 20))
     last = sorted(tmp_path.glob("*" + r.SEGMENT_SUFFIX))[-1]
     data = last.read_bytes()
-    pos, commits = r.HEADER_BYTES, []
+    pos = start = r.HEADER_BYTES
+    commits = []  # (start, end, fields)
     while pos < len(data):
         payload, end = r.next_record(data, pos)
         if payload[0] == r.COMMIT:
-            commits.append((r.parse_commit(payload, pos), end))
+            commits.append((start, end, r.parse_commit(data, pos)))
+            start = end
         pos = end
-    (unsynced, end), (before, _) = commits[-1], commits[-2]  # the last: the write whose fdatasync never ran
+    (unsynced, end, _), (_, _, before) = commits[-1], commits[-2]  # the last: in the write whose fdatasync never ran
     assert end == len(data) and len(commits) >= 2
-    kept = unsynced.start + rng.randrange(end - unsynced.start)
+    kept = unsynced + rng.randrange(end - unsynced)
     if rng.random() < 0.5:
-        kept = max(unsynced.start, kept // 4096 * 4096)  # whole pages
+        kept = max(unsynced, kept // 4096 * 4096)  # whole pages
     last.write_bytes(data[:kept] + (bytes(end - kept) if rng.random() < 0.5 else b""))
     state, k = recovered(tmp_path, KillPoint.max_submissions)
     assert all(i < k for i in acked)
-    assert state.head.seq == before.last_seq and last.stat().st_size == unsynced.start
+    assert state.head.seq == before.last_seq and last.stat().st_size == unsynced
