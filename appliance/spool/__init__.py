@@ -2,10 +2,10 @@
 
 ops.py         the op vocabulary (what the broker emits)
 codec.py       ops <-> bytes (explicit, versioned, canonical)
-chain.py       (epoch, seq, checksum) chaining; `verify_chain` for the mate link
+chain.py       commits and their (epoch, seq, checksum) chain
 state.py       the rules of applying ops: `StateModel`, the spool's live state in memory
 snapshot.py    a state as the ops that rebuild it (checkpoints, SNAPSHOT batches)
-records.py     the files byte by byte: framed records, segment and checkpoint headers
+records.py     the files byte by byte: framed records, commits made and checked, headers
 segments.py    `SegmentLog`: group commits appended, scanned at open, read for the mate link
 checkpoint.py  checkpoints written and loaded
 store.py       `Spool.open(dir)`: recovery (checkpoint + log), `load_state()`, checkpoints and compaction
