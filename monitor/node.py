@@ -30,13 +30,17 @@ from pairmq.appliance.errors import LocalProtocolError, PairMQError
 from pairmq.appliance.eventlog import EventLog
 from pairmq.appliance.keyring import STATE_FILE, CurrentKeyring, startup_keyring
 from pairmq.appliance.node import readiness, sd_notify, views
+from pairmq.appliance.hooks_settings import HookEvent
+from pairmq.appliance.instruments import NodeInstruments
 from pairmq.appliance.node.heartbeats import HeartbeatThread
+from pairmq.appliance.node.hooks import WATCH_S, HookRunner, RedundancyWatch, decision_event
 from pairmq.appliance.clock import now_ms
 from pairmq.appliance.node.quorum_handle import QuorumHandle
 from pairmq.appliance.private_files import private_dir
 from pairmq.appliance.quorum.auth import HeartbeatAuth
 from pairmq.appliance.quorum.core import QuorumCore, Timing
 from pairmq.appliance.quorum.decisions import DecisionKind
+from pairmq.appliance.quorum.wire import Activity
 from pairmq.appliance.roles import Role
 from pairmq.appliance.stable_file import FileStore
 
@@ -59,6 +63,10 @@ class MonitorNode:
         self.keyring_path = self.spec.data_dir / STATE_FILE
         self.keys = CurrentKeyring(startup_keyring(load_keyring(config), self.keyring_path))
         self.events = EventLog(self.spec.data_dir / "events", role.value, config.events)
+        self.instruments = NodeInstruments()  # /metrics' histograms and process collectors, this node's own
+        # Activity hooks: queued after each decision is applied, run on the loop, never awaited by a decision.
+        self.hooks = HookRunner(config.hooks, group=config.name, role=role.value, events=self.events.write)
+        self._redundancy = RedundancyWatch()
         self.store = FileStore(self.spec.data_dir / "quorum.json")
         self.core = QuorumCore(role, HeartbeatAuth(self.keys.keys, config.name, role, send_key_id=self.keys.send_id),
                                Timing.from_timers(config.timers), self.store, now_ms())
@@ -91,7 +99,8 @@ class MonitorNode:
         return ApiPorts(role=self.role, config=self.config, keys=self.keys, decisions=self.decisions,
                         events=self.events, now_ms=now_ms, quorum=quorum, may_serve=self.may_serve,
                         redundancy_view=self.redundancy_view, force_activity=self.force_activity,
-                        handover=self.handover, install_keyring=installer.install, routing=self._routing_ports())
+                        handover=self.handover, install_keyring=installer.install, routing=self._routing_ports(),
+                        instruments=self.instruments)
 
     def _routing_ports(self) -> RoutingPorts | None:
         """A routing node's broker reads and configuration entry points; a monitor has none."""
@@ -146,10 +155,13 @@ class MonitorNode:
                  self.spec.address, self.config.ports.heartbeat, self.config.ports.management)
         self._mark_ready("sockets")
         watchdog = asyncio.create_task(self._watchdog())
+        redundancy = asyncio.create_task(self._watch_redundancy()) if self.hooks.enabled else None
         try:
             await self._stopping.wait()
         finally:
             watchdog.cancel()
+            if redundancy is not None:
+                redundancy.cancel()
             stamp.cancel()
             pings.cancel()
             if self._joining is not None:
@@ -176,6 +188,7 @@ class MonitorNode:
         with contextlib.suppress(Exception):
             await self.management.stop()
         await self._stop_back()
+        await self.hooks.close()  # a fault hook about what stops the node still runs (bounded by its timeout)
         self.heartbeats.stop()
         self.events.write("node_stopped", role=self.role.value)
         self.events.close()
@@ -242,6 +255,52 @@ class MonitorNode:
         self._follow(decision)
         if decision.kind in (DecisionKind.ACTIVATE, DecisionKind.STEP_DOWN):
             sd_notify.notify(f"STATUS={decision.reason}")
+        if decision.kind is DecisionKind.BID:
+            self._observe_detection()
+        if self.hooks.enabled:  # after the decision is applied; the hook only queues (appliance/node/hooks.py)
+            failed = decision.kind is DecisionKind.STORAGE and self.quorum.call(
+                lambda core, now: core.save_error is not None)
+            event = decision_event(decision.kind, routes_messages=self.role.routes_messages, storage_failed=failed)
+            if event is not None:
+                self._post(lambda: self.hooks.notify(event, decision.epoch, decision.reason))
+
+    def _observe_detection(self) -> None:
+        """A standby's bid after the active it saw went silent: how long that silence lasted (a histogram)."""
+        if not self.role.routes_messages:
+            return
+
+        def silence(core, now):
+            mate = core.peers[self.role.mate()]
+            if mate.hb is None or mate.hb.activity is not Activity.ACTIVE or core.sees(mate.role, now):
+                return None  # not a failure: a boot, or a planned handover the mate still takes part in
+            return now - mate.heard_at
+
+        silent_ms = self.quorum.call(silence)
+        if silent_ms is not None:
+            self.instruments.failover_detection.observe(silent_ms / 1000)
+
+    async def _watch_redundancy(self) -> None:
+        """The redundancy hooks: Up/Down is derived from what the core sees, so it is sampled, not decided."""
+        while True:
+            up, epoch, reason = self.quorum.call(self._redundancy_sentence)
+            event = self._redundancy.change(up)
+            if event is not None:
+                self.hooks.notify(event, epoch, reason)
+            await asyncio.sleep(WATCH_S)
+
+    def _redundancy_sentence(self, core: QuorumCore, now: int) -> tuple[bool, int, str]:
+        up = core.redundancy_status(now).value == "Up"
+        me = self.role.value
+        if self.role is Role.MONITOR:
+            unseen = [r.value for r in core.peers if not core.sees(r, now)]
+            why = "it sees the primary and the backup" if not unseen else f"it does not see the {' and the '.join(unseen)}"
+        elif core.activity is Activity.ACTIVE:
+            mate = self.role.mate().value
+            why = (f"active, the {mate} is in sync" if up else
+                   f"active, the {mate} is {'not in sync' if core.sees(self.role.mate(), now) else 'not seen'}")
+        else:
+            why = "standby, in sync with the active" if up else "standby, not in sync with an active"
+        return up, core.active_epoch or core.state.epoch, f"{me}: redundancy {'Up' if up else 'Down'} ({why})"
 
     def _follow(self, decision) -> None:
         """What a decision does beyond the record (a routing node: clients, virtual IP, broker core)."""
@@ -271,8 +330,11 @@ class MonitorNode:
         self.events.write("broker_loop_lag", max_ms=max_ms, max_timer_late_ms=timer_late_ms)
 
     def _fail(self, sentence: str) -> None:
-        """Stop the node with `sentence` as its exit error (from any thread)."""
+        """Stop the node with `sentence` as its exit error (from any thread); the fault hook is queued first."""
         self._failure = sentence
+        if self.hooks.enabled:
+            epoch = self.quorum.call(lambda core, now: core.active_epoch or core.state.epoch)
+            self._post(lambda: self.hooks.notify(HookEvent.FAULT, epoch, sentence))
         self._post(self._stopping.set)
 
     def _on_heartbeat_crash(self, exc: BaseException) -> None:
