@@ -60,7 +60,7 @@ class HookRunner:
         self._max_queued = max_queued
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._running: asyncio.subprocess.Process | None = None
+        self._busy = False  # a call is taken off the queue and not yet reported
 
     @property
     def enabled(self) -> bool:
@@ -93,7 +93,7 @@ class HookRunner:
         self._task = None
 
     async def _drained(self) -> None:
-        while self._queue or self._running is not None:
+        while self._queue or self._busy:
             await asyncio.sleep(0.05)
 
     async def _work(self) -> None:
@@ -102,12 +102,15 @@ class HookRunner:
                 self._wake.clear()
                 await self._wake.wait()
             call = self._queue.popleft()
+            self._busy = True
             try:
                 await self._run(call)
             except asyncio.CancelledError:
                 raise
             except Exception:  # our own bug: say so, keep running the queue
                 log.exception("%s: running the %s hook failed", self._role, call.event)
+            finally:
+                self._busy = False
 
     async def _run(self, call: HookCall) -> None:
         script = self._settings.script(call.event)
@@ -124,7 +127,6 @@ class HookRunner:
             self._events("hook_failed", hook=call.event.value, script=str(script), epoch=call.epoch,
                          error=str(exc))
             return
-        self._running = proc
         tail = bytearray()
         reader = asyncio.ensure_future(_read_tail(proc.stderr, tail))
         timed_out = False
@@ -139,10 +141,11 @@ class HookRunner:
                 await asyncio.wait_for(asyncio.shield(reader), STDERR_DRAIN_S)
         except asyncio.CancelledError:  # shutdown: the hook goes with the node
             _kill_group(proc.pid)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), STDERR_DRAIN_S)  # reaped before the loop closes
             raise
         finally:
             reader.cancel()
-            self._running = None
         self._report(call, str(script), proc.returncode, timed_out, bytes(tail), now_ms() - started)
 
     def _report(self, call: HookCall, script: str, exit_code: int | None, timed_out: bool, stderr: bytes,
