@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..quorum.auth import REASONS
 from .ports import ApiPorts, RoutingPorts
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 
 @dataclass(slots=True)
