@@ -13,8 +13,9 @@ Rules:
   that does, frees the queue.
 - Every outcome is one `hook_finished` event (exit code, timed out, the tail of stderr, duration), or
   `hook_failed` when the script could not be started.
-- At shutdown, what is queued gets one timeout's worth of time (a fault hook about the failure that stops
-  the node), then the running hook's group is killed.
+- At shutdown, what is queued gets up to SHUTDOWN_WAIT_S (and no more than one hook timeout) to finish
+  (a fault hook about the failure that stops the node), then the running hook's group is killed: a hung
+  hook must not hold `systemctl stop` for long.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ MAX_QUEUED = 32  # calls waiting behind a running hook
 STDERR_TAIL_BYTES = 1024  # what of a hook's stderr reaches the event log
 STDERR_DRAIN_S = 0.5  # after the hook exits: a child it left behind may hold its stderr open
 REASON_MAX_CHARS = 1000  # a decision sentence is far shorter; bounds an argument and an environment entry
+SHUTDOWN_WAIT_S = 3.0  # what a stopping node gives its queued hooks, in all
 WATCH_S = 0.2  # how often the node samples its redundancy status for the redundancy hooks
 
 
@@ -82,11 +84,11 @@ class HookRunner:
         self._wake.set()
 
     async def close(self) -> None:
-        """Give what is queued one timeout's worth of time, then kill the running hook and stop."""
+        """Give what is queued a bounded time (see the rules), then kill the running hook and stop."""
         if self._task is None:
             return
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._drained(), self._settings.hook_timeout_ms / 1000)
+            await asyncio.wait_for(self._drained(), min(SHUTDOWN_WAIT_S, self._settings.hook_timeout_ms / 1000))
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task

@@ -283,3 +283,29 @@ def test_hostile_reasons_reach_the_script_verbatim_and_bounded(tmp_path):
     assert args_out.read_text() == hostile and not marker.exists()
     run(main("r" * 100_000))
     assert args_out.read_text() == "r" * 1000
+
+
+def test_close_kills_a_hung_hook_and_drops_what_waits_behind_it(tmp_path):
+    """A stopping node: the hung hook's group is killed within the shutdown bound, not its own long timeout."""
+    child_pid = tmp_path / "child.pid"
+    hang = script(tmp_path / "hang.sh", f'#!/bin/sh\nsleep 600 &\necho $! > "{child_pid}"\nsleep 600\n')
+    record, out = recorder(tmp_path)
+    events = Events()
+    settings = HookSettings({HookEvent.STANDBY: hang, HookEvent.FAULT: record}, hook_timeout_ms=600_000)
+
+    async def main():
+        runner = HookRunner(settings, group="g", role="backup", events=events)
+        runner.notify(HookEvent.STANDBY, 1, "backup: started")
+        runner.notify(HookEvent.FAULT, 1, "backup: the spool is lost")
+        while not child_pid.exists() or not child_pid.read_text().strip():
+            await asyncio.sleep(0.02)
+        await runner.close()
+
+    run(main())
+    assert not out.exists()  # it waited behind the hang, and the node stopped first
+    assert events.of("hook_finished") == []  # killed at shutdown: no outcome to report
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(pid), "the hung hook's child survived the node's stop"
