@@ -62,7 +62,7 @@ from pairmq.appliance.config import Timers  # noqa: E402
 from pairmq.appliance.hooks_settings import HookEvent, HookSettings  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench import report  # noqa: E402
-from tests.harness.group import Group  # noqa: E402
+from tests.harness.group import LOOPBACK, Group  # noqa: E402
 from tests.harness.probe import connack, one_round  # noqa: E402
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
@@ -90,10 +90,13 @@ def _on_signal(signum, frame):
 
 
 def ports_busy() -> list[str]:
+    """Listeners on the shared ports of our loopback addresses (PAIRMQ_TEST_LOOPBACK moves them; another
+    developer's group on other addresses is no reason to wait), or of any address."""
+    ours = tuple(f"{a}:" for a in LOOPBACK.values()) + ("*:", "0.0.0.0:", "[::]:")
     udp = subprocess.run(["ss", "-lunp"], capture_output=True, text=True).stdout.splitlines()
     tcp = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.splitlines()
-    return ([line for line in udp if ":8300 " in line]
-            + [line for line in tcp if ":1883 " in line or ":8080 " in line])
+    return [line for line in udp + tcp if any(f"{a}{port} " in line for a in ours
+                                              for port in ((8300,) if line in udp else (1883, 8080)))]
 
 
 def wait_for_free_ports(limit_s: float) -> None:
