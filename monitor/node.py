@@ -33,14 +33,13 @@ from pairmq.appliance.node import readiness, sd_notify, views
 from pairmq.appliance.hooks_settings import HookEvent
 from pairmq.appliance.instruments import NodeInstruments
 from pairmq.appliance.node.heartbeats import HeartbeatThread
-from pairmq.appliance.node.hooks import WATCH_S, HookRunner, RedundancyWatch, decision_event
+from pairmq.appliance.node.hooks import WATCH_S, HookRunner, RedundancyWatch, decision_event, redundancy_sentence
 from pairmq.appliance.clock import now_ms
 from pairmq.appliance.node.quorum_handle import QuorumHandle
 from pairmq.appliance.private_files import private_dir
 from pairmq.appliance.quorum.auth import HeartbeatAuth
 from pairmq.appliance.quorum.core import QuorumCore, Timing
 from pairmq.appliance.quorum.decisions import DecisionKind
-from pairmq.appliance.quorum.wire import Activity
 from pairmq.appliance.roles import Role
 from pairmq.appliance.stable_file import FileStore
 
@@ -188,7 +187,7 @@ class MonitorNode:
         with contextlib.suppress(Exception):
             await self.management.stop()
         await self._stop_back()
-        await self.hooks.close()  # a fault hook about what stops the node still runs (bounded by its timeout)
+        await self.hooks.close()  # a fault hook about what stops the node still runs (bounded: node/hooks.py)
         self.heartbeats.stop()
         self.events.write("node_stopped", role=self.role.value)
         self.events.close()
@@ -266,41 +265,19 @@ class MonitorNode:
 
     def _observe_detection(self) -> None:
         """A standby's bid after the active it saw went silent: how long that silence lasted (a histogram)."""
-        if not self.role.routes_messages:
-            return
-
-        def silence(core, now):
-            mate = core.peers[self.role.mate()]
-            if mate.hb is None or mate.hb.activity is not Activity.ACTIVE or core.sees(mate.role, now):
-                return None  # not a failure: a boot, or a planned handover the mate still takes part in
-            return now - mate.heard_at
-
-        silent_ms = self.quorum.call(silence)
-        if silent_ms is not None:
-            self.instruments.failover_detection.observe(silent_ms / 1000)
+        if self.role.routes_messages:
+            silent_ms = self.quorum.call(lambda core, now: views.failover_silence_ms(core, self.role, now))
+            if silent_ms is not None:
+                self.instruments.failover_detection.observe(silent_ms / 1000)
 
     async def _watch_redundancy(self) -> None:
         """The redundancy hooks: Up/Down is derived from what the core sees, so it is sampled, not decided."""
         while True:
-            up, epoch, reason = self.quorum.call(self._redundancy_sentence)
+            up, epoch, reason = self.quorum.call(lambda core, now: redundancy_sentence(core, self.role, now))
             event = self._redundancy.change(up)
             if event is not None:
                 self.hooks.notify(event, epoch, reason)
             await asyncio.sleep(WATCH_S)
-
-    def _redundancy_sentence(self, core: QuorumCore, now: int) -> tuple[bool, int, str]:
-        up = core.redundancy_status(now).value == "Up"
-        me = self.role.value
-        if self.role is Role.MONITOR:
-            unseen = [r.value for r in core.peers if not core.sees(r, now)]
-            why = "it sees the primary and the backup" if not unseen else f"it does not see the {' and the '.join(unseen)}"
-        elif core.activity is Activity.ACTIVE:
-            mate = self.role.mate().value
-            why = (f"active, the {mate} is in sync" if up else
-                   f"active, the {mate} is {'not in sync' if core.sees(self.role.mate(), now) else 'not seen'}")
-        else:
-            why = "standby, in sync with the active" if up else "standby, not in sync with an active"
-        return up, core.active_epoch or core.state.epoch, f"{me}: redundancy {'Up' if up else 'Down'} ({why})"
 
     def _follow(self, decision) -> None:
         """What a decision does beyond the record (a routing node: clients, virtual IP, broker core)."""
@@ -333,7 +310,7 @@ class MonitorNode:
         """Stop the node with `sentence` as its exit error (from any thread); the fault hook is queued first."""
         self._failure = sentence
         if self.hooks.enabled:
-            epoch = self.quorum.call(lambda core, now: core.active_epoch or core.state.epoch)
+            epoch = self.core.state.epoch  # read without the lock: a failing heartbeat thread may be the caller
             self._post(lambda: self.hooks.notify(HookEvent.FAULT, epoch, sentence))
         self._post(self._stopping.set)
 

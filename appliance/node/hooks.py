@@ -1,6 +1,10 @@
 """Runs the group file's activity hooks ([hooks], appliance/hooks_settings.py) as the node's activity changes.
 
 Rules:
+- Which hook (`decision_event`): a routing node's boot and `step_down` → standby, `activate` → active, a
+  quorum state that cannot be saved → fault (and the node's `_fail`, on every node). Redundancy Up/Down is
+  derived, not decided: the node samples it (`RedundancyWatch`, every WATCH_S), a change after the first
+  sample is a hook.
 - A hook never delays a decision: the node applies the decision first, then calls `notify`, which only
   queues; one task on the event loop runs the queue. Nobody on a decision path awaits a hook.
 - Hooks run one at a time, in the order `notify` was called, so the sequence a script sees is the sequence
@@ -31,7 +35,10 @@ from typing import Callable
 
 from ..clock import now_ms
 from ..hooks_settings import HookEvent, HookSettings
+from ..quorum.core import QuorumCore, RedundancyStatus
 from ..quorum.decisions import DecisionKind
+from ..quorum.wire import Activity
+from ..roles import Role
 
 log = logging.getLogger("pairmq.hooks")
 
@@ -201,3 +208,18 @@ class RedundancyWatch:
         if before is None or before == up:
             return None
         return HookEvent.REDUNDANCY_UP if up else HookEvent.REDUNDANCY_DOWN
+
+
+def redundancy_sentence(core: QuorumCore, role: Role, now: int) -> tuple[bool, int, str]:
+    """(Up?, the epoch in force, the redundancy hooks' reason): a pure function of the core, under its lock."""
+    up = core.redundancy_status(now) is RedundancyStatus.UP
+    if role is Role.MONITOR:
+        unseen = [r.value for r in core.peers if not core.sees(r, now)]
+        why = "it sees the primary and the backup" if not unseen else f"it does not see the {' and the '.join(unseen)}"
+    elif core.activity is Activity.ACTIVE:
+        mate = role.mate()
+        why = (f"active, the {mate.value} is in sync" if up else
+               f"active, the {mate.value} is {'not in sync' if core.sees(mate, now) else 'not seen'}")
+    else:
+        why = "standby, in sync with the active" if up else "standby, not in sync with an active"
+    return up, core.active_epoch or core.state.epoch, f"{role.value}: redundancy {'Up' if up else 'Down'} ({why})"
