@@ -67,8 +67,12 @@ class _Scrape:
 
 def exposition(ports: ApiPorts) -> bytes:
     """The `/metrics` body of this node now."""
-    registry = ports.instruments.registry if ports.instruments is not None else None
-    return generate_latest(_Scrape(collect(ports), registry))
+    return render(collect(ports), ports.instruments.registry if ports.instruments is not None else None)
+
+
+def render(metrics: list[Metric], registry=None) -> bytes:
+    """`metrics`, then what `registry` (a CollectorRegistry) collects, in the text format 0.0.4."""
+    return generate_latest(_Scrape(metrics, registry))
 
 
 def collect(ports: ApiPorts, view: dict | None = None) -> list[Metric]:
