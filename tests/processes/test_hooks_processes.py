@@ -6,12 +6,14 @@ failover happens while it hangs, it is killed at its timeout, and the next hook 
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from pairmq.appliance.hooks_settings import HookEvent, HookSettings
 from pairmq.appliance.roles import Role
-from tests.harness.group import active_group
+from tests.harness.group import REPO, Group, active_group
 from tests.harness.http_api import hand_over
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
@@ -148,3 +150,14 @@ def test_a_hanging_hook_does_not_delay_the_failover(tmp_path):
         assert activated_at < killed_at  # decided first, the hang's kill came later
         ((event, epoch, reason),) = activity_calls(out, B)
         assert event == "active" and (event, epoch, reason) == transitions(g, B)[-1]
+
+
+def test_a_node_whose_hook_is_not_executable_does_not_start(tmp_path):
+    """Checked at load: one sentence, exit 1, before any socket is bound."""
+    hook = script(tmp_path / "active.sh", "#!/bin/sh\n")
+    group = Group(tmp_path / "group", hooks=HookSettings({HookEvent.ACTIVE: hook}))  # written, not entered
+    hook.chmod(0o644)
+    result = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "node", "--role", "backup", "--group",
+                             str(group.dir / "group.toml")], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: hooks.on_active: {hook} is not executable (chmod +x it)"
