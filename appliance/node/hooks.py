@@ -131,7 +131,7 @@ class HookRunner:
             proc = await asyncio.create_subprocess_exec(
                 str(script), self._role, str(call.epoch), call.reason, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
             log.warning("%s: the %s hook %s could not be started: %s", self._role, call.event, script, exc)
             self._events("hook_failed", hook=call.event.value, script=str(script), epoch=call.epoch,
                          error=str(exc))

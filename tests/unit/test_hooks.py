@@ -285,6 +285,21 @@ def test_hostile_reasons_reach_the_script_verbatim_and_bounded(tmp_path):
     assert args_out.read_text() == "r" * 1000
 
 
+def test_a_reason_no_exec_can_carry_is_an_event_not_a_crash(tmp_path):
+    events = Events()
+    dump = script(tmp_path / "dump.sh", "#!/bin/sh\n")
+
+    async def main():
+        runner = HookRunner(HookSettings({HookEvent.FAULT: dump}), group="g", role="backup", events=events)
+        runner.notify(HookEvent.FAULT, 1, "a NUL \0 byte")
+        runner.notify(HookEvent.FAULT, 1, "then a fine one")
+        await outcomes(events, 2)
+        await runner.close()
+
+    run(main())
+    assert [k for k, _ in events.seen] == ["hook_failed", "hook_finished"]
+
+
 def test_close_kills_a_hung_hook_and_drops_what_waits_behind_it(tmp_path):
     """A stopping node: the hung hook's group is killed within the shutdown bound, not its own long timeout."""
     child_pid = tmp_path / "child.pid"
