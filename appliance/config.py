@@ -29,6 +29,8 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   per node ({primary = "eth0", backup = "ens3"}; never the monitor, which
   never holds it); arp_count (1..100) gratuitous ARPs, arp_interval_ms
   (10..10000) apart, announce it.
+- an optional [hooks] table: scripts run on activity changes (appliance/hooks_settings.py checks
+  that each exists and is executable; appliance/node/hooks.py runs them).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .eventlog import EventSettings
+from .hooks_settings import HookSettings, parse_hooks, render_hooks
 from .management_settings import ManagementSettings, parse_settings, render_settings
 from .roles import Role
 
@@ -232,6 +235,7 @@ class GroupConfig:
     events: EventSettings = EventSettings()
     vip: VipConfig | None = None
     management: ManagementSettings = ManagementSettings()  # the API listener on 8080
+    hooks: HookSettings = HookSettings()  # scripts run on activity changes
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -253,6 +257,7 @@ _SECTIONS = {
     "events": {f.name for f in dataclasses.fields(EventSettings)},
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
     "management": set(),  # appliance/management_settings.py checks its keys
+    "hooks": set(),  # appliance/hooks_settings.py checks its keys
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -314,8 +319,9 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     tls = _parse_tls(raw, base)
     vip = _parse_vip(raw, addresses)
     management = parse_settings(_table(raw, "management", required=False), base)
+    hooks = parse_hooks(_table(raw, "hooks", required=False), base)
     return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
-                       events, vip, management)
+                       events, vip, management, hooks)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -492,6 +498,7 @@ def render_group(config: GroupConfig) -> str:
         lines += ["", "[vip]", f"address = {_q(vip.with_prefix)}", f"interface = {interface}",
                   f"arp_count = {vip.arp_count}", f"arp_interval_ms = {vip.arp_interval_ms}"]
     lines += render_settings(config.management)
+    lines += render_hooks(config.hooks)
     return "\n".join(lines) + "\n"
 
 

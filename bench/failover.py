@@ -1,6 +1,6 @@
 """Failover benchmark: kill -9 the active node, time detection and service recovery.
 
-    python bench/failover.py [--trials 20] [--soak-minutes 10] [--write-docs]
+    python bench/failover.py [--trials 20] [--soak-minutes 10] [--write-docs] [--hanging-hooks]
 
 Theory of operation
 -------------------
@@ -59,9 +59,10 @@ sys.path.insert(0, str(REPO))
 
 from pairmq.appliance.clock import now_ms  # noqa: E402
 from pairmq.appliance.config import Timers  # noqa: E402
+from pairmq.appliance.hooks_settings import HookEvent, HookSettings  # noqa: E402
 from pairmq.appliance.roles import Role  # noqa: E402
 from bench import report  # noqa: E402
-from tests.harness.group import Group  # noqa: E402
+from tests.harness.group import LOOPBACK, Group  # noqa: E402
 from tests.harness.probe import connack, one_round  # noqa: E402
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
@@ -89,10 +90,13 @@ def _on_signal(signum, frame):
 
 
 def ports_busy() -> list[str]:
+    """Listeners on the shared ports of our loopback addresses (PAIRMQ_TEST_LOOPBACK moves them; another
+    developer's group on other addresses is no reason to wait), or of any address."""
+    ours = tuple(f"{a}:" for a in LOOPBACK.values()) + ("*:", "0.0.0.0:", "[::]:")
     udp = subprocess.run(["ss", "-lunp"], capture_output=True, text=True).stdout.splitlines()
     tcp = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.splitlines()
-    return ([line for line in udp if ":8300 " in line]
-            + [line for line in tcp if ":1883 " in line or ":8080 " in line])
+    return [line for line in udp + tcp if any(f"{a}{port} " in line for a in ours
+                                              for port in ((8300,) if line in udp else (1883, 8080)))]
 
 
 def wait_for_free_ports(limit_s: float) -> None:
@@ -129,7 +133,7 @@ class LostPortRace(Exception):
 
 
 @contextlib.contextmanager
-def running_group(directory: Path, port_wait_s: float, attempts: int = 5):
+def running_group(directory: Path, port_wait_s: float, attempts: int = 5, hooks: HookSettings = HookSettings()):
     """A running group of ours: one node serving, its mate in sync, all past their boot hold.
 
     `with Group(...)` holds tests/harness/group.py's shared lock on the loopback ports
@@ -138,7 +142,7 @@ def running_group(directory: Path, port_wait_s: float, attempts: int = 5):
     """
     deadline = time.monotonic() + port_wait_s
     for attempt in range(1, attempts + 1):
-        group = Group(directory / f"attempt-{attempt}")
+        group = Group(directory / f"attempt-{attempt}", hooks=hooks)
         try:
             group.__enter__()
         except AssertionError as exc:  # the lock or the ports stayed busy for the harness's 2 minutes
@@ -254,8 +258,8 @@ async def _race(host: str, kill) -> tuple[int, list[tuple[int, int, int | None]]
     return kill_ms, results
 
 
-def run_trial(number: int, directory: Path, port_wait_s: float) -> Trial:
-    with running_group(directory, port_wait_s) as group:
+def run_trial(number: int, directory: Path, port_wait_s: float, hooks: HookSettings = HookSettings()) -> Trial:
+    with running_group(directory, port_wait_s, hooks=hooks) as group:
         active = _active_by_probe(group)
         survivor = active.mate()
         victim = group.procs[active]
@@ -289,10 +293,10 @@ def _trial_from_logs(number, active, survivor, group, kill_ms, results) -> Trial
     return trial
 
 
-def run_trials(count: int, workdir: Path, port_wait_s: float) -> list[Trial]:
+def run_trials(count: int, workdir: Path, port_wait_s: float, hooks: HookSettings = HookSettings()) -> list[Trial]:
     trials = []
     for n in range(1, count + 1):
-        trial = run_trial(n, workdir / f"trial-{n:02d}", port_wait_s)
+        trial = run_trial(n, workdir / f"trial-{n:02d}", port_wait_s, hooks)
         trials.append(trial)
         log(f"trial {n:2d}: killed {trial.killed}; bid +{_ms(trial.detection_ms)}, vote +{_ms(trial.vote_ms)}, "
             f"activate +{_ms(trial.activate_ms)}, CONNACK 0 +{_ms(trial.connack_ms)} "
@@ -576,6 +580,14 @@ def write_docs(section: str) -> Path:
 # --- main -------------------------------------------------------------------------------
 
 
+def hanging_hooks(workdir: Path) -> HookSettings:
+    """Hooks that hang for every event: a failover must not wait for any of them (appliance/node/hooks.py)."""
+    hang = workdir / "hang.sh"
+    hang.write_text("#!/bin/sh\nsleep 600\n")
+    hang.chmod(0o755)
+    return HookSettings({event: hang for event in HookEvent}, hook_timeout_ms=60_000)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -585,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-docs", action="store_true", help="write the section in docs/benchmarks.md")
     parser.add_argument("--port-wait-s", type=float, default=600, help="how long to wait for the shared ports")
     parser.add_argument("--keep", action="store_true", help="keep the groups' directories (logs, event logs)")
+    parser.add_argument("--hanging-hooks", action="store_true",
+                        help="every activity hook of every node is a script that never exits (killed at 60 s)")
     args = parser.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -592,8 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pairmq-failover-"))
     log(f"work directory: {workdir}")
     keep = args.keep
+    hooks = hanging_hooks(workdir) if args.hanging_hooks else HookSettings()
     try:
-        trials = run_trials(args.trials, workdir, args.port_wait_s) if args.trials > 0 else []
+        trials = run_trials(args.trials, workdir, args.port_wait_s, hooks) if args.trials > 0 else []
         rows = summarize(trials)
         soak = run_soak(args.soak_minutes, args.burners, workdir / "soak", args.port_wait_s) \
             if args.soak_minutes > 0 else None

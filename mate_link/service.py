@@ -51,7 +51,7 @@ from pairmq.appliance.spool.install import SnapshotBuilder
 from pairmq.appliance.spool.local import LocalSpool
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadCommits
-from .messages import Catchup, Message
+from .messages import Catchup, Message, Pong
 from .resync import plan_resync
 from .secure import ActiveHandshake, StandbyHandshake
 from .standby import Apply, ImageChunk, ImageDone, SnapshotBatch, SnapshotDone, StandbyLink
@@ -139,8 +139,10 @@ class _Replication:
 class ActiveReplication(_Replication):
     def __init__(self, *, secret: bytes, group: str, me: Role, spool: LocalSpool, epoch: Callable[[], int],
                  may_serve: Callable[[], bool], limits: LinkLimits = LinkLimits(),
-                 on_acked: Callable[[int], None] = lambda seq: None) -> None:
+                 on_acked: Callable[[int], None] = lambda seq: None,
+                 on_round_trip: Callable[[float], None] = lambda seconds: None) -> None:
         self._secret, self._group, self._me = secret, group, me
+        self._on_round_trip = on_round_trip  # each PONG's round trip in seconds (a metrics histogram)
         self.local = spool
         self._epoch = epoch
         self._may_serve = may_serve
@@ -222,6 +224,8 @@ class ActiveReplication(_Replication):
         self.link.receive(m, now_ms())
         if self.link.acked_seq > before:
             self._on_acked(self.link.acked_seq)
+        elif type(m) is Pong and self.link.round_trip_ms is not None:
+            self._on_round_trip(self.link.round_trip_ms / 1000)
         self._drain()
 
     def _closed(self, conn: MateConnection, why: str) -> None:

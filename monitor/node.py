@@ -30,7 +30,10 @@ from pairmq.appliance.errors import LocalProtocolError, PairMQError
 from pairmq.appliance.eventlog import EventLog
 from pairmq.appliance.keyring import STATE_FILE, CurrentKeyring, startup_keyring
 from pairmq.appliance.node import readiness, sd_notify, views
+from pairmq.appliance.hooks_settings import HookEvent
+from pairmq.appliance.instruments import NodeInstruments
 from pairmq.appliance.node.heartbeats import HeartbeatThread
+from pairmq.appliance.node.hooks import WATCH_S, HookRunner, RedundancyWatch, decision_event, redundancy_sentence
 from pairmq.appliance.clock import now_ms
 from pairmq.appliance.node.quorum_handle import QuorumHandle
 from pairmq.appliance.private_files import private_dir
@@ -59,6 +62,10 @@ class MonitorNode:
         self.keyring_path = self.spec.data_dir / STATE_FILE
         self.keys = CurrentKeyring(startup_keyring(load_keyring(config), self.keyring_path))
         self.events = EventLog(self.spec.data_dir / "events", role.value, config.events)
+        self.instruments = NodeInstruments()  # /metrics' histograms and process collectors, this node's own
+        # Activity hooks: queued after each decision is applied, run on the loop, never awaited by a decision.
+        self.hooks = HookRunner(config.hooks, group=config.name, role=role.value, events=self.events.write)
+        self._redundancy = RedundancyWatch()
         self.store = FileStore(self.spec.data_dir / "quorum.json")
         self.core = QuorumCore(role, HeartbeatAuth(self.keys.keys, config.name, role, send_key_id=self.keys.send_id),
                                Timing.from_timers(config.timers), self.store, now_ms())
@@ -91,7 +98,8 @@ class MonitorNode:
         return ApiPorts(role=self.role, config=self.config, keys=self.keys, decisions=self.decisions,
                         events=self.events, now_ms=now_ms, quorum=quorum, may_serve=self.may_serve,
                         redundancy_view=self.redundancy_view, force_activity=self.force_activity,
-                        handover=self.handover, install_keyring=installer.install, routing=self._routing_ports())
+                        handover=self.handover, install_keyring=installer.install, routing=self._routing_ports(),
+                        instruments=self.instruments)
 
     def _routing_ports(self) -> RoutingPorts | None:
         """A routing node's broker reads and configuration entry points; a monitor has none."""
@@ -146,10 +154,13 @@ class MonitorNode:
                  self.spec.address, self.config.ports.heartbeat, self.config.ports.management)
         self._mark_ready("sockets")
         watchdog = asyncio.create_task(self._watchdog())
+        redundancy = asyncio.create_task(self._watch_redundancy()) if self.hooks.enabled else None
         try:
             await self._stopping.wait()
         finally:
             watchdog.cancel()
+            if redundancy is not None:
+                redundancy.cancel()
             stamp.cancel()
             pings.cancel()
             if self._joining is not None:
@@ -176,6 +187,7 @@ class MonitorNode:
         with contextlib.suppress(Exception):
             await self.management.stop()
         await self._stop_back()
+        await self.hooks.close()  # a fault hook about what stops the node still runs (bounded: node/hooks.py)
         self.heartbeats.stop()
         self.events.write("node_stopped", role=self.role.value)
         self.events.close()
@@ -242,6 +254,30 @@ class MonitorNode:
         self._follow(decision)
         if decision.kind in (DecisionKind.ACTIVATE, DecisionKind.STEP_DOWN):
             sd_notify.notify(f"STATUS={decision.reason}")
+        if decision.kind is DecisionKind.BID:
+            self._observe_detection()
+        if self.hooks.enabled:  # after the decision is applied; the hook only queues (appliance/node/hooks.py)
+            failed = decision.kind is DecisionKind.STORAGE and self.quorum.call(
+                lambda core, now: core.save_error is not None)
+            event = decision_event(decision.kind, routes_messages=self.role.routes_messages, storage_failed=failed)
+            if event is not None:
+                self._post(lambda: self.hooks.notify(event, decision.epoch, decision.reason))
+
+    def _observe_detection(self) -> None:
+        """A standby's bid after the active it saw went silent: how long that silence lasted (a histogram)."""
+        if self.role.routes_messages:
+            silent_ms = self.quorum.call(lambda core, now: views.failover_silence_ms(core, self.role, now))
+            if silent_ms is not None:
+                self.instruments.failover_detection.observe(silent_ms / 1000)
+
+    async def _watch_redundancy(self) -> None:
+        """The redundancy hooks: Up/Down is derived from what the core sees, so it is sampled, not decided."""
+        while True:
+            up, epoch, reason = self.quorum.call(lambda core, now: redundancy_sentence(core, self.role, now))
+            event = self._redundancy.change(up)
+            if event is not None:
+                self.hooks.notify(event, epoch, reason)
+            await asyncio.sleep(WATCH_S)
 
     def _follow(self, decision) -> None:
         """What a decision does beyond the record (a routing node: clients, virtual IP, broker core)."""
@@ -271,8 +307,11 @@ class MonitorNode:
         self.events.write("broker_loop_lag", max_ms=max_ms, max_timer_late_ms=timer_late_ms)
 
     def _fail(self, sentence: str) -> None:
-        """Stop the node with `sentence` as its exit error (from any thread)."""
+        """Stop the node with `sentence` as its exit error (from any thread); the fault hook is queued first."""
         self._failure = sentence
+        if self.hooks.enabled:
+            epoch = self.core.state.epoch  # read without the lock: a failing heartbeat thread may be the caller
+            self._post(lambda: self.hooks.notify(HookEvent.FAULT, epoch, sentence))
         self._post(self._stopping.set)
 
     def _on_heartbeat_crash(self, exc: BaseException) -> None:

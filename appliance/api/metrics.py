@@ -1,7 +1,9 @@
-"""`GET /metrics`: the node's numbers in the Prometheus text exposition format (version 0.0.4).
+"""`GET /metrics`: the node's numbers in the Prometheus text exposition format (version 0.0.4),
+rendered by prometheus_client from the node's own registry (appliance/instruments.py: the histograms and
+the `process_*`, `python_*` collectors) and the numbers below, read at scrape time.
 
 Rules:
-- Every metric is named `pairmq_*`, has one HELP and one TYPE line, and its samples follow at once.
+- Every metric of ours is named `pairmq_*`; prometheus_client writes one HELP and one TYPE line each.
 - Counters only grow within a node process (`_total`); Prometheus computes rates from them and
   treats a restart as a counter reset. Gauges are the value now. Units are base units in the name
   (`_seconds`, `_bytes`).
@@ -14,13 +16,15 @@ Rules:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..quorum.auth import REASONS
 from .ports import ApiPorts, RoutingPorts
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 
 @dataclass(slots=True)
@@ -34,36 +38,41 @@ class Metric:
         self.samples.append((labels, value))
         return self
 
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        """This metric as prometheus_client's family (a counter's name loses `_total`: the library adds it)."""
+        if self.kind == "counter":
+            fam = CounterMetricFamily(self.name.removesuffix("_total"), self.help, labels=self._label_names())
+        else:
+            fam = GaugeMetricFamily(self.name, self.help, labels=self._label_names())
+        for labels, value in self.samples:
+            fam.add_metric(list(labels.values()), float(value))
+        return fam
 
-def render(metrics: list[Metric]) -> str:
-    out = []
-    for m in metrics:
-        out.append(f"# HELP {m.name} {_escape_help(m.help)}")
-        out.append(f"# TYPE {m.name} {m.kind}")
-        for labels, value in m.samples:
-            label_text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
-            out.append(f"{m.name}{{{label_text}}} {_number(value)}" if labels else f"{m.name} {_number(value)}")
-    return "\n".join(out) + "\n"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+    def _label_names(self) -> list[str]:
+        return list(self.samples[0][0]) if self.samples else []
 
 
-def _escape_label(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Scrape:
+    """What one scrape renders: the numbers read now, then the node's registry (histograms, process, python)."""
+
+    def __init__(self, metrics: list[Metric], registry) -> None:
+        self._metrics, self._registry = metrics, registry
+
+    def collect(self):
+        for m in self._metrics:
+            yield m.family()
+        if self._registry is not None:
+            yield from self._registry.collect()
 
 
-def _number(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+def exposition(ports: ApiPorts) -> bytes:
+    """The `/metrics` body of this node now."""
+    return render(collect(ports), ports.instruments.registry if ports.instruments is not None else None)
+
+
+def render(metrics: list[Metric], registry=None) -> bytes:
+    """`metrics`, then what `registry` (a CollectorRegistry) collects, in the text format 0.0.4."""
+    return generate_latest(_Scrape(metrics, registry))
 
 
 def collect(ports: ApiPorts, view: dict | None = None) -> list[Metric]:
@@ -105,8 +114,28 @@ def collect(ports: ApiPorts, view: dict | None = None) -> list[Metric]:
     if view["in_sync"] is not None:
         metrics.append(g("pairmq_in_sync", "1 while this routing node holds the active's data (or is it).").add(
             int(view["in_sync"])))
+    if view.get("resync") is not None:
+        metrics += _resync(view["resync"])
     if ports.routing is not None:
         metrics += _routing(ports.routing)
+    return metrics
+
+
+def _resync(resync: dict) -> list[Metric]:
+    """On a standby: its latest mate-link catch-up (the redundancy view's `resync`), a rate and what is left."""
+    g = _gauge
+    metrics = [
+        g("pairmq_resync_running", "1 while the standby's mate-link catch-up runs, 0 once the latest one is done.").add(
+            int(resync["state"] == "running")),
+        g("pairmq_resync_ops_per_second", "The latest catch-up's rate: ops made durable per second over it.").add(
+            resync["ops_per_s"]),
+        g("pairmq_resync_bytes_per_second", "The latest catch-up's rate in bytes of message bodies per second.").add(
+            resync["bytes_per_s"]),
+        g("pairmq_resync_ops_done", "Ops the latest catch-up made durable so far.").add(resync["ops_done"]),
+    ]
+    if resync["ops_to_go"] is not None:
+        metrics.append(g("pairmq_resync_ops_to_go", "Ops the running catch-up has still to make durable.").add(
+            resync["ops_to_go"]))
     return metrics
 
 

@@ -54,6 +54,7 @@ class ApiPorts:
     handover: Callable[..., Awaitable[Any]]  # (why, *, force, revert) -> HandoverOutcome; LocalProtocolError
     install_keyring: Callable[[Keyring, str, int], None]  # (new keyring, step, key id): secret_rotation.py
     routing: RoutingPorts | None
+    instruments: Any = None  # NodeInstruments (appliance/instruments.py): the registry /metrics renders
 
     @property
     def address(self) -> str:

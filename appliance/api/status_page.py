@@ -75,8 +75,7 @@ async def _static(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    text = metrics.render(metrics.collect(request.app[PORTS]))
-    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+    return web.Response(body=metrics.exposition(request.app[PORTS]), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:

@@ -46,7 +46,8 @@ Rules:
   returns a future that resolves once the effects it queued behind a commit
   have run, which is what the window counts. The packets of one callback share
   one future, resolved behind the last of their effects (one future per read,
-  not per PUBLISH).
+  not per PUBLISH). With `observe_ack`, each packet that waits is stamped when
+  read and observed when that future resolves (its acks went out with it).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -92,8 +94,10 @@ class ReleaseRule(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Resolve:
-    """The adapter's own effect: resolve `packet()`'s future once the effects before it have run."""
+    """The adapter's own effect: resolve `packet()`'s future once the effects before it have run; `read_at`:
+    when each packet that waited on it was read (perf_counter), for the publish-to-ack histogram."""
     future: asyncio.Future
+    read_at: tuple[float, ...] = ()
 
 
 class BrokerService:
@@ -108,8 +112,11 @@ class BrokerService:
                  core_factory: Callable[[], BrokerCore] | None = None, defer_ms: int = DEFER_MS,
                  release: ReleaseRule | None = None, serving: Callable[[], bool] = lambda: True,
                  mate_over_lag: Callable[[], bool] = lambda: False,
-                 message_events: MessageEvents | None = None) -> None:
+                 message_events: MessageEvents | None = None,
+                 observe_ack: Callable[[float], None] | None = None) -> None:
         self.local = local
+        self._observe_ack = observe_ack  # seconds from a waiting packet's read to its effects (see the rules)
+        self._read_at: list[float] = []  # when the waiting packets of this callback were read
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
         self._history = self.writer.history  # the writer history self.core will be built on (see the rules)
         self.core = self._fresh_core()
@@ -205,6 +212,8 @@ class BrokerService:
         self._schedule()  # acks leave work for the core's flush
         if len(self._ops) == ops_before and len(self._thens) == thens_before:
             return None
+        if self._observe_ack is not None:
+            self._read_at.append(time.perf_counter())
         # One future for every packet of this callback that waits (see the rules): `_end_of_callback` queues
         # its `_Resolve` behind all of their effects, so it resolves once the last of them has run.
         done = self._batch_done
@@ -245,8 +254,15 @@ class BrokerService:
             elif kind is _Resolve:
                 if not effect.future.done():
                     effect.future.set_result(None)
+                if effect.read_at:
+                    self._observe_read_to_ack(effect.read_at)
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
+
+    def _observe_read_to_ack(self, read_at: tuple[float, ...]) -> None:
+        now, observe = time.perf_counter(), self._observe_ack
+        for t in read_at:
+            observe(now - t)
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:
@@ -276,7 +292,8 @@ class BrokerService:
         self._flush_scheduled = False
         self.execute(self.core.flush(wall_ms()))
         if self._batch_done is not None:
-            resolve, self._batch_done = (_Resolve(self._batch_done),), None
+            resolve, self._batch_done = (_Resolve(self._batch_done, tuple(self._read_at)),), None
+            self._read_at.clear()
             if self._ops:
                 self._thens.append(resolve)
             else:  # a batch split at max_batch_ops submitted them all already: wait behind that submission
@@ -324,6 +341,7 @@ class BrokerService:
         """Forget the ops not submitted (and their effects): they belong to a core that is being replaced."""
         self._ops, self._thens, self._evented = [], [], 0
         self._batch_done = None  # as its packets' effects: never run (their connections are dropped)
+        self._read_at.clear()
         if self._held_future is not None:
             self._held_future.cancel()  # their message_spooled events never come
             self._held_future = None

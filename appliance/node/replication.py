@@ -39,11 +39,13 @@ SYNC_S = 0.05
 
 
 def active_end(config: GroupConfig, role: Role, spool: LocalSpool, secret: bytes, *, epoch: Callable[[], int],
-               may_serve: Callable[[], bool], on_acked: Callable[[int], None]) -> ActiveReplication:
-    """The mate link's server, as the active runs it: `on_acked(seq)` releases what the mate now holds."""
+               may_serve: Callable[[], bool], on_acked: Callable[[int], None],
+               on_round_trip: Callable[[float], None] = lambda seconds: None) -> ActiveReplication:
+    """The mate link's server, as the active runs it: `on_acked(seq)` releases what the mate now holds;
+    `on_round_trip(seconds)` gets each ping's round trip (a metrics histogram)."""
     limits = config.limits
     return ActiveReplication(secret=secret, group=config.name, me=role, spool=spool, epoch=epoch,
-                             may_serve=may_serve, on_acked=on_acked,
+                             may_serve=may_serve, on_acked=on_acked, on_round_trip=on_round_trip,
                              limits=LinkLimits(max_lag_ops=limits.mate_max_lag_ops,
                                                max_lag_bytes=limits.mate_max_lag_bytes))
 

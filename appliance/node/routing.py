@@ -82,16 +82,18 @@ class RoutingNode(MonitorNode):
         # A corrupt spool stops the node here with a SpoolCorruption sentence: never serve from it.
         spool = LocalSpool(self.spec.data_dir / "spool",
                            writer_limits(self._core_limits.max_message_ids, limits.spool_max_bytes),
-                           on_lost=self._on_spool_lost)
+                           on_lost=self._on_spool_lost, on_commit_seconds=self.instruments.spool_commit.observe)
         active = active_end(config, role, spool, secret, epoch=self.current_epoch, may_serve=self.may_serve,
-                            on_acked=self._mate_acked)
+                            on_acked=self._mate_acked,
+                            on_round_trip=self.instruments.replication_round_trip.observe)
         release = MateRelease(active)
         events = None
         if config.events.message_events:
             events = MessageEvents(self.events, config.events.message_sample_ratio, acked_seq=lambda: active.acked_seq)
         self.broker = BrokerService(spool, epoch=self.current_epoch, core_factory=self._new_broker_core,
                                     release=release, serving=self.may_serve,
-                                    mate_over_lag=lambda: active.over_max_lag, message_events=events)
+                                    mate_over_lag=lambda: active.over_max_lag, message_events=events,
+                                    observe_ack=self.instruments.publish_ack.observe)
         self.replication = Replication(self.quorum, config, role, spool=spool, broker=self.broker, active=active,
                                        release=release, secret=secret, data_dir=self.spec.data_dir,
                                        epoch=self.current_epoch, may_serve=self.may_serve,

@@ -4,6 +4,7 @@ core at `now`, called under the quorum lock; a routing node adds its broker's an
 from __future__ import annotations
 
 from ..quorum.core import QuorumCore
+from ..quorum.wire import Activity
 from ..roles import Role
 
 
@@ -13,6 +14,15 @@ def routing_activity_label(core: QuorumCore, role: Role, now: int) -> str:
     if core.active_role(now) is role.mate():
         return "Mate Active"
     return "Standby"
+
+
+def failover_silence_ms(core: QuorumCore, role: Role, now: int) -> int | None:
+    """At a bid: how long the active mate has been silent; None when this bid replaces no failed active (a
+    boot, or a planned handover the mate still takes part in)."""
+    mate = core.peers[role.mate()]
+    if mate.hb is None or mate.hb.activity is not Activity.ACTIVE or core.sees(mate.role, now):
+        return None
+    return now - mate.heard_at
 
 
 def decision_json(d, now: int) -> dict:

@@ -29,16 +29,19 @@ RollbackTap = Callable[[ChainPoint], None]
 
 class LocalSpool:
     def __init__(self, directory: Path, limits: WriterLimits = WriterLimits(), *,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 on_commit_seconds: Callable[[float], None] | None = None) -> None:
         self.directory = Path(directory)
         self._on_lost = on_lost
+        self._on_commit_seconds = on_commit_seconds  # every writer's commit times (SpoolWriter.on_commit_seconds)
         self._taps: tuple[CommitTap | None, RollbackTap | None] = (None, None)
         self.spool = Spool.open(self.directory, max_message_ids=limits.max_message_ids)  # SpoolCorruption: refuse to serve from a corrupt spool
         self.writer = self._new_writer(limits)
 
     def _new_writer(self, limits: WriterLimits) -> SpoolWriter:
         on_commit, on_rollback = self._taps
-        return SpoolWriter(self.spool, limits, on_commit=on_commit, on_rollback=on_rollback)
+        return SpoolWriter(self.spool, limits, on_commit=on_commit, on_rollback=on_rollback,
+                           on_commit_seconds=self._on_commit_seconds)
 
     def tap(self, on_commit: CommitTap | None, on_rollback: RollbackTap | None) -> None:
         """The mate link's taps (SpoolWriter's rules), on this writer and every later one; None, None: off."""

@@ -114,7 +114,8 @@ class SpoolWriter:
 
     def __init__(self, spool: Spool, limits: WriterLimits = WriterLimits(), *,
                  on_commit: Callable[[Commit], None] | None = None,
-                 on_rollback: Callable[[ChainPoint], None] | None = None) -> None:
+                 on_rollback: Callable[[ChainPoint], None] | None = None,
+                 on_commit_seconds: Callable[[float], None] | None = None) -> None:
         assert spool.writer is None, f"spool {spool.path} already has a writer"
         self.spool = spool
         self.limits = limits
@@ -141,6 +142,7 @@ class SpoolWriter:
         # after a failed batch took the head back to `head`.
         self.on_commit = on_commit
         self.on_rollback = on_rollback
+        self.on_commit_seconds = on_commit_seconds  # each group commit's write to fdatasync (a histogram), this thread
         self._thread = threading.Thread(target=self._run, name=f"spool-writer {spool.path}", daemon=True)
         self._thread.start()
         spool.writer = self
@@ -321,6 +323,8 @@ class SpoolWriter:
             self._rollback(batch, exc)
             return
         elapsed_ms = (time.monotonic() - started) * 1000
+        if self.on_commit_seconds is not None:
+            self.on_commit_seconds(elapsed_ms / 1000)
         model = self._model
         ignored_before = model.ignored
         with self.spool.lock:

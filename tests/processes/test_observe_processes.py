@@ -44,16 +44,22 @@ def parse_metrics(text: str) -> dict[str, dict]:
                 f"line {n}: TYPE {m[1]} without its HELP just before"
             current["type"] = m[2]
         elif m := SAMPLE.fullmatch(line):
-            assert current is not None and m[1] == current["name"], f"line {n}: sample of {m[1]} outside its block"
+            assert current is not None, f"line {n}: sample of {m[1]} outside a block"
             assert current["type"] is not None, f"line {n}: {m[1]} has no TYPE"
             labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m[2] or ""))
+            if current["type"] == "histogram":  # name_bucket{le=...}, name_sum, name_count
+                suffix = m[1].removeprefix(current["name"])
+                assert suffix in ("_bucket", "_sum", "_count"), f"line {n}: sample of {m[1]} outside its block"
+                labels |= {("__sample__", suffix)}
+            else:
+                assert m[1] == current["name"], f"line {n}: sample of {m[1]} outside its block"
             assert labels not in current["samples"], f"line {n}: a duplicate sample"
             current["samples"][labels] = float(m[3])
         else:
             raise AssertionError(f"line {n} is not in the Prometheus text format: {line!r}")
     for name, metric in metrics.items():
-        assert name.startswith("pairmq_"), name
-        assert metric["type"] in ("counter", "gauge"), name
+        assert name.startswith(("pairmq_", "process_", "python_")), name  # ours, and the default collectors'
+        assert metric["type"] in ("counter", "gauge", "histogram"), name
         assert metric["help"], f"{name} has an empty HELP"
         assert not (metric["type"] == "counter") ^ name.endswith("_total"), f"{name}: counters, and only they, end in _total"
     return metrics

@@ -56,7 +56,8 @@ LAYERS = [
     ("foundation", ("pairmq.appliance.errors", "pairmq.appliance.roles", "pairmq.appliance.frozen",
                     "pairmq.appliance.clock", "pairmq.appliance.config", "pairmq.appliance.private_files",
                     "pairmq.appliance.keyring", "pairmq.appliance.eventlog", "pairmq.appliance.tls",
-                    "pairmq.appliance.management_settings")),
+                    "pairmq.appliance.management_settings", "pairmq.appliance.hooks_settings",
+                    "pairmq.appliance.instruments")),
 ]
 
 
