@@ -29,6 +29,8 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   per node ({primary = "eth0", backup = "ens3"}; never the monitor, which
   never holds it); arp_count (1..100) gratuitous ARPs, arp_interval_ms
   (10..10000) apart, announce it.
+- an optional [sys] table: interval_s (0..86400, default 10; 0 turns it
+  off), how often the active publishes `$SYS/broker/...`.
 """
 
 from __future__ import annotations
@@ -160,6 +162,10 @@ class Limits:
     mqtt_output_max_bytes: int = 8 * 1024 * 1024
     subscriptions_per_client_max: int = 10_000
     subscribe_max_filters: int = 1_000
+    # The longest keep alive a client may use, in seconds; 0: no cap (the protocol's 65,535). MQTT 5 clients
+    # asking for more (or 0) are given it in CONNACK; 3.1.1 clients are refused with return code 2, as by
+    # mosquitto (docs/broker.md "Keep alive").
+    max_keepalive_s: int = 0
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
@@ -181,6 +187,7 @@ class Limits:
         "mqtt_output_max_bytes": (64 * 1024, 1 << 32),
         "subscriptions_per_client_max": (1, 10_000_000),
         "subscribe_max_filters": (1, 5_000),  # one SUBSCRIBE's ops must fit one spool commit (10,000 ops)
+        "max_keepalive_s": (0, 65_535),
     }
 
     def validate(self) -> None:
@@ -188,6 +195,21 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ConfigError(f"limits.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SysTopics:
+    """[sys]: the `$SYS/broker/...` statistics the active publishes (appliance/broker/sys_topics.py)."""
+
+    interval_s: int = 10  # mosquitto's sys_interval and its default; 0: not published
+
+    RANGES = {"interval_s": (0, 86_400)}
+
+    def validate(self) -> None:
+        for name, (low, high) in self.RANGES.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"sys.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,6 +254,7 @@ class GroupConfig:
     events: EventSettings = EventSettings()
     vip: VipConfig | None = None
     management: ManagementSettings = ManagementSettings()  # the API listener on 8080
+    sys: SysTopics = SysTopics()
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -253,6 +276,7 @@ _SECTIONS = {
     "events": {f.name for f in dataclasses.fields(EventSettings)},
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
     "management": set(),  # appliance/management_settings.py checks its keys
+    "sys": {f.name for f in dataclasses.fields(SysTopics)},
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -314,8 +338,9 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     tls = _parse_tls(raw, base)
     vip = _parse_vip(raw, addresses)
     management = parse_settings(_table(raw, "management", required=False), base)
+    sys_topics = _settings(raw, "sys", SysTopics)
     return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
-                       events, vip, management)
+                       events, vip, management, sys_topics)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -492,6 +517,8 @@ def render_group(config: GroupConfig) -> str:
         lines += ["", "[vip]", f"address = {_q(vip.with_prefix)}", f"interface = {interface}",
                   f"arp_count = {vip.arp_count}", f"arp_interval_ms = {vip.arp_interval_ms}"]
     lines += render_settings(config.management)
+    if config.sys != SysTopics():
+        lines += ["", "[sys]", *(f"{f.name} = {getattr(config.sys, f.name)}" for f in dataclasses.fields(SysTopics))]
     return "\n".join(lines) + "\n"
 
 
