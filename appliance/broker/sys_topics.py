@@ -36,6 +36,8 @@ import dataclasses
 import itertools
 import math
 
+from .session import Message, QueueEntry
+
 SYS_ROOT = "$SYS"
 SYS_RESERVED_REASON = "topics under $SYS are the broker's"
 _LOAD_MINUTES = (1, 5, 15)
@@ -162,8 +164,6 @@ _sys_ids = itertools.count(-1, -1)  # below every spool message id, so never con
 
 def publish_in_memory(core, pairs: list[tuple[str, bytes]], now_ms: int) -> list:
     """Retain `pairs` in the core's memory (no op, no spool) and return the sends to live subscribers."""
-    from .session import Message, QueueEntry
-
     router = core.router
     effects: list = []
     for topic, payload in pairs:
