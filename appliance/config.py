@@ -15,7 +15,8 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
                                               operator's reaction time)
 - limits are positive whole numbers within their ranges (see `Limits`):
   a full session queue or a full spool refuses publishes (docs/broker.md),
-  so a limit of 0 would refuse everything;
+  so a limit of 0 would refuse everything (max_keepalive_s alone takes 0:
+  no cap);
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
 - an optional [tls] table (cert_file, key_file: PEM, relative to the group
