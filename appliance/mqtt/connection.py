@@ -380,7 +380,7 @@ class MqttConnection(asyncio.Protocol):
         transport = self.transport
         if transport.is_closing():
             return
-        if not transport.can_write_eof():
+        if not _can_half_close(transport):
             transport.close()
             self._arm_aux(self._l.write_timeout_s, transport.abort)
             return
@@ -452,6 +452,13 @@ class MqttConnection(asyncio.Protocol):
         dropped = self.session.drop(reason, server_reference)
         self._transmit()
         return dropped
+
+
+def _can_half_close(transport: asyncio.Transport) -> bool:
+    try:
+        return transport.can_write_eof()
+    except NotImplementedError:  # asyncio.Transport's default: a wrapper transport that does not say
+        return False
 
 
 def _format_peer(peername: object) -> str:
