@@ -28,9 +28,10 @@ Rules:
   DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
   CONNECT is answered with CONNACK, never DISCONNECT.)
 - Timers: no complete CONNECT within `connect_timeout_s`: close. Keep alive
-  k > 0 (v5: the cap when the client asked for 0 or more; the CONNACK's Server
-  Keep Alive says so): no packet within 1.5 k: v5 DISCONNECT 0x8D, close; a client whose
-  packets we do not read (`handle_timer(..., unread=True)`) is not late.
+  k > 0 (v5: the cap when the client asked for 0 or more than it; the
+  CONNACK's Server Keep Alive says so): no packet within 1.5 k: v5 DISCONNECT
+  0x8D, close; a client whose packets we do not read (`handle_timer(...,
+  unread=True)`) is not late.
 - A close asked by the broker before any CONNACK is a v5 CONNACK with its
   reason (a DISCONNECT before the CONNACK breaks the protocol), after it a v5
   DISCONNECT; 3.1.1 clients are simply closed.
@@ -51,12 +52,12 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
+from pairmq.appliance.broker.sys_topics import is_sys_topic
 from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, V311_RETURN_CODES, Connack, Connect, Disconnect,
     Packet, PacketReader, PingReq, PingResp, encode_packet,
 )
 from pairmq.appliance.mqtt.properties import PropertyId
-from pairmq.appliance.broker.sys_topics import is_sys_topic
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
 
 REASON_STRING_MAX_CHARS = 200
