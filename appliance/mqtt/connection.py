@@ -384,7 +384,11 @@ class MqttConnection(asyncio.Protocol):
             transport.close()
             self._arm_aux(self._l.write_timeout_s, transport.abort)
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already (ENOTCONN): nothing left to drain
+            transport.abort()
+            return
         self._drained = 0
         transport.resume_reading()  # whatever paused it: the client's bytes are read and discarded now
         self._arm_aux(DRAIN_S, self._drain_over)
