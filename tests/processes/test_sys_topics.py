@@ -9,7 +9,8 @@ with this ACL (first match wins; anonymous clients allowed):
     3 allow both       #                  all
     4 allow both       $foo/#             all
 
-Clients: mosquitto_sub/mosquitto_pub, paho-mqtt (tests/processes/test_broker_interop.py) and raw sockets.
+The drain after our closes is tested last: 0x93 on every try, and its bounds against a client that keeps
+writing or never closes. Clients: mosquitto_sub/mosquitto_pub, paho-mqtt (tests/processes/test_broker_interop.py) and raw sockets.
 Statistics are read as deltas: the figures are the node's since it started, and other tests of the module
 move them too.
 """
@@ -333,3 +334,38 @@ def test_receive_maximum_exceeded_arrives_as_0x93_every_time_not_as_a_reset(topi
         raw.close()
         assert [p.type for p in packets] == [PUBREC] * (len(packets) - 1) + [DISCONNECT], f"try {attempt}"
         assert packets[-1].reason_and_props()[0] == RECEIVE_MAXIMUM_EXCEEDED, f"try {attempt}"
+
+
+def _past_receive_maximum(topic: str, name: str) -> Raw:
+    """A v5 client that has just been sent DISCONNECT 0x93 (and our FIN)."""
+    raw = Raw(V5)
+    assert raw.connect(cid(topic, name)).type == CONNACK
+    raw.sock.sendall(b"".join(_publish_qos2(pid, f"{topic}/t") for pid in range(1, 102)))
+    while (packet := raw.recv()) is not None and packet.type != DISCONNECT:
+        pass
+    assert packet is not None and packet.reason_and_props()[0] == RECEIVE_MAXIMUM_EXCEEDED
+    return raw
+
+
+def test_the_drain_is_bounded_for_a_client_that_keeps_writing(topic):
+    """1 MiB or 1 s, whichever comes first: then the server aborts, and our writes fail."""
+    raw = _past_receive_maximum(topic, "flood")
+    junk = _publish_qos2(1, f"{topic}/t" + "x" * 60_000)
+    sent = 0
+    with pytest.raises((ConnectionResetError, BrokenPipeError)):
+        while sent < 64 * 1024 * 1024:  # far past the drain's 1 MiB: the server must stop reading first
+            raw.sock.sendall(junk)
+            sent += len(junk)
+    raw.close()
+
+
+def test_the_drain_is_bounded_in_time_for_a_client_that_never_closes(group, topic):
+    def connections() -> int:
+        return group.api(Role.PRIMARY, "/api/v1/redundancy")["mqtt"]["connections"]
+
+    before = connections()
+    raw = _past_receive_maximum(topic, "idle")
+    assert raw.recv() is None, "our FIN follows the DISCONNECT at once"
+    group.wait_for("the server to give up the half-closed connection", lambda: connections() <= before,
+                   timeout_s=WAIT_S)
+    raw.close()
