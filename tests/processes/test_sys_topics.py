@@ -10,15 +10,14 @@ with this ACL (first match wins; anonymous clients allowed):
     4 allow both       $foo/#             all
 
 The drain after our closes is tested last: 0x93 on every try, and its bounds against a client that keeps
-writing or never closes. Clients: mosquitto_sub/mosquitto_pub, paho-mqtt (tests/processes/test_broker_interop.py) and raw sockets.
-Statistics are read as deltas: the figures are the node's since it started, and other tests of the module
-move them too.
+writing or never closes. Clients: mosquitto_sub/mosquitto_pub, paho-mqtt (tests/processes/test_broker_interop.py)
+and raw sockets. Statistics are read as deltas: the figures are the node's since it started, and other tests of
+the module move them too.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import subprocess
 import threading
@@ -69,7 +68,6 @@ class SysReader:
             argv += ["-u", user, "-P", PASSWORDS[user]]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.values: dict[str, str] = {}
-        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self._changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -79,7 +77,6 @@ class SysReader:
             with self._changed:
                 self.values[topic] = payload
                 self._changed.notify_all()
-            self.lines.put((topic, payload))
 
     def wait(self, topic: str, predicate, timeout_s: float = 10.0) -> str:
         """The first value of `topic` (an integer where it is one) that satisfies `predicate`."""
