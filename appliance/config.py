@@ -15,7 +15,8 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
                                               operator's reaction time)
 - limits are positive whole numbers within their ranges (see `Limits`):
   a full session queue or a full spool refuses publishes (docs/broker.md),
-  so a limit of 0 would refuse everything;
+  so a limit of 0 would refuse everything (max_keepalive_s alone takes 0:
+  no cap);
 - the group secret lives in its own file (mode 0600, or a systemd credential),
   never in the group file.
 - an optional [tls] table (cert_file, key_file: PEM, relative to the group
@@ -31,6 +32,8 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   (10..10000) apart, announce it.
 - an optional [hooks] table: scripts run on activity changes (appliance/hooks_settings.py checks
   that each exists and is executable; appliance/node/hooks.py runs them).
+- an optional [sys] table: interval_s (0..86400, default 10; 0 turns it
+  off), how often the active publishes `$SYS/broker/...`.
 """
 
 from __future__ import annotations
@@ -163,6 +166,10 @@ class Limits:
     mqtt_output_max_bytes: int = 8 * 1024 * 1024
     subscriptions_per_client_max: int = 10_000
     subscribe_max_filters: int = 1_000
+    # The longest keep alive a client may use, in seconds; 0: no cap (the protocol's 65,535). MQTT 5 clients
+    # asking for more (or 0) are given it in CONNACK; 3.1.1 clients are refused with return code 2, as by
+    # mosquitto (docs/broker.md "Keep alive").
+    max_keepalive_s: int = 0
 
     RANGES = {  # name -> (minimum, maximum)
         "session_queue_max_messages": (1, 10_000_000),
@@ -184,6 +191,7 @@ class Limits:
         "mqtt_output_max_bytes": (64 * 1024, 1 << 32),
         "subscriptions_per_client_max": (1, 10_000_000),
         "subscribe_max_filters": (1, 5_000),  # one SUBSCRIBE's ops must fit one spool commit (10,000 ops)
+        "max_keepalive_s": (0, 65_535),
     }
 
     def validate(self) -> None:
@@ -191,6 +199,21 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ConfigError(f"limits.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SysTopics:
+    """[sys]: the `$SYS/broker/...` statistics the active publishes (appliance/broker/sys_topics.py)."""
+
+    interval_s: int = 10  # mosquitto's sys_interval and its default; 0: not published
+
+    RANGES = {"interval_s": (0, 86_400)}
+
+    def validate(self) -> None:
+        for name, (low, high) in self.RANGES.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"sys.{name} must be a whole number from {low:,} to {high:,}, not {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,6 +259,7 @@ class GroupConfig:
     vip: VipConfig | None = None
     management: ManagementSettings = ManagementSettings()  # the API listener on 8080
     hooks: HookSettings = HookSettings()  # scripts run on activity changes
+    sys: SysTopics = SysTopics()
 
     def node(self, role: Role) -> NodeSpec:
         return self.nodes[role]
@@ -258,6 +282,7 @@ _SECTIONS = {
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
     "management": set(),  # appliance/management_settings.py checks its keys
     "hooks": set(),  # appliance/hooks_settings.py checks its keys
+    "sys": {f.name for f in dataclasses.fields(SysTopics)},
 }
 _NODE_KEYS = {"address", "data_dir"}
 
@@ -320,8 +345,9 @@ def parse_group(raw: dict, path: Path | None = None) -> GroupConfig:
     vip = _parse_vip(raw, addresses)
     management = parse_settings(_table(raw, "management", required=False), base)
     hooks = parse_hooks(_table(raw, "hooks", required=False), base)
+    sys_topics = _settings(raw, "sys", SysTopics)
     return GroupConfig(name, nodes, (base / secret_file).resolve(), timers, ports, auto_revert, path, tls, limits,
-                       events, vip, management, hooks)
+                       events, vip, management, hooks, sys_topics)
 
 
 def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
@@ -499,6 +525,8 @@ def render_group(config: GroupConfig) -> str:
                   f"arp_count = {vip.arp_count}", f"arp_interval_ms = {vip.arp_interval_ms}"]
     lines += render_settings(config.management)
     lines += render_hooks(config.hooks)
+    if config.sys != SysTopics():
+        lines += ["", "[sys]", *(f"{f.name} = {getattr(config.sys, f.name)}" for f in dataclasses.fields(SysTopics))]
     return "\n".join(lines) + "\n"
 
 

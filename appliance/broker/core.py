@@ -43,6 +43,7 @@ from ..spool import ops
 from . import dedup, routing
 from .routing import Router
 from .session import NEVER, Connection, EntryState, Session, Will
+from .sys_topics import SYS_RESERVED_REASON, is_sys_topic
 
 DEFAULT_RECEIVE_MAXIMUM = 32  # our in-flight window towards 3.1.1 clients (they cannot tell us theirs)
 SERVER_RECEIVE_MAXIMUM = 100
@@ -129,6 +130,7 @@ class Limits:
     other_user_clean_start: bool = False  # see the theory: refuse another user (False) or start it clean
     max_subscriptions: int = 10_000  # filters one session holds; more: SUBACK 0x97 (3.1.1: 0x80) per filter
     max_filters_per_subscribe: int = 1_000  # one SUBSCRIBE's filters past this get 0x97 (3.1.1: 0x80) each
+    max_keep_alive_s: int = 0  # 0: no cap; else v5 CONNACK lowers a client's larger (or 0) keep alive to it
 
 
 Authorizer = Callable[[str | None, str, str], bool]  # (username, "publish"|"subscribe", topic or filter) -> allowed
@@ -228,6 +230,9 @@ class BrokerCore:
                 ack_props[P.ASSIGNED_CLIENT_IDENTIFIER] = assigned
             if expiry_s != props.get(P.SESSION_EXPIRY_INTERVAL, 0):
                 ack_props[P.SESSION_EXPIRY_INTERVAL] = expiry_s
+            cap = self.limits.max_keep_alive_s
+            if cap and not 0 < packet.keep_alive_s <= cap:  # v5 §3.2.2.3.14: the client uses ours instead
+                ack_props[P.SERVER_KEEP_ALIVE] = cap
         connack = Send(conn_id, codec.Connack(RC.SUCCESS, present, ack_props))
         if old is None and expiry_s == 0 and packet.will is None:
             # Nothing of this session can outlive a crash (new, expiry 0, no will, nothing deleted), so its
@@ -364,8 +369,16 @@ class BrokerCore:
                     return [Close(conn.conn_id, RC.PROTOCOL_ERROR, f"topic alias {alias} was never set")]
         elif not topic:
             return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "empty topic name without a topic alias")]
-        if topic.startswith("$"):
-            return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, "topics starting with $ are reserved")
+        if topic.startswith("$") and is_sys_topic(topic):  # other $ topics are the clients' (sys_topics.py)
+            self._count("publish_to_sys_refused")
+            if conn.protocol_version != 5:
+                # 3.1.1 has no negative ack: acknowledged and dropped, like mosquitto, rather than disconnected.
+                # A barrier like `_refuse_publish`'s: the ack keeps PUBLISH order.
+                if not packet.qos:
+                    return []
+                ack = codec.Puback if packet.qos == 1 else codec.Pubrec
+                return [Persist((), (Send(conn.conn_id, ack(packet.packet_id)),))]
+            return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, SYS_RESERVED_REASON)
         if not self.authorize(conn.username, "publish", topic):
             self._count("publish_not_authorized")
             if conn.protocol_version != 5 and packet.qos:
@@ -593,7 +606,8 @@ def limits_from_config(limits) -> Limits:
                   max_message_ids=limits.message_id_history_max,
                   other_user_clean_start=bool(limits.session_other_user_clean_start),
                   max_subscriptions=limits.subscriptions_per_client_max,
-                  max_filters_per_subscribe=limits.subscribe_max_filters)
+                  max_filters_per_subscribe=limits.subscribe_max_filters,
+                  max_keep_alive_s=limits.max_keepalive_s)
 
 
 def restore(core: BrokerCore, state, now_ms: int) -> None:

@@ -10,6 +10,14 @@ second one exists only while output is stalled or a close is in progress.
 After every call into the session, `_transmit` queues what it wrote and
 closes the transport once it is closing. Output goes through `_write`, which
 the listener flushes once per loop turn.
+
+Closing: a close of ours (a DISCONNECT or CONNACK refusal sent, or a plain
+close) flushes, then half-closes (FIN after the last packet) and reads and
+discards what the client still sends, up to DRAIN_MAX_BYTES or DRAIN_S,
+until its own FIN; only then is the socket closed. Closed with unread bytes,
+the kernel would answer them with a reset, and a client reading late would see
+"connection reset" instead of our last packet. A transport that cannot
+half-close (TLS) is closed as before.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ _MATE = 32  # a publisher held while the mate link's backlog is over max_lag (ov
 # One 256 KiB read holds thousands of small PUBLISHes: other clients, timers and heartbeats get the loop back after
 # this many.
 PACKETS_PER_TURN = 256
+# The drain after our half-close (see the theory): long enough for a client to read our last packet and close,
+# short and small enough that a client that keeps writing cannot hold the connection.
+DRAIN_S = 1.0
+DRAIN_MAX_BYTES = 1024 * 1024
 
 
 def _of_session(name: str) -> property:
@@ -51,7 +63,7 @@ def _of_session(name: str) -> property:
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
-        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held")
+        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
@@ -71,6 +83,7 @@ class MqttConnection(asyncio.Protocol):
         self._shut = False  # the transport is closed or closing
         self._preauth_addr: str | None = None  # counted by the listener's PreAuthBudget until admitted or gone
         self._held = 0  # bytes buffered while pre-auth, as the budget counts them
+        self._drained: int | None = None  # bytes discarded since our half-close; None: not draining
 
     # --- what the listener, the broker and the management API read --------------------------
 
@@ -108,7 +121,12 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         session = self.session
+        self._l.bytes_in += len(data)
         if session.closing:
+            if self._drained is not None:
+                self._drained += len(data)
+                if self._drained > DRAIN_MAX_BYTES:
+                    self.transport.abort()
             return
         session.receive_data(data, self._now_ms())
         self._run()
@@ -119,6 +137,8 @@ class MqttConnection(asyncio.Protocol):
                 self.abort(f"pre-authentication buffers are full ({self._l.budget.limits.max_bytes} bytes in total)")
 
     def eof_received(self) -> bool:
+        if self._drained is not None:
+            return False  # the client's FIN after ours: everything was read, the transport closes cleanly
         self.session.close("peer closed the connection")
         self._transmit()
         return False
@@ -142,6 +162,8 @@ class MqttConnection(asyncio.Protocol):
         session.report_closed()
 
     def pause_writing(self) -> None:
+        if self._shut:
+            return  # closing: its own timer bounds the last write
         self._pause(_OUTPUT)
         self._stall_mark = self._sent()
         self._arm_aux(self._l.write_timeout_s, self._check_stall)
@@ -169,6 +191,7 @@ class MqttConnection(asyncio.Protocol):
                 packet = session.next_event()
                 if packet is None:
                     break
+                self._l.packets_in += 1
                 if packet is HANDLED:
                     continue
                 if self.conn_id is None:
@@ -330,6 +353,7 @@ class MqttConnection(asyncio.Protocol):
             self._shut_down()
 
     def _write(self, data: bytes) -> None:
+        self._l.packets_out += 1  # one packet per call
         out = self._out
         if out is None:
             self._out = [data]
@@ -343,19 +367,39 @@ class MqttConnection(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         self._written += len(data)
+        self._l.bytes_out += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > self._l.max_output_bytes:
             self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
             self.abort(f"more than {self._l.max_output_bytes} bytes wait for the client to read them")
 
     def _shut_down(self) -> None:
-        """Flush what is queued, then FIN; abort if that stalls."""
+        """Flush what is queued, then FIN and drain (see the theory); abort if that stalls."""
         self._shut = True
         self.flush()
-        if self.transport.is_closing():
+        transport = self.transport
+        if transport.is_closing():
             return
-        self.transport.close()
-        self._arm_aux(self._l.write_timeout_s, self.transport.abort)
+        if not _can_half_close(transport):
+            transport.close()
+            self._arm_aux(self._l.write_timeout_s, transport.abort)
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already (ENOTCONN): nothing left to drain
+            transport.abort()
+            return
+        self._drained = 0
+        transport.resume_reading()  # whatever paused it: the client's bytes are read and discarded now
+        self._arm_aux(DRAIN_S, self._drain_over)
+
+    def _drain_over(self) -> None:
+        """The client did not close within DRAIN_S: abort, unless our last bytes are still unsent (the stall
+        bound then applies, as to any write)."""
+        if self.transport.get_write_buffer_size():
+            self._arm_aux(self._l.write_timeout_s, self.transport.abort)
+        else:
+            self.transport.abort()
 
     def abort(self, why: str) -> None:
         self.session.close(why)
@@ -412,6 +456,13 @@ class MqttConnection(asyncio.Protocol):
         dropped = self.session.drop(reason, server_reference)
         self._transmit()
         return dropped
+
+
+def _can_half_close(transport: asyncio.Transport) -> bool:
+    try:
+        return transport.can_write_eof()
+    except NotImplementedError:  # asyncio.Transport's default: a wrapper transport that does not say
+        return False
 
 
 def _format_peer(peername: object) -> str:

@@ -99,7 +99,8 @@ class MqttListener:
                  overload: OverloadLimits = OverloadLimits(),
                  credential_check: CredentialCheck | None = None,
                  ssl: _ssl.SSLContext | None = None,
-                 virtual_ip: str | None = None) -> None:
+                 virtual_ip: str | None = None,
+                 max_keep_alive_s: int = 0) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -123,6 +124,7 @@ class MqttListener:
             credential_check, accepted=lambda: self.accepted_count)
         self.max_output_bytes = max_output_bytes
         self.budget = PreAuthBudget(preauth)
+        self.max_keep_alive_s = max_keep_alive_s
         self.session_limits = self._session_limits()
         self._ssl = ssl
         self.tls_handshake_failures = 0
@@ -143,6 +145,12 @@ class MqttListener:
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
         self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
         self.messages_out = 0  # PUBLISH packets written to clients
+        # For $SYS (sys_topics.py): every packet and byte in and out, and every connection opened.
+        self.packets_in = 0
+        self.packets_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.connections_opened = 0
         self.throttled: set[MqttConnection] = set()
         self.held_for_mate: set[MqttConnection] = set()
         self.backpressure: MateBackpressure = getattr(broker, "backpressure", None) or MateBackpressure()
@@ -241,9 +249,10 @@ class MqttListener:
         self.connects.clear()  # their connections are in _conns and are closed below
         return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
 
-    def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int) -> None:
+    def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int, max_keep_alive_s: int = 0) -> None:
         """New front-door limits (config-sync): for connections accepted from now on; output at once."""
         self.budget.limits = preauth
+        self.max_keep_alive_s = max_keep_alive_s
         self.session_limits = self._session_limits()
         self.max_output_bytes = max_output_bytes
 
@@ -251,7 +260,7 @@ class MqttListener:
         preauth = self.budget.limits
         return SessionLimits(max_packet_size=self.max_packet_size, max_connect_bytes=preauth.max_connect_bytes,
                              max_connect_properties=preauth.max_connect_properties,
-                             connect_timeout_s=self.connect_timeout_s)
+                             connect_timeout_s=self.connect_timeout_s, max_keep_alive_s=self.max_keep_alive_s)
 
     def set_overload(self, overload: OverloadLimits) -> None:
         """New overload settings (config-sync): the window restarts from the new maximum."""
@@ -284,6 +293,7 @@ class MqttListener:
 
     def opened(self, conn: MqttConnection) -> None:
         self._conns.add(conn)
+        self.connections_opened += 1
 
     def closed(self, conn: MqttConnection) -> None:
         self._conns.discard(conn)

@@ -8,8 +8,10 @@ Rules:
   with Server Reference when the gate knows the active, else 0x88 "Server
   unavailable"; 3.1.1 return code 3. 3.1.1: an empty client id without clean
   session is refused (return code 2). v5 with enhanced authentication: 0x8C.
-  A will topic starting with `$` (reserved, as for PUBLISH): v5 0x90, 3.1.1
-  close. Every refusal is a CONNACK, then close.
+  A will topic under `$SYS` (the broker's, as for PUBLISH: sys_topics.py):
+  v5 0x90, 3.1.1 close. With `max_keep_alive_s` set, a 3.1.1 keep alive of 0
+  or above it: return code 2 (3.1.1 cannot be told another value; mosquitto
+  does the same). Every refusal is a CONNACK, then close.
 - `accept`: with a broker, `open_session` hands the CONNECT over and the
   broker sends the CONNACK; alone, CONNACK success here (v5: an empty client
   id gets one as Assigned Client Identifier; our Maximum Packet Size is
@@ -26,8 +28,10 @@ Rules:
   DISCONNECT with the reason code, 3.1.1 close. (MQTT 5 §4.13.1: an error in
   CONNECT is answered with CONNACK, never DISCONNECT.)
 - Timers: no complete CONNECT within `connect_timeout_s`: close. Keep alive
-  k > 0: no packet within 1.5 k: v5 DISCONNECT 0x8D, close; a client whose
-  packets we do not read (`handle_timer(..., unread=True)`) is not late.
+  k > 0 (v5: the cap when the client asked for 0 or more than it; the
+  CONNACK's Server Keep Alive says so): no packet within 1.5 k: v5 DISCONNECT
+  0x8D, close; a client whose packets we do not read (`handle_timer(...,
+  unread=True)`) is not late.
 - A close asked by the broker before any CONNACK is a v5 CONNACK with its
   reason (a DISCONNECT before the CONNACK breaks the protocol), after it a v5
   DISCONNECT; 3.1.1 clients are simply closed.
@@ -48,6 +52,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
+from pairmq.appliance.broker.sys_topics import is_sys_topic
 from pairmq.appliance.mqtt.codec import (
     CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, V311_RETURN_CODES, Connack, Connect, Disconnect,
     Packet, PacketReader, PingReq, PingResp, encode_packet,
@@ -57,7 +62,7 @@ from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, MqttError, ReasonCode
 
 REASON_STRING_MAX_CHARS = 200
 NOT_SUPPORTED_YET = "not supported by this node yet"
-WILL_TOPIC_RESERVED = "will topics starting with $ are reserved"
+WILL_TOPIC_RESERVED = "will topics under $SYS are the broker's"
 KEEP_ALIVE_GRACE = 1.5  # MQTT §3.1.2.10: the server may wait one and a half keep alive periods
 
 HANDLED = object()  # next_event: a packet the session answered itself
@@ -73,6 +78,7 @@ class SessionLimits:
     max_connect_bytes: int  # the codec refuses a larger CONNECT from its fixed header
     max_connect_properties: int
     connect_timeout_s: float
+    max_keep_alive_s: int = 0  # 0: no cap
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +88,11 @@ class FrontDoor:
     server_reference: Callable[[], "str | None"]  # "host:port" of the active node, if known
     emit: EventSink
     new_client_id: Callable[[], str]  # for a v5 client that sent none, when there is no broker to assign one
+
+
+def effective_keep_alive(asked_s: int, cap_s: int) -> int:
+    """The keep alive a client runs with: its own, or the cap when it asked for more or for none (0)."""
+    return cap_s if cap_s and not 0 < asked_s <= cap_s else asked_s
 
 
 class Phase(enum.Enum):
@@ -213,7 +224,12 @@ class MqttSession:
         if v5 and PropertyId.AUTHENTICATION_METHOD in c.properties:
             self.refuse(c, ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
             return False
-        if c.will is not None and c.will.topic.startswith("$"):
+        cap = self._limits.max_keep_alive_s
+        if not v5 and cap and not 0 < c.keep_alive_s <= cap:
+            self.refuse(c, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                        f"keep alive {c.keep_alive_s} s: this server's maximum is {cap} s (and 0 is off)")
+            return False
+        if c.will is not None and is_sys_topic(c.will.topic):
             # A will is published for the client: the broker's rule for PUBLISH holds for it too.
             if v5:
                 self.refuse(c, ReasonCode.TOPIC_NAME_INVALID, WILL_TOPIC_RESERVED)
@@ -225,7 +241,7 @@ class MqttSession:
     def accept(self, c: Connect, now_ms: int) -> None:
         """CONNACK success (from the broker, or here without one); the keep alive runs from now."""
         self._enter(Phase.ACCEPTED)  # before any write: a drop from here on must DISCONNECT
-        self.keep_alive_s = c.keep_alive_s
+        self.keep_alive_s = effective_keep_alive(c.keep_alive_s, self._limits.max_keep_alive_s)
         self.username = c.username
         if self._open_session is not None:
             given = self._open_session(c)
@@ -238,10 +254,12 @@ class MqttSession:
                 props[PropertyId.MAXIMUM_PACKET_SIZE] = self._limits.max_packet_size
                 if not c.client_id:
                     props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = self.client_id
+                if self.keep_alive_s != c.keep_alive_s:
+                    props[PropertyId.SERVER_KEEP_ALIVE] = self.keep_alive_s
             self.send(Connack(ReasonCode.SUCCESS, False, props))
         self._door.emit("client_accepted", {
             "client_id": self.client_id, "protocol_version": c.protocol_version, "peer": self.peer,
-            "keep_alive_s": c.keep_alive_s, "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
+            "keep_alive_s": self.keep_alive_s, "clean_start": c.clean_start, "assigned_client_id": not c.client_id})
         if self.closing:
             return
         self._last_read_ms = now_ms

@@ -30,12 +30,14 @@ from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
 from ..broker.message_events import MessageEvents
 from ..broker.service import BrokerService, writer_limits
+from ..broker.sys_topics import Redundancy
 from ..config import GroupConfig
 from ..errors import LocalProtocolError
 from ..mqtt.budget import preauth_from_config
 from ..mqtt.listener import MqttListener
 from ..quorum.core import QuorumCore
 from ..quorum.decisions import DecisionKind
+from ..quorum.state import RedundancyStatus
 from ..quorum.wire import Activity
 from ..roles import Role
 from ..spool.local import LocalSpool
@@ -43,6 +45,7 @@ from . import sd_notify, views
 from .configuration import NodeConfiguration, apply_change
 from .handover import HandoverRunner
 from .replication import MateRelease, Replication, active_end
+from .sys_publisher import SysPublisher, SysSources
 
 log = logging.getLogger("pairmq.node")
 
@@ -58,6 +61,7 @@ class RoutingNode(MonitorNode):
     def _add_parts(self) -> None:
         config, role, secret = self.config, self.role, self.keys
         self.vip = None
+        self.sys_topics: SysPublisher | None = None  # from _start_parts
         if config.vip is not None:
             from .vip import VipHolder  # pyroute2 and scapy only where a virtual IP is configured
 
@@ -157,7 +161,8 @@ class RoutingNode(MonitorNode):
     async def _start_parts(self) -> None:
         config = self.config
         limits = self.configuration.limits()
-        front = dict(preauth=preauth_from_config(limits), max_output_bytes=limits.mqtt_output_max_bytes)
+        front = dict(preauth=preauth_from_config(limits), max_output_bytes=limits.mqtt_output_max_bytes,
+                     max_keep_alive_s=limits.max_keepalive_s)
         overload = self.configuration.document.effective_overload()
         vip = config.vip.address if config.vip else None  # the listeners accept there too
         self.listener = MqttListener(self.spec.address, config.ports.mqtt, self, overload=overload,
@@ -175,8 +180,21 @@ class RoutingNode(MonitorNode):
         await self.configuration.start(self.spec.address)
         for listener in self._listeners():
             await listener.start()
+        self.sys_topics = SysPublisher(config.sys.interval_s, SysSources(
+            serving=self.may_serve, broker=lambda: self.broker, listeners=self._listeners,
+            redundancy=self._sys_redundancy, started_ms=self.started_at))
+        self.sys_topics.start()
+
+    def _sys_redundancy(self) -> Redundancy:
+        def read(core: QuorumCore, now: int) -> tuple:
+            return core.active_epoch or core.state.epoch, core.redundancy_status(now) is RedundancyStatus.UP
+
+        epoch, in_sync = self.quorum.call(read)
+        return Redundancy("active", epoch, in_sync, self.configuration.sync.status().value)
 
     async def _stop_front(self) -> None:
+        if self.sys_topics is not None:
+            self.sys_topics.stop()
         if self.vip is not None:  # first: a stopping node serves nobody
             await asyncio.to_thread(self.vip.stop, f"the {self.role.value} node is stopping")
         for listener in self._listeners():
@@ -287,7 +305,7 @@ class RoutingNode(MonitorNode):
         self.authn.throttle.per_address_per_min = limits.login_checks_per_address_per_min
         self.authn.throttle.per_user_per_min = limits.login_checks_per_user_per_min
         for listener in self._listeners():
-            listener.set_limits(preauth_from_config(limits), limits.mqtt_output_max_bytes)
+            listener.set_limits(preauth_from_config(limits), limits.mqtt_output_max_bytes, limits.max_keepalive_s)
 
     def _log_denials(self) -> None:
         """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed

@@ -26,7 +26,7 @@ from pathlib import Path
 from pairmq.appliance.access_file import access_path, write_access
 from pairmq.appliance.broker.access import AccessPolicy
 from pairmq.appliance.eventlog import EventSettings, read_events
-from pairmq.appliance.config import (GroupConfig, Limits, NodeSpec, Timers, TlsConfig, VipConfig, load_group, render_group,
+from pairmq.appliance.config import (GroupConfig, Limits, NodeSpec, SysTopics, Timers, TlsConfig, VipConfig, load_group, render_group,
                                write_secret)
 from pairmq.appliance.hooks_settings import HookSettings
 from pairmq.appliance.management_settings import ManagementSettings
@@ -92,13 +92,15 @@ class Group:
                  timers: Timers = Timers(), access: AccessPolicy | None = AccessPolicy(allow_anonymous=True),
                  tls: TlsConfig | None = None, limits: Limits = Limits(), auto_revert: bool = False,
                  events: EventSettings = EventSettings(), vip: VipConfig | None = None,
-                 management: ManagementSettings = ManagementSettings(), hooks: HookSettings = HookSettings()) -> None:
+                 management: ManagementSettings = ManagementSettings(), hooks: HookSettings = HookSettings(),
+                 sys: SysTopics = SysTopics()) -> None:
         """`access` is written to each routing node's access file (None: no file, anonymous refused)."""
         self.dir = directory
         self.hosts = hosts  # tests.harness.netns.Hosts, or None for loopback
         nodes = {r: NodeSpec(r, addresses[r], directory / "data" / r.value) for r in Role}
         config = GroupConfig("test", nodes, directory / "secret", timers, tls=tls, limits=limits,
-                             auto_revert=auto_revert, events=events, vip=vip, management=management, hooks=hooks)
+                             auto_revert=auto_revert, events=events, vip=vip, management=management, hooks=hooks,
+                             sys=sys)
         directory.mkdir(parents=True, exist_ok=True)
         for role in (Role.PRIMARY, Role.BACKUP):
             if access is not None:

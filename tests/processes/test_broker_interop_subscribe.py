@@ -32,47 +32,47 @@ def test_plus_and_hash_wildcards_then_unsubscribe(clients, topic, version):
     assert sub.until(f"{topic}/x/marker") == []
 
 
-def test_v5_publish_to_a_dollar_topic_is_refused_with_a_reason(clients, topic):
+def test_v5_publish_to_sys_is_refused_with_a_reason(clients, topic):
+    """Only $SYS is the broker's: other $ topics are published like any (tests/processes/test_sys_topics.py)."""
     watcher = clients(cid(topic, "all"), version=V5)
-    watcher.subscribe("#", f"$x/{topic}/#", qos=1)
+    watcher.subscribe("#", f"$SYS/{topic}/#", qos=1)
     pub = clients(cid(topic, "pub"), version=V5)
-    reason, props = pub.publish(f"$x/{topic}/q1", b"nope", qos=1)
-    assert reason == 0x90 and props.ReasonString == "topics starting with $ are reserved"
-    pub.publish(f"$x/{topic}/q0", b"nope", qos=0)  # nothing to answer with: dropped, the connection stays
+    reason, props = pub.publish(f"$SYS/{topic}/q1", b"nope", qos=1)
+    assert reason == 0x90 and props.ReasonString == "topics under $SYS are the broker's"
+    pub.publish(f"$SYS/{topic}/q0", b"nope", qos=0)  # nothing to answer with: dropped, the connection stays
     assert pub.publish(f"{topic}/marker", b"", qos=2)[0] == 0
     assert [m.topic for m in watcher.until(f"{topic}/marker") if m.topic.startswith("$")] == []
     assert pub.disconnects.empty()
 
 
-def test_v5_qos2_publish_to_a_dollar_topic_gets_pubrec_with_a_reason(raws, topic):
+def test_v5_qos2_publish_to_sys_gets_pubrec_with_a_reason(raws, topic):
     """(paho sends PUBREL even after a failed PUBREC, and then reports the PUBCOMP: a raw socket shows the PUBREC.)"""
     raw = raws(V5)
     raw.connect(cid(topic, "pub"))
-    raw.publish(f"$x/{topic}", b"nope", qos=2, packet_id=5)
+    raw.publish(f"$SYS/{topic}", b"nope", qos=2, packet_id=5)
     pubrec = raw.expect(PUBREC)
     assert pubrec.body[:2] == b"\x00\x05"
-    assert pubrec.reason_and_props() == (0x90, {0x1F: "topics starting with $ are reserved"})
+    assert pubrec.reason_and_props() == (0x90, {0x1F: "topics under $SYS are the broker's"})
     assert raw.barrier() == [], "the exchange ends there; the connection stays"
 
 
-def test_v311_publish_to_a_dollar_topic_closes_the_connection(clients, topic):
-    pub = clients(cid(topic, "pub"), version=V311)
-    info = pub.client.publish(f"$x/{topic}", b"nope", qos=1)
-    assert info.rc == 0
-    pub.disconnects.get(timeout=WAIT_S)  # 3.1.1 has no negative PUBACK
-    assert not info.is_published()
-
-
 @VERSIONS
-def test_a_will_on_a_dollar_topic_is_refused_at_connect(raws, topic, version):
-    """A will is published for its client: the reserved-topic rule holds for it too."""
+def test_a_will_on_a_sys_topic_is_refused_at_connect(raws, topic, version):
+    """A will is published for its client: the $SYS rule holds for it too."""
     raw = raws(version)
-    connack = raw.connect(cid(topic, "sneaky"), will=(f"$x/{topic}", b"nope", 1, False, []))
+    connack = raw.connect(cid(topic, "sneaky"), will=(f"$SYS/{topic}", b"nope", 1, False, []))
     if version == V5:
-        assert connack.reason_and_props() == (0x90, {0x1F: "will topics starting with $ are reserved"})
+        assert connack.reason_and_props() == (0x90, {0x1F: "will topics under $SYS are the broker's"})
         assert raw.closed() == []
     else:
         assert connack is None, "3.1.1 has no return code for it: closed without a CONNACK"
+
+
+@VERSIONS
+def test_a_will_on_another_dollar_topic_is_accepted(raws, topic, version):
+    raw = raws(version)
+    connack = raw.connect(cid(topic, "dollar-will"), will=(f"$x/{topic}", b"fine", 1, False, []))
+    assert connack is not None and connack.body[1] == 0
 
 
 @VERSIONS
@@ -201,5 +201,5 @@ def test_invalid_filters_get_a_failure_code_in_suback(raws, topic, version):
 def test_v5_no_reason_string_when_problem_information_is_not_requested(raws, topic):
     raw = raws(V5)
     raw.connect(cid(topic, "terse"), properties=[(0x17, 0)])  # Request Problem Information 0
-    raw.publish(f"$x/{topic}", b"nope", qos=1, packet_id=3)
+    raw.publish(f"$SYS/{topic}", b"nope", qos=1, packet_id=3)
     assert raw.expect(PUBACK).reason_and_props() == (0x90, {})

@@ -461,3 +461,43 @@ def test_message_expiry_matches_a_full_walk_on_every_tick():
                         msg = h.core.router.messages[entry.msg_id]
                         assert entry.state is not EntryState.QUEUED or not msg.expiry_at_ms or \
                             msg.expiry_at_ms > h.now
+
+
+# --- $ topics and the keep-alive cap -------------------------------------------------------------------------
+
+
+def test_a_dollar_topic_other_than_sys_is_routed_to_its_exact_subscribers_only(h):
+    h.connect(1, "exact")
+    h.subscribe(1, "$foo/bar")
+    h.connect(2, "wild")
+    h.subscribe(2, "#", "+/bar")
+    h.connect(3, "pub")
+    h.send(3, codec.Publish(topic="$foo/bar", payload=b"x", qos=1, packet_id=1))
+    assert [p.reason_code for p in h.take(3)] == [RC.SUCCESS]
+    assert [p.topic for p in h.publishes(1)] == ["$foo/bar"] and h.publishes(2) == []
+
+
+@pytest.mark.parametrize("v", [4, 5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_a_publish_to_sys_is_never_routed(h, v, qos):
+    h.connect(1, "watcher")
+    h.subscribe(1, "$SYS/#")
+    h.connect(2, "pub", v=v)
+    h.send(2, codec.Publish(topic="$SYS/broker/uptime", payload=b"forged", qos=qos, packet_id=qos and 9))
+    acks = h.take(2)
+    if qos:
+        assert [(type(a), a.packet_id, a.reason_code) for a in acks] == [
+            (codec.Puback if qos == 1 else codec.Pubrec, 9, RC.TOPIC_NAME_INVALID if v == 5 else RC.SUCCESS)]
+    else:
+        assert acks == []
+    assert 2 not in h.closed, "3.1.1 is acknowledged, not disconnected"
+    assert h.publishes(1) == [] and not [o for o in h.ops if "Message" in type(o).__name__]
+    assert h.core.counters["publish_to_sys_refused"] == 1
+
+
+@pytest.mark.parametrize("asked, given", [(600, 30), (0, 30), (30, None), (5, None)])
+def test_the_v5_connack_carries_server_keep_alive_when_it_lowers_the_client_s(asked, given):
+    h = Harness(limits=Limits(max_keep_alive_s=30))
+    h.run(h.core.connect(1, codec.Connect(5, "c", True, asked, None, None, None, {}), h.now))
+    [connack] = h.take(1)
+    assert connack.properties.get(P.SERVER_KEEP_ALIVE) == given

@@ -161,12 +161,14 @@ def test_limits_round_trip_and_reach_the_broker_core(tmp_path):
                              "mqtt_connect_max_bytes": 128 << 10, "mqtt_connect_max_properties": 128,
                              "mqtt_preauth_max_connections": 40_000, "mqtt_preauth_max_per_address": 1_000,
                              "mqtt_preauth_max_bytes": 64 << 20, "mqtt_output_max_bytes": 8 << 20,
-                             "subscriptions_per_client_max": 10_000, "subscribe_max_filters": 1_000}
+                             "subscriptions_per_client_max": 10_000, "subscribe_max_filters": 1_000,
+                             "max_keepalive_s": 0}
     raw["limits"].update(session_queue_max_messages=50, spool_max_bytes=1 << 20, message_id_window_s=60,
                          message_id_history_max=7, mate_max_lag_ops=20)
     config = parse_group(raw)
     assert config.limits == Limits(50, 64 << 20, 1 << 20, 60, 7, 20, 64 << 20)
     assert limits_from_config(Limits(subscriptions_per_client_max=5, subscribe_max_filters=3)).max_subscriptions == 5
+    assert limits_from_config(Limits(max_keepalive_s=30)).max_keep_alive_s == 30
     core = limits_from_config(config.limits)
     assert (core.max_queued_messages, core.max_queued_bytes, core.max_spool_bytes) == (50, 64 << 20, 1 << 20)
     assert (core.message_id_window_ms, core.max_message_ids) == (60_000, 7)
@@ -191,4 +193,22 @@ def test_bad_limits_are_refused_clearly(tmp_path, key, value, message):
     raw = tomllib.loads(group_text(tmp_path))
     raw["limits"][key] = value
     with pytest.raises(ConfigError, match=message):
+        parse_group(raw)
+
+
+def test_sys_interval_defaults_to_mosquittos_and_is_checked(tmp_path):
+    raw = tomllib.loads(group_text(tmp_path))
+    assert "sys" not in raw and parse_group(raw).sys.interval_s == 10
+    raw["sys"] = {"interval_s": 0}
+    assert parse_group(raw).sys.interval_s == 0  # off
+    for bad in (-1, 86_401, "10", True):
+        raw["sys"] = {"interval_s": bad}
+        with pytest.raises(ConfigError, match=r"sys\.interval_s must be a whole number"):
+            parse_group(raw)
+    raw["sys"] = {"sys_interval": 5}
+    with pytest.raises(ConfigError, match="unknown key 'sys_interval' in \\[sys\\]"):
+        parse_group(raw)
+    raw["limits"] = {"max_keepalive_s": 65_536}
+    del raw["sys"]
+    with pytest.raises(ConfigError, match=r"limits\.max_keepalive_s must be a whole number from 0 to 65,535"):
         parse_group(raw)

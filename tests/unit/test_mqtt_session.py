@@ -23,14 +23,15 @@ VERSIONS = pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5], ids=["v311",
 class Harness:
     """One session with its narrow dependencies as plain values the test can change."""
 
-    def __init__(self, *, broker: bool = False, serving: bool = True, reference: str | None = None) -> None:
+    def __init__(self, *, broker: bool = False, serving: bool = True, reference: str | None = None,
+                 max_keep_alive_s: int = 0) -> None:
         self.serving = serving
         self.reference = reference
         self.gate_asks = 0
         self.events: list[tuple[str, dict]] = []
         self.opened: list[Connect] = []
         limits = SessionLimits(max_packet_size=65536, max_connect_bytes=4096, max_connect_properties=64,
-                               connect_timeout_s=CONNECT_TIMEOUT_S)
+                               connect_timeout_s=CONNECT_TIMEOUT_S, max_keep_alive_s=max_keep_alive_s)
         door = FrontDoor(may_serve=self._may_serve, server_reference=lambda: self.reference,
                          emit=lambda kind, fields: self.events.append((kind, fields)),
                          new_client_id=lambda: "pairmq-assigned")
@@ -286,6 +287,39 @@ def test_a_client_we_do_not_read_is_not_late():
     assert not h.session.closing and h.session.get_timer() == T0 + 6_000
     h.session.handle_timer(T0 + 6_000)
     assert h.session.closing and h.sent(MQTT_5) == [Disconnect(R.KEEP_ALIVE_TIMEOUT)]
+
+
+@pytest.mark.parametrize("asked, runs", [(600, 30), (0, 30), (30, 30), (10, 10)])
+def test_a_v5_keep_alive_over_the_cap_or_zero_runs_at_the_cap(asked, runs):
+    h = Harness(max_keep_alive_s=30)
+    h.connect(Connect(MQTT_5, "c", keep_alive_s=asked))
+    [connack] = h.sent(MQTT_5)
+    assert connack.properties.get(P.SERVER_KEEP_ALIVE) == (runs if runs != asked else None)
+    assert h.session.keep_alive_s == runs and h.session.get_timer() == T0 + runs * 1500
+    assert h.events[-1][1]["keep_alive_s"] == runs
+
+
+@pytest.mark.parametrize("asked, refused", [(600, True), (0, True), (31, True), (30, False), (1, False)])
+def test_a_v311_keep_alive_over_the_cap_or_zero_is_refused_with_return_code_2(asked, refused):
+    h = Harness(max_keep_alive_s=30)
+    c = Connect(MQTT_3_1_1, "c", keep_alive_s=asked)
+    assert h.feed(c.encode()) == [c]
+    assert h.session.check_connect(c) is not refused
+    if refused:
+        assert h.sent(MQTT_3_1_1) == [Connack(R.CLIENT_IDENTIFIER_NOT_VALID)]  # encoded as return code 2
+        assert h.events[-1][1]["return_code"] == 2 and h.session.closing
+
+
+def test_without_a_cap_any_keep_alive_is_taken_as_asked():
+    h = Harness()
+    h.connect(Connect(MQTT_5, "c", keep_alive_s=65535))
+    assert P.SERVER_KEEP_ALIVE not in h.sent(MQTT_5)[0].properties and h.session.keep_alive_s == 65535
+
+
+def test_a_will_on_a_dollar_topic_other_than_sys_is_accepted():
+    h = Harness()
+    c = Connect(MQTT_5, "c", will=Will("$foo/bar", b""))
+    assert h.feed(c.encode()) == [c] and h.session.check_connect(c)
 
 
 def test_keep_alive_zero_has_no_timer():
