@@ -26,6 +26,10 @@ Rules (each connection's own are in session.py):
   rest stay buffered (its socket unread) until the next turn.
 - Writes are coalesced: everything produced for a connection in one loop turn
   goes out in one transport write, in order; a close flushes first.
+- WebSockets (`websocket` limits given: ports 8083/8084): each connection's transport is a
+  websockets.WebSocketConnection carrying the same MqttConnection; everything above holds for it.
+- A server reference (v5 "use another server", DISCONNECT on handover) names the active node with this
+  listener's port: a client is sent to the same door (TLS, WebSockets) on the other host.
 - Nothing the peer sends can raise out of here; a bug in this package or in
   the gate is logged with its traceback and the connection is closed (the
   gate failing counts as "may not serve").
@@ -50,6 +54,7 @@ from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-e
 from pairmq.appliance.mqtt.session import FrontDoor, SessionLimits
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
+from pairmq.appliance.mqtt.websockets import WebSocketConnection, WebSocketLimits
 from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
@@ -99,7 +104,9 @@ class MqttListener:
                  overload: OverloadLimits = OverloadLimits(),
                  credential_check: CredentialCheck | None = None,
                  ssl: _ssl.SSLContext | None = None,
-                 virtual_ip: str | None = None) -> None:
+                 virtual_ip: str | None = None,
+                 websocket: WebSocketLimits | None = None,
+                 identity: Callable[[_ssl.SSLObject | None], str | None] | None = None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -125,6 +132,8 @@ class MqttListener:
         self.budget = PreAuthBudget(preauth)
         self.session_limits = self._session_limits()
         self._ssl = ssl
+        self.websocket = websocket
+        self.identity = identity  # a client certificate's identity replaces the CONNECT's user name (tls.py)
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
         if ssl is not None:
@@ -186,14 +195,18 @@ class MqttListener:
         assert self._server is None, "listener already started"
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            lambda: MqttConnection(self), self.host, self.requested_port, reuse_address=True,
+            self._new_connection, self.host, self.requested_port, reuse_address=True,
             backlog=LISTEN_BACKLOG, ssl=self._ssl,
             ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
         if self.virtual_ip is not None:
             self._vip_server = await self._loop.create_server(
-                lambda: MqttConnection(self), sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
+                self._new_connection, sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
                 ssl=self._ssl, ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
         self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
+
+    def _new_connection(self) -> MqttConnection | WebSocketConnection:
+        conn = MqttConnection(self)
+        return conn if self.websocket is None else WebSocketConnection(conn, self.websocket, self.emit)
 
     async def stop(self) -> None:
         """Stop accepting, drop every client (v5: 0x8B) and wait, bounded."""
@@ -269,10 +282,13 @@ class MqttListener:
 
     def server_reference(self) -> str | None:
         try:
-            return self._gate.active_server_reference()
+            reference = self._gate.active_server_reference()
         except Exception:
             log.exception("gate.active_server_reference() failed")
             return None
+        if reference is None or not self.requested_port:
+            return reference
+        return f"{reference.rpartition(':')[0]}:{self.requested_port}"  # the same door, on the active's host
 
     def emit(self, kind: str, fields: dict[str, object]) -> None:
         if self._on_event is None:
