@@ -75,8 +75,7 @@ class WebSocketConnection(asyncio.Protocol):
     # --- the TCP transport's protocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._t = transport
+        self._t = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         self._mqtt.connection_made(self)  # type: ignore[arg-type]  # budgets and the deadline start at accept
 
     def data_received(self, data: bytes) -> None:
@@ -177,6 +176,9 @@ class WebSocketConnection(asyncio.Protocol):
         self._mqtt.data_received(bytes(event.data))
 
     def _closed_by_peer(self, event: CloseConnection) -> None:
+        if self._ws.state is ConnectionState.OPEN:  # wsproto's way of saying a frame was malformed
+            self._close_frame(CloseReason(event.code), event.reason or "malformed frame")
+            return
         if self._ws.state is ConnectionState.REMOTE_CLOSING:
             self._t.write(self._ws.send(event.response()))
         self._done = True
