@@ -174,15 +174,16 @@ class RoutingNode(MonitorNode):
             from ..tls import certificate_identity, server_context
 
             source = config.tls.use_identity_as_username
-            tls = dict(ssl=server_context(config.tls),
-                       identity=certificate_identity(source) if source is not None else None,
+            tls = dict(identity=certificate_identity(source) if source is not None else None,
                        credential_check=self.authn.check_certified if source is not None else self.authn.check)
+            # A context each: the listener counts its handshake failures through its context.
             self.tls_listener = MqttListener(self.spec.address, config.ports.mqtt_tls, self, overload=overload,
-                                             on_event=self._mqtt_event, broker=self.broker,
-                                             virtual_ip=vip, **tls, **front)
+                                             on_event=self._mqtt_event, broker=self.broker, virtual_ip=vip,
+                                             ssl=server_context(config.tls), **tls, **front)
             self.wss_listener = MqttListener(self.spec.address, config.ports.mqtt_wss, self, overload=overload,
                                              on_event=self._mqtt_event, broker=self.broker, virtual_ip=vip,
-                                             websocket=WebSocketLimits(), **tls, **front)
+                                             ssl=server_context(config.tls), websocket=WebSocketLimits(), **tls,
+                                             **front)
         await self.broker.start()
         await self.replication.start(self.spec.address)
         await self.configuration.start(self.spec.address)
