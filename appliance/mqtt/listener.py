@@ -8,7 +8,10 @@ Rules (each connection's own are in session.py):
   the context's business). A handshake that fails at the TLS level (plain
   MQTT bytes, an old TLS version) is counted in `tls_handshake_failures`,
   reported as a "tls_handshake_failed" event and closed (asyncio would drop
-  it silently: see `appliance.tls.report_handshake_failures`).
+  it silently: see `appliance.tls.report_handshake_failures`). A listener
+  whose context requires client certificates accepts and runs each handshake
+  itself (tls_accept.py) and reports each failure with the peer's address too
+  ("tls_refused").
 - In-flight window (overload.py): a client's PUBLISH/SUBSCRIBE/UNSUBSCRIBE
   whose effects wait for a spool commit count until the commit is done; while
   the count has reached the window its socket is not read. A client whose
@@ -54,6 +57,7 @@ from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-e
 from pairmq.appliance.mqtt.session import FrontDoor, SessionLimits
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
+from pairmq.appliance.mqtt.tls_accept import HandshakeFirstServer
 from pairmq.appliance.mqtt.websockets import WebSocketConnection, WebSocketLimits
 from pairmq.appliance.mqtt.wire import ReasonCode
 
@@ -136,7 +140,10 @@ class MqttListener:
         self.identity = identity  # a client certificate's identity replaces the CONNECT's user name (tls.py)
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
-        if ssl is not None:
+        # A listener that requires client certificates runs its handshakes itself, to report refusals with the
+        # peer's address (tls_accept.py); the others count them through the context.
+        self._handshake_first = ssl is not None and ssl.verify_mode == _ssl.CERT_REQUIRED
+        if ssl is not None and not self._handshake_first:
             from pairmq.appliance.tls import report_handshake_failures
 
             report_handshake_failures(ssl, self._tls_handshake_failed)
@@ -194,19 +201,32 @@ class MqttListener:
     async def start(self) -> None:
         assert self._server is None, "listener already started"
         self._loop = asyncio.get_running_loop()
-        self._server = await self._loop.create_server(
-            self._new_connection, self.host, self.requested_port, reuse_address=True,
-            backlog=LISTEN_BACKLOG, ssl=self._ssl,
-            ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
-        if self.virtual_ip is not None:
-            self._vip_server = await self._loop.create_server(
-                self._new_connection, sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
-                ssl=self._ssl, ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
+        if self._handshake_first:
+            sock = socket.create_server((self.host, self.requested_port), backlog=LISTEN_BACKLOG)
+            self._server = self._handshake_first_server(sock)  # type: ignore[assignment]
+            if self.virtual_ip is not None:
+                sock = _freebind_socket(self.virtual_ip, self.port)
+                sock.listen(LISTEN_BACKLOG)
+                self._vip_server = self._handshake_first_server(sock)  # type: ignore[assignment]
+        else:
+            tls_timeout = self.connect_timeout_s if self._ssl is not None else None
+            self._server = await self._loop.create_server(
+                self._new_connection, self.host, self.requested_port, reuse_address=True,
+                backlog=LISTEN_BACKLOG, ssl=self._ssl, ssl_handshake_timeout=tls_timeout)
+            if self.virtual_ip is not None:
+                self._vip_server = await self._loop.create_server(
+                    self._new_connection, sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
+                    ssl=self._ssl, ssl_handshake_timeout=tls_timeout)
         self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
 
     def _new_connection(self) -> MqttConnection | WebSocketConnection:
         conn = MqttConnection(self)
         return conn if self.websocket is None else WebSocketConnection(conn, self.websocket, self.emit)
+
+    def _handshake_first_server(self, sock: socket.socket) -> HandshakeFirstServer:
+        sock.setblocking(False)
+        return HandshakeFirstServer(sock, self._ssl, self._new_connection, timeout_s=self.connect_timeout_s,
+                                    max_handshakes=self.budget.limits.max_connections, on_refused=self._tls_refused)
 
     async def stop(self) -> None:
         """Stop accepting, drop every client (v5: 0x8B) and wait, bounded."""
@@ -318,6 +338,11 @@ class MqttListener:
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
+
+    def _tls_refused(self, peer: str, reason: str) -> None:
+        """A handshake of a listener that requires client certificates failed: reported with the peer."""
+        self._tls_handshake_failed(reason)
+        self.emit("tls_refused", {"peer": peer, "reason": reason[:200]})
 
     def _tls_handshake_failed(self, reason: str) -> None:
         self.tls_handshake_failures += 1

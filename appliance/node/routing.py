@@ -328,7 +328,7 @@ class RoutingNode(MonitorNode):
         self._denials_logged = {**{k: v for k, v in logged.items() if k.startswith("tls:")}, **now}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused"):  # bad_packet: a rejected frame
+        if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused", "tls_refused"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- views --------------------------------------------------------------------
