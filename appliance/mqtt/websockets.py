@@ -9,8 +9,9 @@ Rules:
   with the CONNECT after it, within the listener's connect timeout: the MQTT session's deadline starts at
   accept, as do the pre-auth budgets (connections per address and in total).
 - Binary data frames carry the MQTT byte stream, split anyhow: a frame may hold part of a packet or several.
-  Payload goes to the MQTT session as it arrives (nothing is reassembled here, so a frame's length costs no
-  memory); a data message longer than `max_message_bytes` is closed with 1009.
+  Payload goes to the MQTT session as it arrives, the payload of consecutive frames in one piece (nothing is
+  reassembled here, so a frame's length costs no memory); a data message longer than `max_message_bytes` is
+  closed with 1009. While the MQTT connection has paused reading, frames wsproto has not parsed wait.
 - A text frame is closed with 1003 (MQTT §6.0.0-1: binary only); a malformed frame (unmasked, reserved bits or
   opcodes, an oversized control frame) with 1002, by wsproto.
 - A ping is answered with a pong; neither counts as MQTT keep-alive (the MQTT session keeps its own).
@@ -71,6 +72,8 @@ class WebSocketConnection(asyncio.Protocol):
         self._handshake_bytes = 0
         self._message_bytes = 0
         self._done = False  # refused, or a close was sent or received: nothing more is read
+        self._paused = False  # the MQTT connection paused reading
+        self._draining = False
 
     # --- the TCP transport's protocol -----------------------------------------------------------
 
@@ -89,13 +92,33 @@ class WebSocketConnection(asyncio.Protocol):
                 return
         try:
             ws.receive_data(data)
+        except RemoteProtocolError as exc:
+            self._refuse(400, f"not a WebSocket handshake: {exc}")
+            return
+        self._drain()
+
+    def _drain(self) -> None:
+        """Hand what wsproto has on, until it has nothing or the MQTT connection paused reading; the payload of
+        consecutive data frames goes in one piece, as one TCP read would."""
+        if self._draining:
+            return
+        self._draining = True
+        ws, chunks = self._ws, []
+        try:
             for event in ws.events():
-                if self._done:
-                    return
                 kind = type(event)
                 if kind is BytesMessage:
-                    self._data(event)  # type: ignore[arg-type]
-                elif kind is Request:
+                    if self._counted(event):  # type: ignore[arg-type]
+                        chunks.append(event.data)  # type: ignore[attr-defined]
+                        continue
+                    chunks = []
+                    break
+                if chunks:
+                    self._mqtt.data_received(b"".join(chunks))
+                    chunks = []
+                if self._done:
+                    break
+                if kind is Request:
                     self._request(event)  # type: ignore[arg-type]
                 elif kind is Ping:
                     self._t.write(ws.send(event.response()))  # type: ignore[attr-defined]
@@ -103,11 +126,17 @@ class WebSocketConnection(asyncio.Protocol):
                     self._close_frame(CloseReason.UNSUPPORTED_DATA, "MQTT over WebSockets takes binary frames only")
                 elif kind is CloseConnection:
                     self._closed_by_peer(event)  # type: ignore[arg-type]
+                if self._done or self._paused:
+                    break
+            if chunks and not self._done:
+                self._mqtt.data_received(b"".join(chunks))
         except RemoteProtocolError as exc:
             if ws.state is ConnectionState.CONNECTING or ws.state is ConnectionState.REJECTING:
                 self._refuse(400, f"not a WebSocket handshake: {exc}")
             else:
                 self._close_frame(CloseReason.PROTOCOL_ERROR, str(exc))
+        finally:
+            self._draining = False
 
     def eof_received(self) -> bool:
         self._done = True
@@ -146,10 +175,14 @@ class WebSocketConnection(asyncio.Protocol):
         return self._t.get_write_buffer_size()
 
     def pause_reading(self) -> None:
+        self._paused = True  # what wsproto still holds waits too
         self._t.pause_reading()
 
     def resume_reading(self) -> None:
+        self._paused = False
         self._t.resume_reading()
+        if not self._done:
+            self._drain()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._t.get_extra_info(name, default)
@@ -165,15 +198,16 @@ class WebSocketConnection(asyncio.Protocol):
         else:
             self._t.write(self._ws.send(AcceptConnection(subprotocol=SUBPROTOCOL)))
 
-    def _data(self, event: BytesMessage) -> None:
+    def _counted(self, event: BytesMessage) -> bool:
+        """False (and closed with 1009) when this chunk takes its message past `max_message_bytes`."""
         self._message_bytes += len(event.data)
         if self._message_bytes > self._limits.max_message_bytes:
             self._close_frame(CloseReason.MESSAGE_TOO_BIG,
                               f"WebSocket message over {self._limits.max_message_bytes} bytes")
-            return
+            return False
         if event.message_finished:
             self._message_bytes = 0
-        self._mqtt.data_received(bytes(event.data))
+        return True
 
     def _closed_by_peer(self, event: CloseConnection) -> None:
         if self._ws.state is ConnectionState.OPEN:  # wsproto's way of saying a frame was malformed
