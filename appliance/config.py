@@ -350,9 +350,10 @@ def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
         raise ConfigError(f"tls.use_identity_as_username must be \"cn\" or \"san\", not {identity!r}")
     tls = TlsConfig(paths["cert_file"], paths["key_file"], require,
                     (base / ca_file).resolve() if ca_file is not None else None, identity)
-    from .tls import check_tls_files
+    from .tls import check_client_certificates, check_tls_files
 
     check_tls_files(tls)
+    check_client_certificates(tls)
     return tls
 
 

@@ -62,8 +62,8 @@ def check_tls_settings(tls) -> None:
                           "clients' certificates")
 
 
-def check_tls_files(tls) -> None:
-    """Load the files and compare the keys; `tls` is a config.TlsConfig."""
+def check_client_certificates(tls) -> None:
+    """The client-certificate keys of a config.TlsConfig: their relations, then the CA file as OpenSSL loads it."""
     check_tls_settings(tls)
     if tls.ca_file is not None:
         try:
@@ -72,6 +72,12 @@ def check_tls_files(tls) -> None:
             raise ConfigError(f"tls.ca_file {tls.ca_file} holds no PEM certificate ({exc})") from None
         if not cas:
             raise ConfigError(f"tls.ca_file {tls.ca_file} holds no PEM certificate")
+    server_context(tls)
+
+
+def check_tls_files(tls) -> None:
+    """Load both files and compare the keys; `tls` has `cert_file` and `key_file` (a config.TlsConfig, or the
+    management API's settings)."""
     cert_pem = _read(tls.cert_file, "cert_file")
     key_pem = _read(tls.key_file, "key_file")
     try:
@@ -90,10 +96,10 @@ def check_tls_files(tls) -> None:
             != cert.public_key().public_bytes(serialization.Encoding.DER, public)):
         raise ConfigError(f"tls.key_file {tls.key_file} does not match the certificate in tls.cert_file "
                           f"{tls.cert_file}")
-    server_context(tls)  # what OpenSSL itself thinks, with our settings
+    _context_with_key(tls)  # what OpenSSL itself thinks, with our settings
 
 
-def server_context(tls) -> ssl.SSLContext:
+def _context_with_key(tls) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -101,6 +107,12 @@ def server_context(tls) -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"tls: OpenSSL refuses tls.cert_file {tls.cert_file} with tls.key_file "
                           f"{tls.key_file}: {exc}") from None
+    return context
+
+
+def server_context(tls) -> ssl.SSLContext:
+    """The MQTT listeners' context (8883, 8084) for a config.TlsConfig."""
+    context = _context_with_key(tls)
     if tls.require_certificate:
         try:
             context.load_verify_locations(cafile=tls.ca_file)

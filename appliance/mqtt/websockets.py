@@ -100,7 +100,7 @@ class WebSocketConnection(asyncio.Protocol):
     def _drain(self) -> None:
         """Hand what wsproto has on, until it has nothing or the MQTT connection paused reading; the payload of
         consecutive data frames goes in one piece, as one TCP read would."""
-        if self._draining:
+        if self._draining or self._paused:
             return
         self._draining = True
         ws, chunks = self._ws, []
