@@ -23,6 +23,10 @@ Rules checked at load, each failure a `ConfigError` naming the key or relation:
   file) turns on MQTT over TLS (>= 1.2) on ports.mqtt_tls (8883): both files
   must exist and load, the key must be unencrypted and match the certificate.
   Checked at load (appliance/tls.py), so a node never starts half-configured.
+  Client certificates: require_certificate (needs ca_file, a PEM file of CAs)
+  and use_identity_as_username = "cn" | "san" (needs require_certificate).
+- MQTT over WebSockets listens on ports.mqtt_ws (8083) always, and with TLS on
+  ports.mqtt_wss (8084) when [tls] is set.
 - an optional [vip] table: the virtual IP the active holds (appliance/node/vip.py).
   `address` is an IPv4 address with its prefix length (10.0.0.100/24), not the
   network or broadcast address of its subnet and not any node's address;
@@ -121,6 +125,8 @@ class Ports:
     config_sync: int = 8302
     mqtt: int = 1883
     mqtt_tls: int = 8883
+    mqtt_ws: int = 8083  # MQTT over WebSockets
+    mqtt_wss: int = 8084  # MQTT over WebSockets over TLS, when [tls] is set
     management: int = 8080
 
     def validate(self) -> None:
@@ -227,6 +233,10 @@ class NodeSpec:
 class TlsConfig:
     cert_file: Path
     key_file: Path
+    # Client certificates (appliance/tls.py has the rules).
+    require_certificate: bool = False
+    ca_file: Path | None = None
+    use_identity_as_username: str | None = None  # "cn" or "san"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -277,7 +287,7 @@ _SECTIONS = {
     "ports": {f.name for f in dataclasses.fields(Ports)},
     "limits": {f.name for f in dataclasses.fields(Limits)},
     "nodes": {r.value for r in Role},
-    "tls": {"cert_file", "key_file"},
+    "tls": {"cert_file", "key_file", "require_certificate", "ca_file", "use_identity_as_username"},
     "events": {f.name for f in dataclasses.fields(EventSettings)},
     "vip": {"address", "interface", "arp_count", "arp_interval_ms"},
     "management": set(),  # appliance/management_settings.py checks its keys
@@ -361,10 +371,21 @@ def _parse_tls(raw: dict, base: Path) -> TlsConfig | None:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"tls.{key} must be the path of a PEM file ([tls] needs cert_file and key_file)")
         paths[key] = (base / value).resolve()
-    tls = TlsConfig(paths["cert_file"], paths["key_file"])
-    from .tls import check_tls_files
+    require = table.get("require_certificate", False)
+    if not isinstance(require, bool):
+        raise ConfigError(f"tls.require_certificate must be true or false, not {require!r}")
+    ca_file = table.get("ca_file")
+    if ca_file is not None and (not isinstance(ca_file, str) or not ca_file):
+        raise ConfigError("tls.ca_file must be the path of a PEM file")
+    identity = table.get("use_identity_as_username")
+    if identity is not None and not isinstance(identity, str):
+        raise ConfigError(f"tls.use_identity_as_username must be \"cn\" or \"san\", not {identity!r}")
+    tls = TlsConfig(paths["cert_file"], paths["key_file"], require,
+                    (base / ca_file).resolve() if ca_file is not None else None, identity)
+    from .tls import check_client_certificates, check_tls_files
 
     check_tls_files(tls)
+    check_client_certificates(tls)
     return tls
 
 
@@ -516,6 +537,12 @@ def render_group(config: GroupConfig) -> str:
     if config.tls is not None:
         lines += ["", "[tls]", f"cert_file = {_q(str(config.tls.cert_file))}",
                   f"key_file = {_q(str(config.tls.key_file))}"]
+        if config.tls.require_certificate:
+            lines.append("require_certificate = true")
+        if config.tls.ca_file is not None:
+            lines.append(f"ca_file = {_q(str(config.tls.ca_file))}")
+        if config.tls.use_identity_as_username is not None:
+            lines.append(f"use_identity_as_username = {_q(config.tls.use_identity_as_username)}")
     if config.vip is not None:
         vip = config.vip
         names = set(vip.interfaces.values())

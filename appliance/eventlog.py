@@ -108,7 +108,7 @@ def read_events(directory: Path) -> list[dict]:
 
 
 # Events that say "someone was refused": what a hostile peer can make us write as fast as it can connect.
-REFUSAL_EVENTS = frozenset({"client_refused", "bad_packet", "connection_refused"})
+REFUSAL_EVENTS = frozenset({"client_refused", "bad_packet", "connection_refused", "tls_refused"})
 SUPPRESSED_WINDOW_MS = 1000
 SUPPRESSED_MAX_SOURCES = 10_000  # per kind and window; sources past it are counted as one "other"
 SUPPRESSED_NAMED_SOURCES = 20  # a summary names the busiest ones

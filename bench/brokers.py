@@ -57,6 +57,7 @@ class Target:
     port: int
     pid: int
     notes: Callable[[], list[str]] = lambda: []  # what the broker itself reported, read after the tests
+    ws_port: int | None = None  # MQTT over WebSockets, path /mqtt
 
 
 async def wait_quiet(target: Target) -> None:
@@ -121,7 +122,8 @@ def run_pairmq(workdir: Path, *, acl: bool = False):
         yield Target(name, g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY),
                      notes=lambda: [f"redundancy decision during the run: {d['reason']}"
                                     for r in (Role.PRIMARY, Role.BACKUP) for d in g.decisions(r)
-                                    if d["kind"] == "step_down" or d["kind"] == "activate" and d["epoch"] > 1])
+                                    if d["kind"] == "step_down" or d["kind"] == "activate" and d["epoch"] > 1],
+                     ws_port=g.config.ports.mqtt_ws)
 
 
 @contextlib.contextmanager
@@ -129,10 +131,11 @@ def run_mosquitto(workdir: Path, persist: bool):
     name = "mosquitto-persist" if persist else "mosquitto"
     directory = workdir / name
     directory.mkdir()
-    port = free_port()
+    port, ws_port = free_port(), free_port()
     conf = directory / "mosquitto.conf"
     conf.write_text("\n".join([
-        f"listener {port} 127.0.0.1", "allow_anonymous true", f"user {os.environ.get('USER') or 'root'}",
+        f"listener {port} 127.0.0.1", f"listener {ws_port} 127.0.0.1", "protocol websockets",
+        "allow_anonymous true", f"user {os.environ.get('USER') or 'root'}",
         f"persistence {'true' if persist else 'false'}", f"persistence_location {directory}/",
         "autosave_interval 1800", "max_inflight_messages 32", "max_queued_messages 0",
         "set_tcp_nodelay true", "max_connections -1", "log_dest none", ""]))
@@ -140,7 +143,7 @@ def run_mosquitto(workdir: Path, persist: bool):
                             stderr=open(directory / "mosquitto.log", "wb"), start_new_session=True)
     try:
         wait_listening("127.0.0.1", port, proc)
-        yield Target(name, "127.0.0.1", port, proc.pid)
+        yield Target(name, "127.0.0.1", port, proc.pid, ws_port=ws_port)
     finally:
         stop_process(proc)
 

@@ -2,7 +2,9 @@
 
 Packets are pre-encoded by tests/harness/mqttraw.py (the tests' raw client shares
 them); writes are pipelined; every QoS 1 PUBLISH received is answered with one
-PUBACK write per read. Every broker gets exactly this client.
+PUBACK write per read. Every broker gets exactly this client. Over WebSockets
+(`ws=True`) the same client runs on `WsTransport`: each of its writes is one
+masked binary frame (wsproto), what arrives is unframed before it reads it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Ping, RejectConnection, Request
 
 from tests.harness.mqttraw import DISCONNECT_PACKET, connect_packet, subscribe_packet
 
@@ -109,9 +114,77 @@ class Client(asyncio.Protocol):
                 self.transport.abort()
 
 
-async def connect(host: str, port: int, client_id: str, clean: bool = True) -> Client:
+class WsTransport(asyncio.Protocol):
+    """MQTT over WebSockets (path /mqtt, subprotocol mqtt) under a Client: its transport, and the socket's protocol."""
+
+    def __init__(self, inner: Client, host: str) -> None:
+        self.inner = inner
+        self.host = host
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.t: asyncio.Transport | None = None
+        self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.t = transport
+        transport.write(self.ws.send(Request(host=self.host, target="/mqtt", subprotocols=["mqtt"])))
+
+    def data_received(self, data: bytes) -> None:
+        self.ws.receive_data(data)
+        for event in self.ws.events():
+            if isinstance(event, BytesMessage):
+                self.inner.data_received(event.data)
+            elif isinstance(event, AcceptConnection):
+                self.inner.connection_made(self)
+                self.ready.set_result(None)
+            elif isinstance(event, Ping):
+                self.t.write(self.ws.send(event.response()))
+            elif isinstance(event, (RejectConnection, CloseConnection)):
+                self.t.close()
+
+    def connection_lost(self, exc) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionResetError("closed during the WebSocket handshake"))
+        else:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    # The Client's transport.
+    def write(self, data: bytes) -> None:
+        self.t.write(self.ws.send(BytesMessage(data=data)))
+
+    def close(self) -> None:
+        self.t.close()
+
+    def abort(self) -> None:
+        self.t.abort()
+
+    def is_closing(self) -> bool:
+        return self.t.is_closing()
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        self.t.set_write_buffer_limits(high=high, low=low)
+
+    def get_extra_info(self, name, default=None):
+        return self.t.get_extra_info(name, default)
+
+
+async def open_client(host: str, port: int, ws: bool = False) -> Client:
     loop = asyncio.get_running_loop()
-    _, client = await loop.create_connection(Client, host, port)
+    if not ws:
+        _, client = await loop.create_connection(Client, host, port)
+        return client
+    _, adapter = await loop.create_connection(lambda: WsTransport(Client(), host), host, port)
+    await asyncio.wait_for(adapter.ready, CONNECT_TIMEOUT_S)
+    return adapter.inner
+
+
+async def connect(host: str, port: int, client_id: str, clean: bool = True, ws: bool = False) -> Client:
+    client = await open_client(host, port, ws)
     client.send(connect_packet(client_id, clean))
     rc = await asyncio.wait_for(client.connack, CONNECT_TIMEOUT_S)
     if rc != 0:
@@ -119,8 +192,9 @@ async def connect(host: str, port: int, client_id: str, clean: bool = True) -> C
     return client
 
 
-async def subscriber(host: str, port: int, client_id: str, topic_filter: str, qos: int, clean: bool) -> Client:
-    client = await connect(host, port, client_id, clean)
+async def subscriber(host: str, port: int, client_id: str, topic_filter: str, qos: int, clean: bool,
+                     ws: bool = False) -> Client:
+    client = await connect(host, port, client_id, clean, ws)
     client.send(subscribe_packet(1, topic_filter, qos))
     granted = await asyncio.wait_for(client.suback, 10)
     if not isinstance(granted, bytes) or granted[0] != qos:

@@ -55,9 +55,11 @@ ROWS = [
     ("storm_refused", "storm of {storm}: refusals", "{:,.0f}"),
     ("storm_max_connack_s", "storm of {storm}: max CONNACK latency (s)", "{:.3f}"),
     ("storm_rss_per_conn_kib", "RSS per idle connection (KiB)", "{:.1f}"),
+    ("ws_qos0_1to1", "WebSockets: QoS 0 1→1 (msg/s)", "{:,.0f}"),
+    ("ws_qos1", "WebSockets: QoS 1 1→1, window {window} (msg/s at the subscriber)", "{:,.0f}"),
 ]
-THROUGHPUT = ("qos0_1to1", "qos0_4to1", "qos1")
-THROUGHPUT_LABELS = ("QoS 0 1→1", "QoS 0 4→1", "QoS 1 1→1")
+THROUGHPUT = ("qos0_1to1", "qos0_4to1", "qos1", "ws_qos0_1to1", "ws_qos1")
+THROUGHPUT_LABELS = ("QoS 0 1→1", "QoS 0 4→1", "QoS 1 1→1", "WebSockets QoS 0 1→1", "WebSockets QoS 1 1→1")
 
 
 def table(results: list[Result], args) -> str:
@@ -88,6 +90,11 @@ def ratios(results: list[Result]) -> list[str]:
         out.append("PairMQ with a 50-rule ACL / without: " + ", ".join(
             f"{label} {acl[k] / ours[k]:.2f}×" for k, label in zip(THROUGHPUT, THROUGHPUT_LABELS)
             if ours.get(k) and k in acl))
+    over_ws = [f"{name} QoS 0 {v['ws_qos0_1to1'] / v['qos0_1to1']:.2f}×, QoS 1 {v['ws_qos1'] / v['qos1']:.2f}×"
+               for name, v in by.items() if v.get("ws_qos0_1to1") and v.get("qos0_1to1") and v.get("ws_qos1")
+               and v.get("qos1")]
+    if over_ws:
+        out.append("WebSockets / TCP, each broker against itself: " + "; ".join(over_ws))
     for other in ("mosquitto", "mosquitto-persist", "amqtt"):
         theirs = by.get(other)
         if not theirs:

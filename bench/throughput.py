@@ -40,6 +40,10 @@ write per read. Every broker gets exactly the same generator. Tests:
                      one persistent (clean session off) QoS 1 subscriber
   latency            window 1: publish -> PUBACK, p50/p99; a persistent QoS 1
                      subscriber is present so the message is really stored
+  ws                 qos0 1->1 and qos1 again through the broker's WebSockets
+                     listener (PairMQ's 8083; mosquitto's `listener` with
+                     `protocol websockets`), the generator's writes framed
+                     as masked binary WebSocket frames (bench/mqttload.py)
   storm              N clients connect at once (one process, every connect
                      issued without waiting): time to the last CONNACK,
                      refusals (CONNACK != 0, resets, no answer in 60 s), max
@@ -79,12 +83,13 @@ from bench.report import (  # noqa: E402
 from tests.harness.group import fixed_ports  # noqa: E402
 from tests.harness.mqttraw import Qos1Encoder, connect_packet, publish_qos0  # noqa: E402
 
-TESTS = ("qos0", "qos1", "latency", "storm")
+TESTS = ("qos0", "qos1", "latency", "storm", "ws")
 
 
-async def qos0(target: Target, publishers: int, duration_s: float, payload: bytes, tag: str):
-    sub = await subscriber(target.host, target.port, f"bench-{tag}-sub", f"bench/{tag}/#", 0, clean=True)
-    pubs = [await connect(target.host, target.port, f"bench-{tag}-pub{i}") for i in range(publishers)]
+async def qos0(target: Target, publishers: int, duration_s: float, payload: bytes, tag: str, ws: bool = False):
+    port = target.ws_port if ws else target.port
+    sub = await subscriber(target.host, port, f"bench-{tag}-sub", f"bench/{tag}/#", 0, clean=True, ws=ws)
+    pubs = [await connect(target.host, port, f"bench-{tag}-pub{i}", ws=ws) for i in range(publishers)]
     sent = [0] * publishers
     stop = False
 
@@ -110,11 +115,12 @@ async def qos0(target: Target, publishers: int, duration_s: float, payload: byte
     return (r1 - r0) / m.elapsed, m, sum(sent)
 
 
-async def qos1(target: Target, window: int, duration_s: float, payload: bytes):
+async def qos1(target: Target, window: int, duration_s: float, payload: bytes, ws: bool = False):
     """(msg/s at the subscriber, PUBACKs/s at the publisher, Measure)."""
-    sub = await subscriber(target.host, target.port, "bench-q1-sub", "bench/q1", 1, clean=False)
-    pub = await connect(target.host, target.port, "bench-q1-pub")
-    enc = Qos1Encoder("bench/q1", payload)
+    port, tag = (target.ws_port, "ws-q1") if ws else (target.port, "q1")
+    sub = await subscriber(target.host, port, f"bench-{tag}-sub", f"bench/{tag}", 1, clean=False, ws=ws)
+    pub = await connect(target.host, port, f"bench-{tag}-pub", ws=ws)
+    enc = Qos1Encoder(f"bench/{tag}", payload)
     stop = False
 
     def refill(n: int) -> None:
@@ -244,6 +250,8 @@ async def bench_target(target: Target, args) -> Result:
         await latency_test(target, args, payload, result)
     if "storm" in tests:
         await storm_test(target, args, result)
+    if "ws" in tests:
+        await websockets_test(target, args, payload, result)
     result.notes += target.notes()
     return result
 
@@ -266,6 +274,25 @@ async def latency_test(target: Target, args, payload: bytes, result: Result) -> 
     samples.sort()
     v["lat_p50_ms"], v["lat_p99_ms"], v["lat_n"] = percentile(samples, 50), percentile(samples, 99), len(samples)
     log(f"  {target.name} latency: p50 {v['lat_p50_ms']:.3f} ms, p99 {v['lat_p99_ms']:.3f} ms ({len(samples)} samples)")
+
+
+async def websockets_test(target: Target, args, payload: bytes, result: Result) -> None:
+    """QoS 0 1->1 and durable QoS 1 through the broker's WebSockets listener (the same generator, framed)."""
+    if target.ws_port is None:
+        result.notes.append("no WebSockets listener: ws tests not run")
+        return
+    v = result.values
+    await wait_quiet(target)
+    rate, m, sent = await qos0(target, 1, args.duration_s, payload, "ws_qos0", ws=True)
+    v["ws_qos0_1to1"] = rate
+    result.measured("ws_qos0_1to1", m)
+    log(f"  {target.name} WebSockets qos0 1->1: {rate:,.0f} msg/s at the subscriber ({sent:,} sent), "
+        f"broker CPU {m.cpu:.0%}, generator CPU {m.generator_cpu:.0%}")
+    await wait_quiet(target)
+    v["ws_qos1"], _, m = await qos1(target, args.window, args.duration_s, payload, ws=True)
+    result.measured("ws_qos1", m)
+    log(f"  {target.name} WebSockets qos1 window {args.window}: {v['ws_qos1']:,.0f} msg/s at the subscriber, "
+        f"broker CPU {m.cpu:.0%}, generator CPU {m.generator_cpu:.0%}")
 
 
 async def storm_test(target: Target, args, result: Result) -> None:

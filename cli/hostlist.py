@@ -34,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 import collections
+import ssl
 import threading
 import time
 import uuid
@@ -115,7 +116,8 @@ class HostListClient:
     def __init__(self, hosts: list[str] | str, client_id: str, *, session_expiry_s: int = 3600,
                  keepalive_s: int = 10, username: str | None = None, password: str | None = None,
                  connect_timeout_s: float = 2.0, max_backoff_s: float = 0.5, max_queued: int = 100_000,
-                 message_ids: bool = True) -> None:
+                 message_ids: bool = True, transport: str = "tcp", tls: ssl.SSLContext | None = None) -> None:
+        """`transport` "websockets" speaks MQTT over WebSockets (path /mqtt, ports 8083/8084); `tls` adds TLS."""
         self.hosts = parse_hosts(hosts)
         self.client_id = client_id
         self.session_expiry_s = session_expiry_s
@@ -124,7 +126,11 @@ class HostListClient:
         self.max_backoff_s = max_backoff_s
         self.message_ids = message_ids
         self.paho = _Paho(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
-                          reconnect_on_failure=False)
+                          reconnect_on_failure=False, transport=transport)
+        if transport == "websockets":
+            self.paho.ws_set_options(path="/mqtt")
+        if tls is not None:
+            self.paho.tls_set_context(tls)
         self.paho.max_inflight_messages_set(WINDOW)
         self.paho.connect_timeout = connect_timeout_s
         if username is not None:

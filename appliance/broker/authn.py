@@ -19,6 +19,9 @@ Rules (the policy's own rules are in access.py):
   a flooding address delays another address's check by at most one check per
   other waiting address, so a legitimate first login (after a failover
   nothing is cached) gets its turn at once.
+- A CONNECT whose user name is a verified TLS client certificate's identity
+  (`check_certified`, tls.use_identity_as_username) skips the password: the
+  identity must be a user of the access file, and the checks below apply.
 - Last, the session's owner (core.py): another user's client id is refused
   with "not authorized" (v5 0x87, 3.1.1 return code 5).
 - The policy is replaced whole (`policy = ...`, on reload); a check uses the
@@ -80,6 +83,21 @@ class Authenticator:
             verdict = await self._verify(policy, username, c.password or b"", address_of(peer))
             if verdict is not None:
                 return verdict
+        return self._after_credentials(policy, c, username)
+
+    async def check_certified(self, c: Connect, peer: str = "?") -> tuple[ReasonCode, str] | None:
+        """`check` for a CONNECT whose user name is its client certificate's identity (None: it had none)."""
+        policy = self.policy
+        username = c.username
+        if username is None:
+            self.counters["bad_credentials"] += 1
+            return ReasonCode.NOT_AUTHORIZED, "the client certificate names no identity"
+        if username not in policy.users:
+            self.counters["bad_credentials"] += 1
+            return ReasonCode.NOT_AUTHORIZED, f"certificate identity {username[:100]!r} is not a user"
+        return self._after_credentials(policy, c, username)
+
+    def _after_credentials(self, policy: AccessPolicy, c: Connect, username: str | None) -> tuple[ReasonCode, str] | None:
         if c.will is not None and not policy.authorize(username, "publish", c.will.topic):
             self.counters["will_not_authorized"] += 1
             return ReasonCode.NOT_AUTHORIZED, f"not authorized to publish the will to {c.will.topic[:100]}"

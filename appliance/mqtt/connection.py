@@ -23,6 +23,7 @@ half-close (TLS) is closed as before.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -204,6 +205,10 @@ class MqttConnection(asyncio.Protocol):
             self.abort("internal error")
 
     def _connect_arrived(self, packet: Connect) -> None:
+        identity = self._l.identity
+        if identity is not None:  # TLS client certificates: the identity is the user name, no password
+            packet = dataclasses.replace(packet, username=identity(self.transport.get_extra_info("ssl_object")),
+                                         password=None)
         self._arm_timer()
         self._pause(_CONNECTING)
         self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then

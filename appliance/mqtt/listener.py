@@ -8,7 +8,10 @@ Rules (each connection's own are in session.py):
   the context's business). A handshake that fails at the TLS level (plain
   MQTT bytes, an old TLS version) is counted in `tls_handshake_failures`,
   reported as a "tls_handshake_failed" event and closed (asyncio would drop
-  it silently: see `appliance.tls.report_handshake_failures`).
+  it silently: see `appliance.tls.report_handshake_failures`). A listener
+  whose context requires client certificates accepts and runs each handshake
+  itself (tls_accept.py) and reports each failure with the peer's address too
+  ("tls_refused").
 - In-flight window (overload.py): a client's PUBLISH/SUBSCRIBE/UNSUBSCRIBE
   whose effects wait for a spool commit count until the commit is done; while
   the count has reached the window its socket is not read. A client whose
@@ -26,6 +29,10 @@ Rules (each connection's own are in session.py):
   rest stay buffered (its socket unread) until the next turn.
 - Writes are coalesced: everything produced for a connection in one loop turn
   goes out in one transport write, in order; a close flushes first.
+- WebSockets (`websocket` limits given: ports 8083/8084): each connection's transport is a
+  websockets.WebSocketConnection carrying the same MqttConnection; everything above holds for it.
+- A server reference (v5 "use another server", DISCONNECT on handover) names the active node with this
+  listener's port: a client is sent to the same door (TLS, WebSockets) on the other host.
 - Nothing the peer sends can raise out of here; a bug in this package or in
   the gate is logged with its traceback and the connection is closed (the
   gate failing counts as "may not serve").
@@ -50,6 +57,8 @@ from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-e
 from pairmq.appliance.mqtt.session import FrontDoor, SessionLimits
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
 from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
+from pairmq.appliance.mqtt.tls_accept import HandshakeFirstServer
+from pairmq.appliance.mqtt.websockets import WebSocketConnection, WebSocketLimits
 from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
@@ -100,7 +109,8 @@ class MqttListener:
                  credential_check: CredentialCheck | None = None,
                  ssl: _ssl.SSLContext | None = None,
                  virtual_ip: str | None = None,
-                 max_keep_alive_s: int = 0) -> None:
+                 max_keep_alive_s: int = 0, websocket: WebSocketLimits | None = None,
+                 identity: Callable[[_ssl.SSLObject | None], str | None] | None = None) -> None:
         PacketReader(max_packet_size=max_packet_size)  # validates the size
         if connect_timeout_s <= 0 or write_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
@@ -127,9 +137,14 @@ class MqttListener:
         self.max_keep_alive_s = max_keep_alive_s
         self.session_limits = self._session_limits()
         self._ssl = ssl
+        self.websocket = websocket
+        self.identity = identity  # a client certificate's identity replaces the CONNECT's user name (tls.py)
         self.tls_handshake_failures = 0
         self.last_tls_handshake_failure = ""
-        if ssl is not None:
+        # A listener that requires client certificates runs its handshakes itself, to report refusals with the
+        # peer's address (tls_accept.py); the others count them through the context.
+        self._handshake_first = ssl is not None and ssl.verify_mode == _ssl.CERT_REQUIRED
+        if ssl is not None and not self._handshake_first:
             from pairmq.appliance.tls import report_handshake_failures
 
             report_handshake_failures(ssl, self._tls_handshake_failed)
@@ -193,15 +208,32 @@ class MqttListener:
     async def start(self) -> None:
         assert self._server is None, "listener already started"
         self._loop = asyncio.get_running_loop()
-        self._server = await self._loop.create_server(
-            lambda: MqttConnection(self), self.host, self.requested_port, reuse_address=True,
-            backlog=LISTEN_BACKLOG, ssl=self._ssl,
-            ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
-        if self.virtual_ip is not None:
-            self._vip_server = await self._loop.create_server(
-                lambda: MqttConnection(self), sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
-                ssl=self._ssl, ssl_handshake_timeout=self.connect_timeout_s if self._ssl is not None else None)
+        if self._handshake_first:
+            sock = socket.create_server((self.host, self.requested_port), backlog=LISTEN_BACKLOG)
+            self._server = self._handshake_first_server(sock)  # type: ignore[assignment]
+            if self.virtual_ip is not None:
+                sock = _freebind_socket(self.virtual_ip, self.port)
+                sock.listen(LISTEN_BACKLOG)
+                self._vip_server = self._handshake_first_server(sock)  # type: ignore[assignment]
+        else:
+            tls_timeout = self.connect_timeout_s if self._ssl is not None else None
+            self._server = await self._loop.create_server(
+                self._new_connection, self.host, self.requested_port, reuse_address=True,
+                backlog=LISTEN_BACKLOG, ssl=self._ssl, ssl_handshake_timeout=tls_timeout)
+            if self.virtual_ip is not None:
+                self._vip_server = await self._loop.create_server(
+                    self._new_connection, sock=_freebind_socket(self.virtual_ip, self.port), backlog=LISTEN_BACKLOG,
+                    ssl=self._ssl, ssl_handshake_timeout=tls_timeout)
         self._lag_timer = self._loop.call_later(LAG_SAMPLE_S, self._sample_load, self._loop.time() + LAG_SAMPLE_S)
+
+    def _new_connection(self) -> MqttConnection | WebSocketConnection:
+        conn = MqttConnection(self)
+        return conn if self.websocket is None else WebSocketConnection(conn, self.websocket, self.emit)
+
+    def _handshake_first_server(self, sock: socket.socket) -> HandshakeFirstServer:
+        sock.setblocking(False)
+        return HandshakeFirstServer(sock, self._ssl, self._new_connection, timeout_s=self.connect_timeout_s,
+                                    max_handshakes=self.budget.limits.max_connections, on_refused=self._tls_refused)
 
     async def stop(self) -> None:
         """Stop accepting, drop every client (v5: 0x8B) and wait, bounded."""
@@ -278,10 +310,13 @@ class MqttListener:
 
     def server_reference(self) -> str | None:
         try:
-            return self._gate.active_server_reference()
+            reference = self._gate.active_server_reference()
         except Exception:
             log.exception("gate.active_server_reference() failed")
             return None
+        if reference is None or not self.requested_port:
+            return reference
+        return f"{reference.rpartition(':')[0]}:{self.requested_port}"  # the same door, on the active's host
 
     def emit(self, kind: str, fields: dict[str, object]) -> None:
         if self._on_event is None:
@@ -312,6 +347,11 @@ class MqttListener:
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
+
+    def _tls_refused(self, peer: str, reason: str) -> None:
+        """A handshake of a listener that requires client certificates failed: reported with the peer."""
+        self._tls_handshake_failed(reason)
+        self.emit("tls_refused", {"peer": peer, "reason": reason[:200]})
 
     def _tls_handshake_failed(self, reason: str) -> None:
         self.tls_handshake_failures += 1

@@ -35,6 +35,7 @@ from ..config import GroupConfig
 from ..errors import LocalProtocolError
 from ..mqtt.budget import preauth_from_config
 from ..mqtt.listener import MqttListener
+from ..mqtt.websockets import WebSocketLimits
 from ..quorum.core import QuorumCore
 from ..quorum.decisions import DecisionKind
 from ..quorum.state import RedundancyStatus
@@ -69,6 +70,8 @@ class RoutingNode(MonitorNode):
                                  on_event=lambda kind, fields: self.events.write(kind, **fields))
         self.listener: MqttListener | None = None
         self.tls_listener: MqttListener | None = None
+        self.ws_listener: MqttListener | None = None  # MQTT over WebSockets (8083)
+        self.wss_listener: MqttListener | None = None  # ... over TLS (8084), with [tls]
         self._denials_logged: dict = {}  # what _log_denials reported so far
         # A corrupt configuration store or a malformed access file to import stops the node here with
         # one sentence: never guess a policy.
@@ -119,7 +122,8 @@ class RoutingNode(MonitorNode):
                           may_receive=lambda user, topic: authn.policy.may_receive(user, topic))
 
     def _listeners(self) -> list[MqttListener]:
-        return [lst for lst in (self.listener, self.tls_listener) if lst is not None]
+        return [lst for lst in (self.listener, self.tls_listener, self.ws_listener, self.wss_listener)
+                if lst is not None]
 
     # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
 
@@ -133,7 +137,8 @@ class RoutingNode(MonitorNode):
 
     def _routing_ports(self) -> RoutingPorts:
         def listeners() -> list:
-            return [(x, tls) for x, tls in ((self.listener, False), (self.tls_listener, True)) if x is not None]
+            return [(x, tls) for x, tls in ((self.listener, False), (self.tls_listener, True), (self.ws_listener, False),
+                                            (self.wss_listener, True)) if x is not None]
 
         def mate_link() -> tuple:
             active, standby = self.replication.active, self.replication.standby
@@ -168,13 +173,24 @@ class RoutingNode(MonitorNode):
         self.listener = MqttListener(self.spec.address, config.ports.mqtt, self, overload=overload,
                                      on_event=self._mqtt_event, broker=self.broker,
                                      credential_check=self.authn.check, virtual_ip=vip, **front)
+        self.ws_listener = MqttListener(self.spec.address, config.ports.mqtt_ws, self, overload=overload,
+                                        on_event=self._mqtt_event, broker=self.broker,
+                                        credential_check=self.authn.check, virtual_ip=vip,
+                                        websocket=WebSocketLimits(), **front)
         if config.tls is not None:
-            from ..tls import server_context
+            from ..tls import certificate_identity, server_context
 
+            source = config.tls.use_identity_as_username
+            tls = dict(identity=certificate_identity(source) if source is not None else None,
+                       credential_check=self.authn.check_certified if source is not None else self.authn.check)
+            # A context each: the listener counts its handshake failures through its context.
             self.tls_listener = MqttListener(self.spec.address, config.ports.mqtt_tls, self, overload=overload,
-                                             on_event=self._mqtt_event, broker=self.broker,
-                                             credential_check=self.authn.check, ssl=server_context(config.tls),
-                                             virtual_ip=vip, **front)
+                                             on_event=self._mqtt_event, broker=self.broker, virtual_ip=vip,
+                                             ssl=server_context(config.tls), **tls, **front)
+            self.wss_listener = MqttListener(self.spec.address, config.ports.mqtt_wss, self, overload=overload,
+                                             on_event=self._mqtt_event, broker=self.broker, virtual_ip=vip,
+                                             ssl=server_context(config.tls), websocket=WebSocketLimits(), **tls,
+                                             **front)
         await self.broker.start()
         await self.replication.start(self.spec.address)
         await self.configuration.start(self.spec.address)
@@ -311,12 +327,17 @@ class RoutingNode(MonitorNode):
         """Publishes and subscriptions the ACL refused, and failed TLS handshakes, in the last second: one summed
         event each (a flood of them costs a line a second, like rejected heartbeats)."""
         logged = self._denials_logged
-        tls = self.tls_listener
-        if tls is not None and tls.tls_handshake_failures > logged.get("tls", 0):
-            count = tls.tls_handshake_failures - logged.get("tls", 0)
-            self.events.write("tls_handshake_failed", count=count, last_reason=tls.last_tls_handshake_failure)
-            log.info("%s: %d failed TLS handshakes on port %d in the last second (last: %s)", self.role.value, count,
-                     self.config.ports.mqtt_tls, tls.last_tls_handshake_failure)
+        for tls in (self.tls_listener, self.wss_listener):  # 8883 and 8084
+            if tls is None:
+                continue
+            key = f"tls:{tls.requested_port}"
+            if tls.tls_handshake_failures > logged.get(key, 0):
+                count = tls.tls_handshake_failures - logged.get(key, 0)
+                self.events.write("tls_handshake_failed", count=count, port=tls.requested_port,
+                                  last_reason=tls.last_tls_handshake_failure)
+                log.info("%s: %d failed TLS handshakes on port %d in the last second (last: %s)", self.role.value,
+                         count, tls.requested_port, tls.last_tls_handshake_failure)
+            logged[key] = tls.tls_handshake_failures
         counters = self.broker.core.counters
         now = {k: counters.get(k, 0) for k in ("publish_not_authorized", "subscribe_not_authorized")}
         delta = {k: v - logged.get(k, 0) for k, v in now.items() if v - logged.get(k, 0) > 0}
@@ -324,10 +345,10 @@ class RoutingNode(MonitorNode):
             self.events.write("access_denied", **delta)
             log.info("%s: the ACL refused in the last second: %s", self.role.value,
                      ", ".join(f"{v} {k}" for k, v in delta.items()))
-        self._denials_logged = {**now, "tls": tls.tls_handshake_failures if tls is not None else 0}
+        self._denials_logged = {**{k: v for k, v in logged.items() if k.startswith("tls:")}, **now}
 
     def _mqtt_event(self, kind: str, fields: dict) -> None:
-        if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused"):  # bad_packet: a rejected frame
+        if kind in ("client_accepted", "client_refused", "bad_packet", "connection_refused", "tls_refused"):  # bad_packet: a rejected frame
             self.events.write(kind, epoch=self.current_epoch(), **fields)
 
     # --- views --------------------------------------------------------------------
