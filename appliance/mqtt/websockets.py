@@ -168,6 +168,9 @@ class WebSocketConnection(asyncio.Protocol):
         self._done = True
         self._t.abort()
 
+    def can_write_eof(self) -> bool:
+        return False  # `close` is the WebSocket's own closing handshake, bounded in time: no half-close beneath it
+
     def is_closing(self) -> bool:
         return self._t.is_closing()
 
