@@ -16,6 +16,8 @@ import pytest
 from pairmq.appliance.broker.message_events import MessageEvents
 from pairmq.appliance.config import load_group, parse_group, render_group
 from pairmq.appliance.errors import ConfigError
+from pairmq.appliance.spool.chain import GENESIS
+from pairmq.appliance.spool.records import make_commit
 from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
 from pairmq.appliance.spool import ops
 from tests.harness.group import Group
@@ -121,11 +123,6 @@ def test_a_full_disk_stops_event_logging_not_the_caller(tmp_path, caplog):
     assert any("event logging stopped" in r.getMessage() for r in caplog.records)
 
 
-class Entry:
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-
-
 def stored(msg_id: int) -> ops.MessageStored:
     return ops.MessageStored(msg_id, "t/1", b"x" * 10, 1, False, b"", 0, "pub", 5)
 
@@ -136,7 +133,7 @@ def test_message_events_follow_a_message_through_its_stages(tmp_path):
     events = MessageEvents(log, 1.0, acked_seq=lambda: acked[0])
     commit = concurrent.futures.Future()
     events.submitted([stored(1), stored(2), ops.MessageQueued("s", 1, 1, False)], 3, commit)
-    commit.set_result([Entry(4), Entry(7)])  # durable locally: spooled
+    commit.set_result((make_commit(GENESIS, 3, [b"op"] * 7),))  # ops 1..7 durable locally: spooled
     events.submitted([ops.MessagesInflight("s", (1, 2), (10, 11))], 3, concurrent.futures.Future())
     acked[0] = 7
     events.check_replicated()
