@@ -214,6 +214,13 @@ class Group:
         with urllib.request.urlopen(request, timeout=timeout_s, context=_context(url)) as response:
             return json.load(response)
 
+    def serving(self, role: Role) -> bool:
+        """`role` says it serves MQTT (False while its API does not answer)."""
+        try:
+            return self.api(role, "/api/v1/redundancy")["serving"]
+        except OSError:
+            return False
+
     def config_in_sync(self, active: Role = Role.PRIMARY) -> bool:
         """The active's config-sync view says its standby holds its configuration (docs/config_sync.md)."""
         try:

@@ -23,3 +23,14 @@ def ops_of(commits) -> list[tuple[int, bytes]]:
 def logged_ops(spool, after_seq: int = 0) -> list[tuple[int, bytes]]:
     """(seq, op bytes) of every op an open spool's log holds after `after_seq`."""
     return ops_of(spool.read_commits(after_seq, 1 << 40))
+
+
+def read_commits(log, after_seq: int, durable_seq: int, max_ops: int) -> list[Commit]:
+    """A log read as `SegmentLog.read_commits` makes it, from a list of commits of which those up to op
+    `durable_seq` are durable: whole commits after `after_seq`, until they hold `max_ops` ops."""
+    out, ops = [], 0
+    for c in log:
+        if after_seq < c.last_seq <= durable_seq and ops < max_ops:
+            out.append(c)
+            ops += c.ops
+    return out

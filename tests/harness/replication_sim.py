@@ -36,6 +36,7 @@ from pairmq.appliance.broker.core import BrokerCore, Persist, restore
 from pairmq.appliance.spool import ops
 from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.records import make_commit, op_bodies
+from tests.harness.oplog import read_commits
 from pairmq.appliance.spool.codec import decode_op, encode_op
 from pairmq.appliance.spool.snapshot import snapshot_ops, snapshot_seq
 from pairmq.appliance.spool.state import StateModel
@@ -156,12 +157,7 @@ class ReplicatedSim(BrokerSim):
                 return next((c.checksum for c in self.log if c.last_seq == seq <= self.durable_seq), None)
             self.link.planned(plan_resync(GENESIS, self.link.head, r.standby_head, checksum_at))
         elif isinstance(r, ReadCommits):
-            read, ops_read = [], 0
-            for c in self.log:
-                if r.after_seq < c.last_seq <= self.durable_seq and ops_read < r.max_ops:
-                    read.append(c)
-                    ops_read += c.ops
-            self.link.commits_read(read)
+            self.link.commits_read(read_commits(self.log, r.after_seq, self.durable_seq, r.max_ops))
         elif isinstance(r, MakeSnapshot):
             point = next(c.point for c in self.log if c.last_seq == self.durable_seq) if self.durable_seq else GENESIS
             self.link.snapshot_ready([encode_op(op) for op in snapshot_ops(self.committed.state())], point)

@@ -45,15 +45,8 @@ def group(tmp_path_factory, pki):
                     use_identity_as_username="cn")
     with Group(tmp_path_factory.mktemp("certs-group") / "group", access=policy, tls=tls) as g:
         g.start()
-        g.wait_for("the primary to serve", lambda: serving(g), timeout_s=20)
+        g.wait_for("the primary to serve", lambda: g.serving(P), timeout_s=20)
         yield g
-
-
-def serving(g: Group) -> bool:
-    try:
-        return g.api(P, "/api/v1/redundancy")["serving"]
-    except OSError:
-        return False
 
 
 @pytest.fixture

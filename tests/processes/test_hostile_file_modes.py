@@ -20,13 +20,6 @@ from tests.harness.group import Group
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 
 
-def serving(group: Group, role: Role) -> bool:
-    try:
-        return group.api(role, "/api/v1/redundancy")["serving"]
-    except OSError:
-        return False
-
-
 def too_open(root: Path) -> dict[str, str]:
     """Every path under `root` (itself included) that its group or others may read, enter or write."""
     found = {}
@@ -46,7 +39,7 @@ def test_every_file_under_the_data_dirs_is_private_under_umask_022(tmp_path):
                 data_dir.mkdir(parents=True, exist_ok=True)
                 data_dir.chmod(0o755)  # as `mkdir` under umask 022 would leave it
             group.start()
-            group.wait_for("the primary to serve", lambda: serving(group, P), timeout_s=20)
+            group.wait_for("the primary to serve", lambda: group.serving(P), timeout_s=20)
             group.wait_for("the backup to be in sync", group.backup_in_sync, timeout_s=20)
             for i in range(5):  # retained QoS 1: its payload stays in the spool of both routing nodes
                 subprocess.run(["mosquitto_pub", "-h", group.address(P), "-p", str(group.config.ports.mqtt),

@@ -44,15 +44,8 @@ def group(tmp_path_factory):
     users = {"erin": hash_password(b"erin-password", os.urandom(16))}
     with Group(tmp_path_factory.mktemp("hostile-logins") / "group", access=AccessPolicy(False, users)) as g:
         g.start()
-        g.wait_for("the primary to serve", lambda: serving(g), timeout_s=30)
+        g.wait_for("the primary to serve", lambda: g.serving(P), timeout_s=30)
         yield g
-
-
-def serving(g: Group) -> bool:
-    try:
-        return g.api(P, "/api/v1/redundancy")["serving"]
-    except OSError:
-        return False
 
 
 class Flood:

@@ -11,6 +11,8 @@ import pytest
 
 from pairmq.appliance.spool.chain import GENESIS, ChainPoint
 from pairmq.appliance.spool.records import make_commit
+from tests.harness import oplog
+from tests.harness.oplog import read_commits
 from pairmq.mate_link.active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, Phase, PlanNeeded, ReadCommits
 from pairmq.mate_link.messages import Ack, Catchup, Ops, Ping, Plan, decode, encode
 from pairmq.mate_link.resync import plan_resync
@@ -64,12 +66,7 @@ class Pair:
             self.active.planned(plan_resync(GENESIS, self.active.head, r.standby_head, self.checksum_at))
         elif isinstance(r, ReadCommits):
             self.reads.append(r)
-            read, ops = [], 0
-            for c in self.log:
-                if r.after_seq < c.last_seq <= self.committed and ops < r.max_ops:
-                    read.append(c)
-                    ops += c.ops
-            self.active.commits_read(read)
+            self.active.commits_read(read_commits(self.log, r.after_seq, self.committed, r.max_ops))
         elif isinstance(r, MakeSnapshot):
             point = next(c.point for c in self.log if c.last_seq == self.committed)
             self.active.snapshot_ready([b"state%d" % i for i in range(2500)], point)
@@ -103,11 +100,7 @@ class Pair:
 
 def chained(groups, prev=GENESIS, epoch=EPOCH):
     """Commits of the op bodies in each group, chained after `prev`."""
-    out = []
-    for bodies in groups:
-        out.append(make_commit(prev, epoch, bodies))
-        prev = out[-1].point
-    return out
+    return oplog.chained(groups, prev, epoch)
 
 
 def test_an_empty_standby_catches_up_incrementally_then_follows_live():
