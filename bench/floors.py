@@ -74,7 +74,7 @@ def core_us(messages: int) -> tuple[float, float]:
     """(CPU µs per durable QoS 1 message through the core, ops per message)."""
     d = _Driver()
     d.run(d.core.connect(1, codec.Connect(4, "sub", False, 60, None, None, None, {}), NOW))
-    d.run(d.core.packet(1, codec.Subscribe(1, [codec.Subscription("t", 1)], {}), NOW))
+    d.run(d.core.packet(1, codec.Subscribe(1, (codec.Subscription("t", 1),), {}), NOW))
     d.run(d.core.connect(2, codec.Connect(4, "pub", True, 60, None, None, None, {}), NOW))
     d.flush()
     d.take(1), d.take(2)
