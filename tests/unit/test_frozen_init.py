@@ -12,11 +12,9 @@ from hypothesis import strategies as st
 
 from pairmq.appliance.frozen import fast_init
 from pairmq.appliance.mqtt.codec import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from pairmq.appliance.quorum import wire
 from pairmq.appliance.spool.ops import OP_TYPES
 
-FAST = [*OP_TYPES.values(), Publish, Puback, Pubrec, Pubrel, Pubcomp,
-        wire.PeerView, wire.Heartbeat, wire.Header]
+FAST = [*OP_TYPES.values(), Publish, Puback, Pubrec, Pubrel, Pubcomp]
 
 
 def twin(cls: type) -> type:
