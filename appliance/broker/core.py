@@ -337,7 +337,8 @@ class BrokerCore:
             return self._publish_with_id(conn, session, topic, packet, now_ms)
         return self.router.route(self, conn, session, topic, packet, now_ms)
 
-    def _publish_with_id(self, conn: Connection, session: Session, topic: str, packet: codec.Publish, now_ms: int) -> list[Any]:
+    def _publish_with_id(self, conn: Connection, session: Session, topic: str, packet: codec.Publish,
+                         now_ms: int) -> list[Any]:
         """A QoS 1/2 PUBLISH that may carry a message id: the rules are dedup.py's."""
         try:
             message_id = dedup.message_id_of(packet.properties)

@@ -362,7 +362,8 @@ class Router:
 
     # --- subscriptions ------------------------------------------------------------------------
 
-    def subscribe(self, core: BrokerCore, conn: Connection, session: Session, packet: codec.Subscribe, now_ms: int) -> list[Any]:
+    def subscribe(self, core: BrokerCore, conn: Connection, session: Session, packet: codec.Subscribe,
+                  now_ms: int) -> list[Any]:
         sub_id = packet.properties.get(P.SUBSCRIPTION_IDENTIFIER, 0)
         if isinstance(sub_id, (list, tuple)):  # repeatable on the wire; a SUBSCRIBE carries at most one
             sub_id = sub_id[0] if sub_id else 0

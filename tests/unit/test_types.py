@@ -41,6 +41,12 @@ def test_the_hot_modules_are_clean_under_mypy_strict():
     assert f"no issues found in {len(files)} source files" in result.stdout
 
 
+def test_the_build_compiles_with_the_mypy_the_gate_checks_with():
+    import build_backend
+    assert build_backend.MYPYC == [r for r in PYPROJECT["project"]["optional-dependencies"]["test"]
+                                   if r.startswith("mypy")]
+
+
 @pytest.mark.parametrize("module", COMPILED)
 def test_each_listed_module_is_compiled_unless_the_build_is_pure(module):
     path = importlib.import_module(module).__file__
@@ -83,7 +89,8 @@ def test_the_guard_on_the_installed_tree_refuses_a_digest_that_is_not_its_source
         pytest.skip("a pure build has nothing compiled to go stale")
     code = ("import pairmq.appliance.native as n, pathlib\n"
             f"n.check(pathlib.Path({str(REPO)!r}), {{'{COMPILED[0]}': "
-            f"(__import__('pairmq.appliance._native_build', fromlist=['S']).SOURCES['{COMPILED[0]}'][0], '0' * 64)}})\n")
+            f"(__import__('pairmq.appliance._native_build', fromlist=['S']).SOURCES['{COMPILED[0]}'][0], "
+            "'0' * 64)})\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "StaleCompiledModule" in result.stderr and "rebuild it with `bash .ci/setup`" in result.stderr
