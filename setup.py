@@ -60,6 +60,8 @@ def remove_compiled() -> None:
 
 
 def ext_modules() -> list:
+    if os.environ.get("PAIRMQ_BUILD_REQUIREMENTS_ONLY") == "1":
+        return []  # build_backend.py asking setuptools for its requirements: mypy is not installed yet
     if os.environ.get("PAIRMQ_PURE_PYTHON") == "1":
         remove_compiled()
         record([])
