@@ -2,6 +2,7 @@
 room for.
 
     python bench/floors.py [--messages 50000] [--catchup-messages 100000]
+    python bench/floors.py --against .venv-pure/bin/python [--rounds 3]   (compiled vs pure: bench/builds.py)
 
 core       the broker core alone (appliance/broker/core.py, sans-I/O, driven as the tests drive it) for a
            durable QoS 1 message from a 3.1.1 publisher to one persistent 3.1.1 subscriber, windows of 100:
@@ -75,7 +76,7 @@ def core_us(messages: int) -> tuple[float, float]:
     """(CPU µs per durable QoS 1 message through the core, ops per message)."""
     d = _Driver()
     d.run(d.core.connect(1, codec.Connect(4, "sub", False, 60, None, None, None, {}), NOW))
-    d.run(d.core.packet(1, codec.Subscribe(1, [codec.Subscription("t", 1)], {}), NOW))
+    d.run(d.core.packet(1, codec.Subscribe(1, (codec.Subscription("t", 1),), {}), NOW))
     d.run(d.core.connect(2, codec.Connect(4, "pub", True, 60, None, None, None, {}), NOW))
     d.flush()
     d.take(1), d.take(2)
@@ -132,7 +133,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--catchup-messages", type=int, default=100_000)
+    ap.add_argument("--against", metavar="PYTHON", help="alternate runs under this interpreter (bench/builds.py)")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.against:
+        from bench.builds import compare
+        compare(__file__, ["--messages", str(args.messages), "--catchup-messages", str(args.catchup_messages)],
+                args.against, args.rounds,
+                {"core µs/msg": r"core: ([\d.]+) µs", "standby µs/op": r"([\d.]+) µs in all"})
+        return
     us, per = core_us(args.messages)
     print(f"core: {us:.1f} µs of CPU per durable QoS 1 message ({per:.2f} ops each), without MQTT bytes, sockets, "
           f"spool files, the mate link or the event loop")

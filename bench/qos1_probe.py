@@ -2,6 +2,7 @@
 
     python bench/qos1_probe.py [--duration-s 6] [--window 100]
     PAIRMQ_MESSAGE_EVENTS=0 python bench/qos1_probe.py   (per-message event logging off, as in bench/brokers.py)
+    python bench/qos1_probe.py --against .venv-pure/bin/python [--rounds 3]   (compiled vs pure: bench/builds.py)
 
 Prints, once a second during the load, each routing node's spool writer as its management API shows it
 (`/api/v1/message-spool`: submissions, commits, ops per commit, the last commit's ms, submissions of
@@ -78,7 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=6.0)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--payload", type=int, default=100)
+    parser.add_argument("--against", metavar="PYTHON", help="alternate runs under this interpreter (bench/builds.py)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.against:
+        from bench.builds import compare
+        compare(__file__, ["--duration-s", str(args.duration_s), "--window", str(args.window),
+                           "--payload", str(args.payload)], args.against, args.rounds,
+                {"msg/s": r"([\d,]+) msg/s at the subscriber", "primary µs/msg": r"primary: ([\d.]+) µs CPU",
+                 "backup µs/msg": r"backup: ([\d.]+) µs CPU"})
+        return 0
     if args.duration_s <= 0 or args.window < 1 or args.payload < 0:
         parser.error("--duration-s must be positive, --window at least 1, --payload not negative")
     work = Path(tempfile.mkdtemp(prefix="pairmq-qos1-probe-"))

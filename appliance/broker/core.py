@@ -33,89 +33,23 @@ replaying the op log reproduces this state.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from ..frozen import fast_init
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
-from . import dedup, routing
-from .routing import Router
-from .session import NEVER, Connection, EntryState, Session, Will
+from . import dedup
+from .effects import Close, Connacked, Durable, Persist, Send
+from .routing import Router, ack_for
+from .session import NEVER, Connection, EntryState, QueueEntry, Session, Will
 from .sys_topics import SYS_RESERVED_REASON, is_sys_topic
 
 DEFAULT_RECEIVE_MAXIMUM = 32  # our in-flight window towards 3.1.1 clients (they cannot tell us theirs)
 SERVER_RECEIVE_MAXIMUM = 100
 SERVER_TOPIC_ALIAS_MAXIMUM = 64
 MAX_KEEP_ALIVE_S = 65535
-
-
-@fast_init  # made per message: appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
-class Send:
-    conn: int
-    packet: object
-
-
-@fast_init  # made per message: appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
-class Close:
-    conn: int
-    reason_code: int = 0
-    reason: str = ""
-
-
-@fast_init  # made per message: appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
-class Persist:
-    """Write `ops`; run `then` once they are durable.
-
-    A `Persist` inside `then` is hoisted: its ops join this one's, its own `then` takes its place.
-    Its ops describe changes the core already made in memory (a message marked in flight with a
-    packet id); submitted only after this commit, a later input (a reconnect's DUP resend) could
-    be sent and acknowledged ahead of them, and a crash would forget what the client was sent.
-    """
-    ops: tuple
-    then: tuple = ()
-
-    def __post_init__(self) -> None:
-        for e in self.then:  # a plain loop: cheaper than a generator per Persist on the QoS 1 path
-            if type(e) is Persist:
-                break
-        else:
-            return
-        ops_, then = list(self.ops), []
-        for e in self.then:
-            if isinstance(e, Persist):
-                ops_ += e.ops
-                then += e.then
-            else:
-                then.append(e)
-        object.__setattr__(self, "ops", tuple(ops_))
-        object.__setattr__(self, "then", tuple(then))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Connacked:
-    """In the CONNACK's `then`, right behind it: the adapter hands this back to `BrokerCore.connacked`, which
-    resends what was in flight and fills the window. Before it nothing is sent to the connection: a message
-    routed while the session's commit runs would otherwise reach the client ahead of its CONNACK."""
-
-    conn: int
-
-
-@fast_init  # made per message: appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
-class Durable:
-    """In a `Persist`'s `then`: the commit that queued `entries` is durable; the adapter hands this back to
-    `BrokerCore.durable`, which marks them ready and fills the windows of `client_ids`."""
-
-    entries: tuple
-    client_ids: tuple = ()
-
-
-routing.bind_effects(Send, Persist, Durable)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,7 +102,7 @@ class BrokerCore:
 
     # --- connections --------------------------------------------------------------------
 
-    def connect(self, conn_id: int, packet: codec.Connect, now_ms: int, *, username: str | None = None) -> list:
+    def connect(self, conn_id: int, packet: codec.Connect, now_ms: int, *, username: str | None = None) -> list[Any]:
         """A CONNECT already accepted by the front door (protocol, gate, authentication)."""
         v = packet.protocol_version
         props = packet.properties
@@ -176,10 +110,10 @@ class BrokerCore:
         assigned = None
         if not client_id:
             client_id = assigned = self._new_client_id()
-        effects: list = []
-        expiry_s = props.get(P.SESSION_EXPIRY_INTERVAL, 0) if v == 5 else (0 if packet.clean_start else NEVER)
+        effects: list[Any] = []
+        expiry_s: int = props.get(P.SESSION_EXPIRY_INTERVAL, 0) if v == 5 else (0 if packet.clean_start else NEVER)
         expiry_s = min(expiry_s, self.limits.max_session_expiry_s) if expiry_s != NEVER else NEVER
-        op_list: list = []
+        op_list: list[Any] = []
         owner = owner_of(username)
         clean_start = packet.clean_start
 
@@ -222,7 +156,7 @@ class BrokerCore:
         if packet.will is not None:
             op_list += self.router.set_will(session, packet.will, now_ms)
 
-        ack_props = {}
+        ack_props: dict[P, Any] = {}
         if v == 5:
             ack_props = {P.RECEIVE_MAXIMUM: SERVER_RECEIVE_MAXIMUM, P.TOPIC_ALIAS_MAXIMUM: SERVER_TOPIC_ALIAS_MAXIMUM,
                          P.MAXIMUM_PACKET_SIZE: self.limits.max_packet_size}
@@ -254,11 +188,11 @@ class BrokerCore:
             return None
         return "this client id's session belongs to another user"
 
-    def remove_users(self, usernames, now_ms: int) -> list:
+    def remove_users(self, usernames: Iterable[str], now_ms: int) -> list[Any]:
         """Deleted users: end their connections and sessions (the node drops their sockets too)."""
         gone = set(usernames)
-        effects: list = []
-        op_list: list = []
+        effects: list[Any] = []
+        op_list: list[Any] = []
         for conn in list(self.connections.values()):
             if conn.username is not None and conn.username in gone:
                 conn.will_on_close = False  # a deleted user's will is not published for it
@@ -274,7 +208,7 @@ class BrokerCore:
                 self._count("sessions_of_deleted_users")
         return [Persist(tuple(op_list)), *effects] if op_list else effects
 
-    def connacked(self, done: Connacked, now_ms: int) -> list:
+    def connacked(self, done: Connacked, now_ms: int) -> list[Any]:
         """The CONNACK went out: resend what was in flight (DUP), then fill the window."""
         conn = self.connections.get(done.conn)
         if conn is None:
@@ -282,7 +216,7 @@ class BrokerCore:
         conn.connacked = True
         return self._resend_and_pump(self.sessions[conn.client_id], conn, now_ms)
 
-    def connection_lost(self, conn_id: int, now_ms: int, *, disconnect: codec.Disconnect | None = None) -> list:
+    def connection_lost(self, conn_id: int, now_ms: int, *, disconnect: codec.Disconnect | None = None) -> list[Any]:
         """The socket closed (with a DISCONNECT packet, or not). Publishes the will unless told not to."""
         conn = self.connections.get(conn_id)
         if conn is None:
@@ -290,21 +224,21 @@ class BrokerCore:
         if disconnect is not None:
             if disconnect.reason_code == RC.SUCCESS:
                 conn.will_on_close = False
-            new_expiry = disconnect.properties.get(P.SESSION_EXPIRY_INTERVAL)
+            new_expiry: int | None = disconnect.properties.get(P.SESSION_EXPIRY_INTERVAL)
             session = self.sessions.get(conn.client_id)
             if new_expiry is not None and session is not None:
                 if session.expiry_s == 0 and new_expiry != 0:
                     pass  # v5 §3.14.2.2.2: a protocol error; keep 0 (the connection is ending anyway)
                 else:
                     session.expiry_s = min(new_expiry, self.limits.max_session_expiry_s)
-        op_list: list = []
+        op_list: list[Any] = []
         effects = self._connection_gone(conn_id, now_ms, taken_over=False, op_list=op_list)
         return [Persist(tuple(op_list)), *effects] if op_list else effects
 
-    def _connection_gone(self, conn_id: int, now_ms: int, *, taken_over: bool, op_list: list) -> list:
+    def _connection_gone(self, conn_id: int, now_ms: int, *, taken_over: bool, op_list: list[Any]) -> list[Any]:
         conn = self.connections.pop(conn_id)
         session = self.sessions.get(conn.client_id)
-        effects: list = []
+        effects: list[Any] = []
         if session is None or session.conn != conn_id:
             return effects
         session.conn = None
@@ -324,10 +258,10 @@ class BrokerCore:
             op_list.append(ops.SessionDisconnected(session.client_id, now_ms, session.expiry_s))
         return effects
 
-    def tick(self, now_ms: int) -> list:
+    def tick(self, now_ms: int) -> list[Any]:
         """Session expiry, delayed wills, message expiry. Call about once a second."""
-        effects: list = []
-        op_list: list = []
+        effects: list[Any] = []
+        op_list: list[Any] = []
         for session in list(self.sessions.values()):
             if session.will_due_ms and now_ms >= session.will_due_ms and session.will is not None:
                 session.will_due_ms = 0
@@ -345,16 +279,32 @@ class BrokerCore:
 
     # --- packets from a connected client --------------------------------------------------
 
-    def packet(self, conn_id: int, packet: object, now_ms: int) -> list:
+    def packet(self, conn_id: int, packet: object, now_ms: int) -> list[Any]:
         conn = self.connections[conn_id]
         if conn.closing:
             return []  # refused and about to be closed (_refuse_publish): nothing more is taken from it
-        handler = self._handlers.get(type(packet).__name__)
-        if handler is None:
-            return [Close(conn_id, RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")]
-        return handler(self, conn, packet, now_ms)
+        # An if-chain, not a table of functions: mypyc compiles it into direct calls.
+        if isinstance(packet, codec.Publish):
+            return self._on_publish(conn, packet, now_ms)
+        if isinstance(packet, codec.Puback):
+            return self._on_puback(conn, packet, now_ms)
+        if isinstance(packet, codec.Pubrec):
+            return self._on_pubrec(conn, packet, now_ms)
+        if isinstance(packet, codec.Pubrel):
+            return self._on_pubrel(conn, packet, now_ms)
+        if isinstance(packet, codec.Pubcomp):
+            return self._on_pubcomp(conn, packet, now_ms)
+        if isinstance(packet, codec.Subscribe):
+            return self._on_subscribe(conn, packet, now_ms)
+        if isinstance(packet, codec.Unsubscribe):
+            return self._on_unsubscribe(conn, packet, now_ms)
+        if isinstance(packet, codec.PingReq):
+            return self._on_pingreq(conn, packet, now_ms)
+        if isinstance(packet, codec.Disconnect):
+            return self._on_disconnect(conn, packet, now_ms)
+        return [Close(conn_id, RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")]
 
-    def _on_publish(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_publish(self, conn: Connection, packet: codec.Publish, now_ms: int) -> list[Any]:
         session = self.sessions[conn.client_id]
         topic = packet.topic
         alias = packet.properties.get(P.TOPIC_ALIAS)
@@ -384,14 +334,13 @@ class BrokerCore:
             if conn.protocol_version != 5 and packet.qos:
                 # 3.1.1 has no negative ack. Closing would make the client resend the same message on every
                 # reconnect, forever; like mosquitto we acknowledge and drop it (counted; the node logs it).
-                ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-                return [Send(conn.conn_id, ack(packet.packet_id))]
+                return [Send(conn.conn_id, ack_for(packet))]
             if conn.protocol_version != 5:
                 return []  # QoS 0: dropped, counted
             return self._refuse_publish(conn, packet, RC.NOT_AUTHORIZED, f"not authorized to publish to {topic}")
         if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
             # A retransmission: never routed twice; its PUBREC waits behind the first one's commit.
-            return [Persist((), (Send(conn.conn_id, codec.Pubrec(packet.packet_id)),))]
+            return [Persist((), (Send(conn.conn_id, ack_for(packet)),))]
         if packet.qos == 2 and conn.protocol_version == 5 and len(session.inbound_qos2) >= SERVER_RECEIVE_MAXIMUM:
             # v5 §3.3.4: more unfinished QoS 2 PUBLISHes than the Receive Maximum we advertised.
             # (3.1.1 has no such promise: its window is bounded only by the 65,535 packet ids.)
@@ -401,7 +350,8 @@ class BrokerCore:
             return self._publish_with_id(conn, session, topic, packet, now_ms)
         return self.router.route(self, conn, session, topic, packet, now_ms)
 
-    def _publish_with_id(self, conn: Connection, session: Session, topic: str, packet, now_ms: int) -> list:
+    def _publish_with_id(self, conn: Connection, session: Session, topic: str, packet: codec.Publish,
+                         now_ms: int) -> list[Any]:
         """A QoS 1/2 PUBLISH that may carry a message id: the rules are dedup.py's."""
         try:
             message_id = dedup.message_id_of(packet.properties)
@@ -413,45 +363,44 @@ class BrokerCore:
         if self.message_ids.seen(session.client_id, message_id, now_ms):
             self._count("publish_duplicates_suppressed")
             if packet.qos == 1:  # a barrier: the ack waits behind the first copy's commit (and PUBLISH order)
-                return [Persist((), (Send(conn.conn_id, codec.Puback(packet.packet_id)),))]
+                return [Persist((), (Send(conn.conn_id, ack_for(packet)),))]
             # QoS 2 under a new packet id: its exchange completes (PUBREL gets PUBCOMP), nothing is routed.
-            session.inbound_qos2.add(packet.packet_id)
-            return [Persist((ops.InboundQos2Received(session.client_id, packet.packet_id),),
-                            (Send(conn.conn_id, codec.Pubrec(packet.packet_id)),))]
+            ack = ack_for(packet)
+            session.inbound_qos2.add(ack.packet_id)
+            return [Persist((ops.InboundQos2Received(session.client_id, ack.packet_id),), (Send(conn.conn_id, ack),))]
         seen = ops.MessageIdSeen(session.client_id, message_id, now_ms)
         effects = self.router.route(self, conn, session, topic, packet, now_ms, extra_ops=(seen,))
         if any(isinstance(e, Persist) and seen in e.ops for e in effects):  # accepted, not refused
             self.message_ids.record(session.client_id, message_id, now_ms)
         return effects
 
-    def _refuse_publish(self, conn: Connection, packet, reason: int, text: str) -> list:
+    def _refuse_publish(self, conn: Connection, packet: codec.Publish, reason: int, text: str) -> list[Any]:
         """Refuse one PUBLISH. The answer is a barrier (a Persist without ops): acks go out in PUBLISH order
         (MQTT §4.6), so it waits behind the commits of what this client published before."""
         if conn.protocol_version == 5:
             if packet.qos == 0:
                 return []
             props = {P.REASON_STRING: text} if conn.request_problem_information else {}
-            ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-            return [Persist((), (Send(conn.conn_id, ack(packet.packet_id, reason, props)),))]
+            return [Persist((), (Send(conn.conn_id, ack_for(packet, reason, props)),))]
         # 3.1.1 has no negative ack: the client is disconnected and retries later. Nothing it sends after the
         # refused PUBLISH is taken (`closing`), so a retry cannot land behind a later message.
         conn.closing = True
         return [Persist((), (Close(conn.conn_id, reason, text),))]
 
-    def _on_puback(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_puback(self, conn: Connection, packet: codec.Puback, now_ms: int) -> list[Any]:
         return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(1,))
 
-    def _on_pubcomp(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_pubcomp(self, conn: Connection, packet: codec.Pubcomp, now_ms: int) -> list[Any]:
         return self._ack_outbound(conn, packet.packet_id, now_ms, expect=(2,))
 
-    def _ack_outbound(self, conn: Connection, packet_id: int, now_ms: int, expect: tuple[int, ...]) -> list:
+    def _ack_outbound(self, conn: Connection, packet_id: int, now_ms: int, expect: tuple[int, ...]) -> list[Any]:
         session = self.sessions[conn.client_id]
         entry = session.inflight.get(packet_id)
         if entry is None or entry.qos not in expect:
             return []  # an ack for nothing we have in flight: ignored (v5 allows a reason code on PUBREL only)
         return self._end_outbound(session, conn, entry, now_ms)
 
-    def _end_outbound(self, session: Session, conn: Connection, entry, now_ms: int) -> list:
+    def _end_outbound(self, session: Session, conn: Connection, entry: QueueEntry, now_ms: int) -> list[Any]:
         session.remove_inflight(entry)
         self.router.release(session, entry)
         # Rule 5: the ack is not waited for, so the freed slot is refilled without a commit, by `flush` at the
@@ -461,10 +410,10 @@ class BrokerCore:
         self._dirty[session.client_id] = None
         return []
 
-    def flush(self, now_ms: int) -> list:
+    def flush(self, now_ms: int) -> list[Any]:
         """End of an input batch (the adapter calls it once per event-loop callback): persist the acks taken and
         fill the windows of the sessions that acks or durable commits touched."""
-        effects: list = []
+        effects: list[Any] = []
         while self._dirty:
             dirty, self._dirty = self._dirty, {}
             for client_id in dirty:
@@ -478,14 +427,14 @@ class BrokerCore:
                     effects += self._pump(session, self.connections[session.conn], now_ms)
         return effects
 
-    def take_acks(self, session: Session) -> list:
+    def take_acks(self, session: Session) -> list[Any]:
         """The acks not yet persisted, as ops (before anything that could queue the same message again)."""
         if not session.acked:
             return []
         acked, session.acked = tuple(session.acked), []
         return [ops.MessagesAcked(session.client_id, acked)]
 
-    def _on_pubrec(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_pubrec(self, conn: Connection, packet: codec.Pubrec, now_ms: int) -> list[Any]:
         session = self.sessions[conn.client_id]
         entry = session.inflight.get(packet.packet_id)
         if entry is not None and entry.qos == 2 and entry.state is EntryState.INFLIGHT:
@@ -503,7 +452,7 @@ class BrokerCore:
         return [Send(conn.conn_id, codec.Pubrel(packet.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND))] \
             if conn.protocol_version == 5 else [Send(conn.conn_id, codec.Pubrel(packet.packet_id))]
 
-    def _on_pubrel(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_pubrel(self, conn: Connection, packet: codec.Pubrel, now_ms: int) -> list[Any]:
         session = self.sessions[conn.client_id]
         if packet.packet_id not in session.inbound_qos2:
             reason = RC.PACKET_IDENTIFIER_NOT_FOUND if conn.protocol_version == 5 else RC.SUCCESS
@@ -513,33 +462,27 @@ class BrokerCore:
         return [Persist((ops.InboundQos2Released(session.client_id, packet.packet_id),),
                         (Send(conn.conn_id, codec.Pubcomp(packet.packet_id)),))]
 
-    def _on_subscribe(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_subscribe(self, conn: Connection, packet: codec.Subscribe, now_ms: int) -> list[Any]:
         if any(sub.no_local and sub.topic_filter.startswith("$share/") for sub in packet.subscriptions):
             # v5 §3.8.3.1: a Protocol Error, which closes the connection (SUBACK has no code for it).
             return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "no local set on a shared subscription")]
         return self.router.subscribe(self, conn, self.sessions[conn.client_id], packet, now_ms)
 
-    def _on_unsubscribe(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_unsubscribe(self, conn: Connection, packet: codec.Unsubscribe, now_ms: int) -> list[Any]:
         return self.router.unsubscribe(conn, self.sessions[conn.client_id], packet)
 
-    def _on_pingreq(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_pingreq(self, conn: Connection, packet: codec.PingReq, now_ms: int) -> list[Any]:
         return [Send(conn.conn_id, codec.PingResp())]
 
-    def _on_disconnect(self, conn: Connection, packet, now_ms: int) -> list:
+    def _on_disconnect(self, conn: Connection, packet: codec.Disconnect, now_ms: int) -> list[Any]:
         return [*self.connection_lost(conn.conn_id, now_ms, disconnect=packet), Close(conn.conn_id)]
-
-    _handlers = {
-        "Publish": _on_publish, "Puback": _on_puback, "Pubrec": _on_pubrec, "Pubrel": _on_pubrel,
-        "Pubcomp": _on_pubcomp, "Subscribe": _on_subscribe, "Unsubscribe": _on_unsubscribe,
-        "PingReq": _on_pingreq, "Disconnect": _on_disconnect,
-    }
 
     # --- delivery --------------------------------------------------------------------------
 
-    def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list:
+    def _resend_and_pump(self, session: Session, conn: Connection, now_ms: int) -> list[Any]:
         """On (re)connect: resend what was in flight (DUP), then fill the window."""
-        effects = []
-        withheld = []
+        effects: list[Any] = []
+        withheld: list[QueueEntry] = []
         for entry in list(session.inflight.values()):
             if entry.state is EntryState.PUBREC:
                 effects.append(Send(conn.conn_id, codec.Pubrel(entry.packet_id)))
@@ -556,13 +499,13 @@ class BrokerCore:
                                             for e in withheld)))
         return effects + self._pump(session, conn, now_ms)
 
-    def _pump(self, session: Session, conn: Connection | None, now_ms: int) -> list:
+    def _pump(self, session: Session, conn: Connection | None, now_ms: int) -> list[Any]:
         """Send queued entries while the client's in-flight window has room."""
         if conn is None or not conn.connacked:
             return []
         return self.router.pump(conn, session, now_ms)
 
-    def durable(self, done: Durable, now_ms: int) -> list:
+    def durable(self, done: Durable, now_ms: int) -> list[Any]:
         """The commit behind `done` is durable: its queue entries may go out (rule 2)."""
         for entry in done.entries:
             entry.ready = True
@@ -570,7 +513,7 @@ class BrokerCore:
             self._dirty[client_id] = None  # pumped by `flush`, once for every commit of this callback
         return []
 
-    def deliver_to(self, client_id: str, now_ms: int) -> list:
+    def deliver_to(self, client_id: str, now_ms: int) -> list[Any]:
         session = self.sessions.get(client_id)
         if session is None or session.conn is None:
             return []
@@ -578,7 +521,7 @@ class BrokerCore:
 
     # --- sessions ----------------------------------------------------------------------------
 
-    def _delete_session(self, session: Session) -> list:
+    def _delete_session(self, session: Session) -> list[Any]:
         self.sessions.pop(session.client_id, None)
         session.acked.clear()  # SessionDeleted removes every queue entry of it
         op_list = self.router.forget_session(session)
@@ -598,7 +541,7 @@ class BrokerCore:
         return session.will
 
 
-def limits_from_config(limits) -> Limits:
+def limits_from_config(limits: Any) -> Limits:
     """The core's limits from the group file's [limits] table (`appliance.config.Limits`)."""
     return Limits(max_queued_messages=limits.session_queue_max_messages,
                   max_queued_bytes=limits.session_queue_max_bytes, max_spool_bytes=limits.spool_max_bytes,
@@ -610,14 +553,14 @@ def limits_from_config(limits) -> Limits:
                   max_keep_alive_s=limits.max_keepalive_s)
 
 
-def restore(core: BrokerCore, state, now_ms: int) -> None:
+def restore(core: BrokerCore, state: Any, now_ms: int) -> None:
     """Rebuild the core's state from the spool's (`appliance.spool.state.SpoolState`) at start-up.
 
     No connection survives a restart: every session comes back offline, its
     expiry counted from now if it was connected when the node stopped.
     """
     from .routing import decode_stored_properties, stored_estimate
-    from .session import Message, QueueEntry, SubscriptionOptions
+    from .session import Message, SubscriptionOptions
 
     router = core.router
     for msg_id, stored in state.messages.items():

@@ -27,6 +27,9 @@ the window).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from ..mqtt.properties import Properties
 from ..mqtt.properties import PropertyId as P
 from ..spool import ops
 
@@ -38,7 +41,7 @@ class BadMessageId(ValueError):
     """The publisher's message id property is malformed (the remote side's fault)."""
 
 
-def message_id_of(properties: dict) -> str | None:
+def message_id_of(properties: Properties) -> str | None:
     """The PUBLISH's message id, None without one; BadMessageId if malformed (see the rules)."""
     pairs = properties.get(P.USER_PROPERTY)
     if not pairs:
@@ -48,7 +51,7 @@ def message_id_of(properties: dict) -> str | None:
         return None
     if len(found) > 1:
         raise BadMessageId(f"{PROPERTY} appears {len(found)} times (at most once)")
-    value = found[0]
+    value: str = found[0]
     size = len(value.encode("utf-8"))
     if not 1 <= size <= MAX_ID_BYTES:
         raise BadMessageId(f"{PROPERTY} must be 1 to {MAX_ID_BYTES} bytes of UTF-8, not {size}")
@@ -100,7 +103,7 @@ class MessageIdHistory:
                 return
             del seen[key]
 
-    def restore(self, entries, now_ms: int) -> None:
+    def restore(self, entries: Iterable[tuple[str, str, int]], now_ms: int) -> None:
         """From the spool: (client id, message id, seen_at_ms), oldest first; expired ones are dropped."""
         for client_id, message_id, seen_at_ms in entries:
             if now_ms - seen_at_ms < self.window_ms:

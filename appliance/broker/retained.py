@@ -26,7 +26,7 @@ be seen).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 _ABSENT: Any = object()
@@ -41,7 +41,7 @@ class _Node:
         self.value: Any = _ABSENT
 
 
-def descend_creating(root, levels, new_node):
+def descend_creating(root: Any, levels: Iterable[str], new_node: Callable[[], Any]) -> Any:
     """The trie node for `levels` under `root`, creating what is missing (children dicts on first use)."""
     node = root
     for level in levels:
@@ -106,6 +106,7 @@ class RetainedIndex:
             if done.children or done.value is not _ABSENT:
                 break
             parent = path[depth - 1]
+            assert parent.children is not None, "a node on the path has children"
             del parent.children[levels[depth - 1]]
             if not parent.children:
                 parent.children = None
@@ -116,9 +117,10 @@ class RetainedIndex:
         for level in topic.split("/"):
             if node.children is None:
                 return None
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node
 
     def matching(self, topic_filter: str) -> Iterator[tuple[str, Any]]:
@@ -138,7 +140,8 @@ class RetainedIndex:
                     yield node.topic, node.value
                 continue
             level = levels[i]
-            if level != "#" and not node.children:
+            children = node.children
+            if level != "#" and not children:
                 continue
             at_root = i == 0
             if level == "#":
@@ -146,11 +149,11 @@ class RetainedIndex:
                     yield node.topic, node.value
                 yield from _subtree(node, skip_dollar=at_root)
             elif level == "+":
-                for key, child in list(node.children.items()):
+                for key, child in list(children.items()):  # type: ignore[union-attr]  # not empty (above)
                     if not (at_root and key.startswith("$")):
                         stack.append((child, i + 1))
             else:
-                child = node.children.get(level)
+                child = children.get(level)  # type: ignore[union-attr]  # not empty (above)
                 if child is not None:
                     stack.append((child, i + 1))
 

@@ -29,24 +29,35 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
 import itertools
+from typing import TYPE_CHECKING, Any
 
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
-from ..mqtt.properties import decode_properties, encode_properties
+from ..mqtt.properties import Properties, decode_properties, encode_properties
 from ..mqtt.wire import Cursor, PacketType
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
 from . import topics
+from .effects import Durable, Persist, Send
 from .session import Connection, EntryState, Message, QueueEntry, Session, SubscriptionOptions, Will
 
+if TYPE_CHECKING:
+    from .core import BrokerCore, Limits, ReceiveCheck
+
 _NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
+_Target = tuple[int, tuple[int, ...], bool]  # (QoS, subscription ids, RETAIN flag to send) of one copy
+
+
+def _receive_all(username: str | None, topic: str) -> bool:
+    return True
 
 
 class Router:
-    def __init__(self, limits, may_receive=None) -> None:
+    def __init__(self, limits: Limits, may_receive: ReceiveCheck | None = None) -> None:
         self.limits = limits
-        self.may_receive = may_receive or (lambda username, topic: True)
+        self.may_receive: ReceiveCheck = may_receive or _receive_all
         self.withheld = 0  # copies the ACL withheld at delivery
         self.messages: dict[int, Message] = {}
         self.retained = topics.RetainedIndex()
@@ -73,8 +84,9 @@ class Router:
 
     # --- publish in ------------------------------------------------------------------------
 
-    def route(self, core, conn: Connection | None, session: Session, topic: str, packet, now_ms: int,
-              extra_ops: tuple = ()) -> list:
+    def route(self, core: BrokerCore, conn: Connection | None, session: Session, topic: str, packet: codec.Publish,
+              now_ms: int,
+              extra_ops: tuple[Any, ...] = ()) -> list[Any]:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
         msg = self._message(session, topic, packet, now_ms)
         if not msg.qos and not msg.retain and not extra_ops:
@@ -93,10 +105,10 @@ class Router:
                 return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                             f"the message spool is full ({self.stored_bytes:,} of "
                                             f"{self.limits.max_spool_bytes:,} bytes); retry later")
-        op_list: list = list(extra_ops)
-        now_effects: list = []
-        then: list = []
-        queued: list = []
+        op_list: list[Any] = list(extra_ops)
+        now_effects: list[Any] = []
+        then: list[Any] = []
+        queued: list[Any] = []
         stored = False
         stored_at = -1  # where its MessageStored is in op_list: the first queue entry joins it (MessageRouted)
 
@@ -142,33 +154,33 @@ class Router:
                 op_list.append(ops.MessageQueued(client_id, msg.msg_id, qos, retain_flag, sub_ids))
             then.append(client_id)  # connected or not: it may connect before the commit is durable
         if packet.qos == 2 and conn is not None:
-            session.inbound_qos2.add(packet.packet_id)
-            op_list.append(ops.InboundQos2Received(session.client_id, packet.packet_id))
+            packet_id = ack_for(packet).packet_id
+            session.inbound_qos2.add(packet_id)
+            op_list.append(ops.InboundQos2Received(session.client_id, packet_id))
         if msg.refs == 0 and not msg.retain:
             self.messages.pop(msg.msg_id, None)  # QoS 0 only: nothing holds the body
-        acks = []
+        acks: list[Any] = []
         if conn is not None and packet.qos:
             reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS
-            ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-            acks.append(codec_send(conn, ack(packet.packet_id, reason)))
+            acks.append(codec_send(conn, ack_for(packet, reason)))
         if not op_list:
             return now_effects + acks
         # Rules 1 and 2: the ack and the QoS 1/2 deliveries wait for the commit.
         return [*now_effects, core_persist(op_list, acks, queued, then)]
 
-    def _message(self, session: Session, topic: str, packet, now_ms: int) -> Message:
+    def _message(self, session: Session, topic: str, packet: codec.Publish, now_ms: int) -> Message:
         props = ({k: v for k, v in packet.properties.items() if k not in _NOT_FORWARDED}
                  if packet.properties else {})  # most PUBLISHes carry none: no comprehension for them
         expiry_s = props.get(P.MESSAGE_EXPIRY_INTERVAL) if props else None
         return Message(next(self._msg_ids), topic, bytes(packet.payload), packet.qos, packet.retain, props,
                        now_ms + expiry_s * 1000 if expiry_s is not None else 0, session.client_id, now_ms)
 
-    def _route_at_most_once(self, core, session: Session, topic: str, msg: Message) -> list:
+    def _route_at_most_once(self, core: BrokerCore, session: Session, topic: str, msg: Message) -> list[Any]:
         """`route` for a QoS 0 PUBLISH without RETAIN, without what cannot apply to it: every copy is QoS 0, so
         nothing is stored, queued, refused for a full queue or acknowledged; a copy goes now to each target whose
         CONNACK is out (one for a connection still before it is dropped, not sent ahead of it), none to others.
         The hot path of QoS 0 traffic, so none of `route`'s bookkeeping for stored messages runs here."""
-        effects: list = []
+        effects: list[Any] = []
         sessions, connections = core.sessions, core.connections
         for client_id, (_qos, sub_ids, retain_flag) in self._targets(core, topic, session.client_id, False).items():
             target = sessions.get(client_id)
@@ -180,9 +192,9 @@ class Router:
                                                dup=False, msg=msg)
         return effects
 
-    def _targets(self, core, topic: str, publisher: str, retain: bool) -> dict[str, tuple[int, tuple, bool]]:
+    def _targets(self, core: BrokerCore, topic: str, publisher: str, retain: bool) -> dict[str, _Target]:
         """client id -> (QoS, subscription ids, RETAIN flag to send) for one copy each."""
-        out: dict[str, tuple[int, tuple, bool]] = {}
+        out: dict[str, _Target] = {}
         may_receive, sessions, connections = self.may_receive, core.sessions, core.connections
         # The index picks one member per shared group (round-robin, connected members first).
         for match in self.subscriptions.match(topic, eligible=lambda cid: _connected(core, cid)):
@@ -201,18 +213,18 @@ class Router:
         return out
 
     @staticmethod
-    def _merge(out: dict, client_id: str, opts: SubscriptionOptions, retain_flag: bool) -> None:
+    def _merge(out: dict[str, _Target], client_id: str, opts: SubscriptionOptions, retain_flag: bool) -> None:
         qos, ids, flag = out.get(client_id, (-1, (), False))
         sub_ids = ids + ((opts.subscription_id,) if opts.subscription_id else ())
         out[client_id] = (max(qos, opts.qos), sub_ids, flag or retain_flag)
 
     @staticmethod
-    def _needs_store(targets: dict, msg: Message) -> bool:
+    def _needs_store(targets: dict[str, _Target], msg: Message) -> bool:
         if msg.retain and msg.payload:
             return True
         return msg.qos > 0 and any(qos > 0 for qos, _, _ in targets.values())
 
-    def _full_target(self, core, targets: dict, msg: Message) -> str | None:
+    def _full_target(self, core: BrokerCore, targets: dict[str, _Target], msg: Message) -> str | None:
         if msg.qos == 0:
             return None
         for client_id, (qos, _, _) in targets.items():
@@ -224,9 +236,9 @@ class Router:
                 return client_id
         return None
 
-    def _set_retained(self, topic: str, msg: Message, store) -> list:
+    def _set_retained(self, topic: str, msg: Message, store: Callable[[], None]) -> list[Any]:
         old = self.retained.get(topic)
-        op_list: list = []
+        op_list: list[Any] = []
         if old is not None:
             self.retained.clear(topic)
             self._unref(old)
@@ -242,12 +254,12 @@ class Router:
 
     # --- delivery out ---------------------------------------------------------------------
 
-    def pump(self, conn: Connection, session: Session, now_ms: int) -> list:
-        effects: list = []
-        durable_first: list = []
-        sent: list = []
+    def pump(self, conn: Connection, session: Session, now_ms: int) -> list[Any]:
+        effects: list[Any] = []
+        durable_first: list[Any] = []
+        sent: list[Any] = []
         window = max(1, conn.receive_maximum)
-        dropped: list = []
+        dropped: list[Any] = []
         queue, inflight = session.queue, session.inflight
         # The in-flight entries are the queue's head: the next to send is at index len(inflight). Each step
         # costs O(1), never O(queue) or O(window): a backlog must not make every publish and ack slower.
@@ -279,16 +291,16 @@ class Router:
                 effects += sends
         # One MessagesInflight for everything this pump sent (per QoS): one op, not one per message.
         if durable_first:
-            effects.append(Persist_((_inflight_op(session, [e for e, _ in durable_first]),),
+            effects.append(Persist((_inflight_op(session, [e for e, _ in durable_first]),),
                                     tuple(s for _, sends in durable_first for s in sends)))
         if sent:
             dropped.append(_inflight_op(session, sent))
         if dropped:
-            effects.insert(0, Persist_(tuple(dropped), ()))
+            effects.insert(0, Persist(tuple(dropped), ()))
         return effects
 
     def publish_packet(self, conn: Connection, session: Session, entry: QueueEntry, *, dup: bool,
-                       msg: Message | None = None, now_ms: int = 0) -> list:
+                       msg: Message | None = None, now_ms: int = 0) -> list[Any]:
         msg = msg or self.messages[entry.msg_id]
         props = dict(msg.properties) if conn.protocol_version == 5 else {}
         if props and msg.expiry_at_ms and now_ms:
@@ -326,7 +338,7 @@ class Router:
             del self.messages[msg_id]
             self.stored_bytes -= msg.stored_size
 
-    def expire_queued(self, sessions, now_ms: int) -> list:
+    def expire_queued(self, sessions: Iterable[Session], now_ms: int) -> list[Any]:
         """Drop the queued (not yet sent) entries of messages past their expiry. The queues are walked only on a
         tick when some stored message fell due: a million queued messages cost nothing while none expires. Once
         walked, a due message has no QUEUED entry left (an entry never goes back to QUEUED, and an expired
@@ -350,14 +362,15 @@ class Router:
 
     # --- subscriptions ------------------------------------------------------------------------
 
-    def subscribe(self, core, conn: Connection, session: Session, packet, now_ms: int) -> list:
+    def subscribe(self, core: BrokerCore, conn: Connection, session: Session, packet: codec.Subscribe,
+                  now_ms: int) -> list[Any]:
         sub_id = packet.properties.get(P.SUBSCRIPTION_IDENTIFIER, 0)
         if isinstance(sub_id, (list, tuple)):  # repeatable on the wire; a SUBSCRIBE carries at most one
             sub_id = sub_id[0] if sub_id else 0
         codes: list[int] = []
-        op_list: list = core.take_acks(session)  # before a retained message could be queued again
-        retained_effects: list = []
-        queued: list = []
+        op_list: list[Any] = core.take_acks(session)  # before a retained message could be queued again
+        retained_effects: list[Any] = []
+        queued: list[Any] = []
         over_quota = RC.QUOTA_EXCEEDED if conn.protocol_version == 5 else 0x80
         max_subscriptions, max_filters = self.limits.max_subscriptions, self.limits.max_filters_per_subscribe
         for index, requested in enumerate(packet.subscriptions):
@@ -410,13 +423,13 @@ class Router:
                         session.queued_bytes += msg.size
                         op_list.append(ops.MessageQueued(session.client_id, msg_id, eff, True, ids))
                         queued.append(entry)
-        suback = codec_send(conn, codec.Suback(packet.packet_id, codes))
+        suback = codec_send(conn, codec.Suback(packet.packet_id, tuple(codes)))
         return [core_persist(op_list, [suback, *retained_effects], queued,
                              [session.client_id] if queued else [])]
 
-    def unsubscribe(self, conn: Connection, session: Session, packet) -> list:
-        codes = []
-        op_list = []
+    def unsubscribe(self, conn: Connection, session: Session, packet: codec.Unsubscribe) -> list[Any]:
+        codes: list[int] = []
+        op_list: list[Any] = []
         for topic_filter in packet.topic_filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.unsubscribe(session.client_id, topic_filter)
@@ -425,15 +438,15 @@ class Router:
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
         codes = codes if conn.protocol_version == 5 else []  # a 3.1.1 UNSUBACK carries no reason codes
-        return [Persist_(tuple(op_list), (codec_send(conn, codec.Unsuback(packet.packet_id, codes)),))]
+        return [Persist(tuple(op_list), (codec_send(conn, codec.Unsuback(packet.packet_id, tuple(codes))),))]
 
     # --- wills and session end ------------------------------------------------------------------
 
-    def set_will(self, session: Session, will, now_ms: int) -> list:
+    def set_will(self, session: Session, will: codec.Will, now_ms: int) -> list[Any]:
         op_list = self.drop_will(session)
         # The will's Message Expiry Interval stays relative in its properties: it starts when the will
         # is published (route() turns it into an absolute expiry then).
-        props = {k: v for k, v in will.properties.items() if k != P.WILL_DELAY_INTERVAL}
+        props: dict[P, Any] = {k: v for k, v in will.properties.items() if k != P.WILL_DELAY_INTERVAL}
         msg = Message(next(self._msg_ids), will.topic, bytes(will.payload), will.qos, will.retain, props,
                       0, session.client_id, now_ms, refs=1)
         self.messages[msg.msg_id] = msg
@@ -446,7 +459,7 @@ class Router:
                     ops.WillSet(session.client_id, msg.msg_id, session.will.delay_s)]
         return op_list
 
-    def drop_will(self, session: Session) -> list:
+    def drop_will(self, session: Session) -> list[Any]:
         if session.will is None:
             return []
         self._unref(session.will.msg_id)
@@ -454,8 +467,9 @@ class Router:
         session.will_due_ms = 0
         return [ops.WillCleared(session.client_id)]
 
-    def publish_will(self, session: Session, now_ms: int, op_list: list, core) -> list:
+    def publish_will(self, session: Session, now_ms: int, op_list: list[Any], core: BrokerCore) -> list[Any]:
         will = session.will
+        assert will is not None, "called for a session with a will"
         msg = self.messages[will.msg_id]
         packet = codec.Publish(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain, dup=False,
                                packet_id=None, properties=dict(msg.properties))
@@ -463,7 +477,7 @@ class Router:
         effects = self.route(core, None, session, msg.topic, packet, now_ms)
         return effects
 
-    def forget_session(self, session: Session) -> list:
+    def forget_session(self, session: Session) -> list[Any]:
         self.subscriptions.remove_client(session.client_id)
         for entry in session.queue:
             self._release_entry(session, entry)
@@ -475,17 +489,17 @@ class Router:
         return []
 
 
-def _inflight_op(session: Session, entries: list):
+def _inflight_op(session: Session, entries: list[QueueEntry]) -> ops.MessagesInflight:
     return ops.MessagesInflight(session.client_id, tuple(e.msg_id for e in entries),
                                 tuple(e.packet_id for e in entries))
 
 
-def _connected(core, client_id: str) -> bool:
+def _connected(core: BrokerCore, client_id: str) -> bool:
     session = core.sessions.get(client_id)
     return session is not None and session.conn is not None
 
 
-def _encode_props(props: dict) -> bytes:
+def _encode_props(props: Properties) -> bytes:
     """A stored message's properties, as the PUBLISH property block (the spool keeps them opaque)."""
     return encode_properties(props, PacketType.PUBLISH) if props else b""
 
@@ -499,30 +513,25 @@ def stored_estimate(msg: Message, stored_props: bytes) -> int:
             + STORED_OVERHEAD_BYTES)
 
 
-def decode_stored_properties(data: bytes) -> dict:
+def decode_stored_properties(data: bytes) -> dict[P, Any]:
     return decode_properties(Cursor(data), PacketType.PUBLISH) if data else {}
 
 
-# The core's effect classes, bound once by core.py when it is imported (it imports this module first, so a
-# top-level import here would be circular). A `from .core import ...` inside each function ran the import
-# machinery on every call, ~3 times per routed QoS 1 message.
-_Send = _Persist = _Durable = None
+def ack_for(packet: codec.Publish, reason: int = RC.SUCCESS,
+            props: dict[P, Any] | None = None) -> codec.Puback | codec.Pubrec:
+    """The PUBACK (QoS 1) or PUBREC (QoS 2) that answers `packet`."""
+    packet_id = packet.packet_id
+    assert packet_id is not None, "a QoS 1 or 2 PUBLISH has a packet id (the codec refuses one without)"
+    if packet.qos == 1:
+        return codec.Puback(packet_id, reason, props if props is not None else {})
+    return codec.Pubrec(packet_id, reason, props if props is not None else {})
 
 
-def bind_effects(send, persist, durable) -> None:
-    global _Send, _Persist, _Durable
-    _Send, _Persist, _Durable = send, persist, durable
+def codec_send(conn: Connection, packet: Any) -> Send:
+    return Send(conn.conn_id, packet)
 
 
-def codec_send(conn: Connection, packet):
-    return _Send(conn.conn_id, packet)
-
-
-def Persist_(op_tuple: tuple, then: tuple):
-    return _Persist(op_tuple, then)
-
-
-def core_persist(op_list: list, sends: list, queued: list, client_ids: list):
+def core_persist(op_list: list[Any], sends: list[Any], queued: list[QueueEntry], client_ids: list[str]) -> Persist:
     """Persist the ops; once durable, send the acks, mark the queued entries ready and fill the targets' windows."""
-    then = (*sends, _Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
-    return _Persist(tuple(op_list), then)
+    then = (*sends, Durable(tuple(queued), tuple(client_ids))) if queued else tuple(sends)
+    return Persist(tuple(op_list), then)

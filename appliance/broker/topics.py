@@ -256,7 +256,7 @@ class SubscriptionIndex:
         """
         group, inner = parse_shared(topic_filter)
         self._cache.clear()
-        node = descend_creating(self._root, inner.split("/"), _Node)
+        node: _Node = descend_creating(self._root, inner.split("/"), _Node)
         match = Match(client_id, options, topic_filter, group)
         if group is None:
             if node.subs is None:
@@ -306,25 +306,33 @@ class SubscriptionIndex:
         self._cache.clear()
         levels = _inner(topic_filter, group).split("/")
         path = [self._root]
+        # Every dict on this path exists: the filter is subscribed (asserted, for the type checker).
         for level in levels:
-            path.append(path[-1].children[level])
+            children = path[-1].children
+            assert children is not None
+            path.append(children[level])
         node = path[-1]
         if group is None:
-            del node.subs[client_id]
-            if not node.subs:
+            subs = node.subs
+            assert subs is not None
+            del subs[client_id]
+            if not subs:
                 node.subs = None
         else:
-            shared = node.shared[group]
+            shared_groups = node.shared
+            assert shared_groups is not None
+            shared = shared_groups[group]
             shared.drop(client_id)
             if not shared.members:
-                del node.shared[group]
-                if not node.shared:
+                del shared_groups[group]
+                if not shared_groups:
                     node.shared = None
         for depth in range(len(levels), 0, -1):  # prune empty nodes bottom-up
             done = path[depth]
             if done.children or done.subs or done.shared:
                 break
             parent = path[depth - 1]
+            assert parent.children is not None
             del parent.children[levels[depth - 1]]
             if not parent.children:
                 parent.children = None
@@ -430,7 +438,7 @@ def collapse_per_client(matches: Iterable[Match],
     first (MQTT-3.8.3-3), so a No Local subscription never raises the QoS of
     the copy the publisher still gets through another one.
     """
-    folded: dict[Any, list] = {}
+    folded: dict[Any, list[Any]] = {}
     for m in matches:
         o = m.options
         if o.no_local and publisher_id is not None and m.client_id == publisher_id:

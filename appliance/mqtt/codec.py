@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import ClassVar
 
 from pairmq.appliance.mqtt.packets import (
@@ -85,7 +86,7 @@ MIN_MAX_PACKET_SIZE = 16
 MAX_MAX_PACKET_SIZE = 1 + 4 + VBI_MAX
 
 _R = ReasonCode
-V311_RETURN_CODES = {
+V311_RETURN_CODES: dict[int, int] = {
     _R.SUCCESS: 0,
     _R.UNSUPPORTED_PROTOCOL_VERSION: 1,
     _R.CLIENT_IDENTIFIER_NOT_VALID: 2,
@@ -431,7 +432,7 @@ def decode_disconnect(body: bytes, protocol_version: int) -> Disconnect:
     return Disconnect(ReasonCode(code), props)
 
 
-_DECODERS = {
+_DECODERS: dict[PacketType, Callable[[bytes, int], Packet]] = {
     PacketType.CONNACK: decode_connack, PacketType.DISCONNECT: decode_disconnect,
     PacketType.SUBSCRIBE: decode_subscribe, PacketType.SUBACK: decode_suback,
     PacketType.UNSUBSCRIBE: decode_unsubscribe, PacketType.UNSUBACK: decode_unsuback,

@@ -39,7 +39,7 @@ from pairmq.appliance.mqtt.wire import (
 
 WILL = "will"  # the Will Properties scope inside CONNECT
 Scope = PacketType | str
-Properties = Mapping["PropertyId", object]
+Properties = Mapping["PropertyId", Any]  # Any, not object: values are typed per property id (the table below)
 
 
 class PropertyId(enum.IntEnum):
@@ -92,10 +92,10 @@ class PropertySpec:
 
 
 P = PacketType
-_PUB_WILL = frozenset({P.PUBLISH, WILL})
-_ACKS = frozenset({P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP, P.SUBACK, P.UNSUBACK})
-_ALL = frozenset({P.CONNECT, P.CONNACK, P.PUBLISH, WILL, P.SUBSCRIBE, P.UNSUBSCRIBE,
-                  P.DISCONNECT, P.AUTH}) | _ACKS
+_PUB_WILL: frozenset[Scope] = frozenset({P.PUBLISH, WILL})
+_ACKS: frozenset[Scope] = frozenset({P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP, P.SUBACK, P.UNSUBACK})
+_ALL: frozenset[Scope] = frozenset[Scope]({P.CONNECT, P.CONNACK, P.PUBLISH, WILL, P.SUBSCRIBE, P.UNSUBSCRIBE,
+                                          P.DISCONNECT, P.AUTH}) | _ACKS
 _T = DataType
 
 PROPERTY_TABLE: dict[PropertyId, PropertySpec] = {
@@ -146,10 +146,10 @@ TUPLE_VALUED = frozenset({PropertyId.USER_PROPERTY, PropertyId.SUBSCRIPTION_IDEN
 
 
 def scope_name(scope: Scope) -> str:
-    return "will properties" if scope == WILL else PacketType(scope).name
+    return scope.name if isinstance(scope, PacketType) else "will properties"
 
 
-_READERS: dict[DataType, Callable[[Cursor, str], object]] = {
+_READERS: dict[DataType, Callable[[Cursor, str], Any]] = {
     DataType.BYTE: Cursor.u8,
     DataType.TWO_BYTE_INT: Cursor.u16,
     DataType.FOUR_BYTE_INT: Cursor.u32,
@@ -167,12 +167,12 @@ _BOUNDED = frozenset(pid for pid, spec in PROPERTY_TABLE.items()
 
 
 def decode_properties(cursor: Cursor, scope: Scope,
-                      max_count: int | None = None) -> dict[PropertyId, object]:
+                      max_count: int | None = None) -> dict[PropertyId, Any]:
     """Read one property block for `scope`; the cursor moves past it."""
     length = cursor.vbi("property length")
     block = cursor.split(length, "property block")
-    props: dict[PropertyId, object] = {}
-    repeated: dict[PropertyId, list[object]] = {}
+    props: dict[PropertyId, Any] = {}
+    repeated: dict[PropertyId, list[Any]] = {}
     count = 0
     while not block.at_end():
         count += 1
@@ -188,7 +188,7 @@ def decode_properties(cursor: Cursor, scope: Scope,
             raise malformed(f"property {name} is not allowed in {scope_name(scope)}")
         value = read(block, name)
         if pid in _BOUNDED:
-            _check_range(pid, spec, value)  # type: ignore[arg-type]
+            _check_range(pid, spec, value)
         if pid in TUPLE_VALUED:
             values = repeated.get(pid)
             if values is None:
@@ -250,7 +250,7 @@ def encode_property_list(props: Properties, scope: Scope) -> bytes:
     return b"".join([encode_property(key, props[key], scope) for key in sorted(props)])
 
 
-def encode_property(key: int, value: object, scope: Scope) -> bytes:
+def encode_property(key: int, value: Any, scope: Scope) -> bytes:
     """One property's pairs (several for a repeated one, as a tuple)."""
     if key not in _BY_ID:
         raise ValueError(f"unknown property identifier {key!r}")
@@ -258,12 +258,12 @@ def encode_property(key: int, value: object, scope: Scope) -> bytes:
     if scope not in spec.scopes:
         raise ValueError(f"property {name} is not allowed in {scope_name(scope)}")
     values = value if pid in TUPLE_VALUED else (value,)
-    if len(values) > 1 and scope not in spec.repeatable_in:  # type: ignore[arg-type]
+    if len(values) > 1 and scope not in spec.repeatable_in:
         raise ValueError(f"property {name} may appear once in {scope_name(scope)}")
     encode = _ENCODERS[spec.data_type]
     out: list[bytes] = []
-    for one in values:  # type: ignore[union-attr]
-        if pid in _BOUNDED and not _in_range(spec, one):  # type: ignore[arg-type]
+    for one in values:
+        if pid in _BOUNDED and not _in_range(spec, one):
             raise ValueError(f"property {name} value {one} out of range")
         out += (_SMALL_IDS[pid], encode(one))
     return b"".join(out)

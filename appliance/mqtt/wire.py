@@ -224,7 +224,7 @@ class Cursor:
         return (self._data[pos] << 8) | self._data[pos + 1]
 
     def u32(self, what: str) -> int:
-        return struct.unpack(">I", self.take(4, what))[0]
+        return int.from_bytes(self.take(4, what), "big")
 
     def vbi(self, what: str) -> int:
         parsed = parse_vbi(self._data, self._pos, self._end)

@@ -9,6 +9,9 @@ Rules:
   refused as stale without computing a MAC.
 - Times on the wire are durations ("heard 12 ms ago"), never clock readings:
   hosts' monotonic clocks share no origin.
+- The records are made per datagram: explicit constructors (mypyc compiles them
+  into a few stores), immutable by `Final` under the type checker rather than
+  a runtime `frozen=True`; eq, repr and hash stay the dataclass's.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from typing import Final
 
 from ..errors import RemoteProtocolError
-from ..frozen import fast_init
 from ..roles import Role
 
 MAGIC = b"PQHB"
@@ -51,39 +54,68 @@ _ACTIVITIES = {a.value: a for a in Activity}  # by wire value: a dict look-up, n
 _PEER_SETS = {r: frozenset(r.peers()) for r in Role}
 
 
-@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True, init=False, unsafe_hash=True)
 class PeerView:
     """What the sender last heard from one of its peers."""
 
-    role: Role
-    incarnation: int = 0
-    seq: int = 0  # the last sequence number heard from that peer (the echo)
-    heard_ago_ms: int = NEVER_MS
-    claim_ago_ms: int = NEVER_MS  # since that peer last claimed activity
-    epoch: int = 0
-    spool_epoch: int = 0
-    spool_seq: int = 0
+    role: Final[Role]
+    incarnation: Final[int]
+    seq: Final[int]  # the last sequence number heard from that peer (the echo)
+    heard_ago_ms: Final[int]
+    claim_ago_ms: Final[int]  # since that peer last claimed activity
+    epoch: Final[int]
+    spool_epoch: Final[int]
+    spool_seq: Final[int]
+
+    def __init__(self, role: Role, incarnation: int = 0, seq: int = 0, heard_ago_ms: int = NEVER_MS,
+                 claim_ago_ms: int = NEVER_MS, epoch: int = 0, spool_epoch: int = 0, spool_seq: int = 0) -> None:
+        self.role = role
+        self.incarnation = incarnation
+        self.seq = seq
+        self.heard_ago_ms = heard_ago_ms
+        self.claim_ago_ms = claim_ago_ms
+        self.epoch = epoch
+        self.spool_epoch = spool_epoch
+        self.spool_seq = spool_seq
 
 
-@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True, init=False, unsafe_hash=True)
 class Heartbeat:
-    group: str
-    sender: Role
-    incarnation: int
-    seq: int
-    epoch: int
-    activity: Activity
-    views: tuple[PeerView, PeerView]
-    flags: int = 0
-    bid_epoch: int = 0
-    vote_epoch: int = 0
-    vote_for: Role | None = None
-    spool_epoch: int = 0
-    spool_seq: int = 0
-    config_version: int = 0
-    key_id: int = 0
+    group: Final[str]
+    sender: Final[Role]
+    incarnation: Final[int]
+    seq: Final[int]
+    epoch: Final[int]
+    activity: Final[Activity]
+    views: Final[tuple[PeerView, PeerView]]
+    flags: Final[int]
+    bid_epoch: Final[int]
+    vote_epoch: Final[int]
+    vote_for: Final[Role | None]
+    spool_epoch: Final[int]
+    spool_seq: Final[int]
+    config_version: Final[int]
+    key_id: Final[int]
+
+    def __init__(self, group: str, sender: Role, incarnation: int, seq: int, epoch: int, activity: Activity,
+                 views: tuple[PeerView, PeerView], flags: int = 0, bid_epoch: int = 0, vote_epoch: int = 0,
+                 vote_for: Role | None = None, spool_epoch: int = 0, spool_seq: int = 0, config_version: int = 0,
+                 key_id: int = 0) -> None:
+        self.group = group
+        self.sender = sender
+        self.incarnation = incarnation
+        self.seq = seq
+        self.epoch = epoch
+        self.activity = activity
+        self.views = views
+        self.flags = flags
+        self.bid_epoch = bid_epoch
+        self.vote_epoch = vote_epoch
+        self.vote_for = vote_for
+        self.spool_epoch = spool_epoch
+        self.spool_seq = spool_seq
+        self.config_version = config_version
+        self.key_id = key_id
 
     def view_of(self, role: Role) -> PeerView | None:
         for view in self.views:
@@ -118,14 +150,20 @@ def encode(hb: Heartbeat, key_id: int | None = None) -> bytes:
     return b"".join(parts)
 
 
-@fast_init  # one per datagram sent and received (three with the views): appliance/frozen.py
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True, init=False, unsafe_hash=True)
 class Header:
-    sender: Role
-    key_id: int
-    group: bytes
-    incarnation: int
-    body_end: int  # offset where the MAC tag starts
+    sender: Final[Role]
+    key_id: Final[int]
+    group: Final[bytes]
+    incarnation: Final[int]
+    body_end: Final[int]  # offset where the MAC tag starts
+
+    def __init__(self, sender: Role, key_id: int, group: bytes, incarnation: int, body_end: int) -> None:
+        self.sender = sender
+        self.key_id = key_id
+        self.group = group
+        self.incarnation = incarnation
+        self.body_end = body_end
 
 
 def encoded_size(group_len: int) -> int:

@@ -63,7 +63,7 @@ class Harness(EffectRunner):
         return out
 
     def subscribe(self, conn, *filters, qos=1, pid=1, **opts) -> codec.Suback:
-        subs = [codec.Subscription(f, qos, **opts) for f in filters]
+        subs = tuple(codec.Subscription(f, qos, **opts) for f in filters)
         self.send(conn, codec.Subscribe(pid, subs, {}))
         packets = self.take(conn)
         [suback] = [p for p in packets if isinstance(p, codec.Suback)]
@@ -85,7 +85,7 @@ def test_qos1_publish_is_acked_after_commit_and_delivered_after_commit():
     h.run(h.core.connect(2, codec.Connect(5, "pub", True, 60, None, None, None, {}), h.now))
     h.commit()
     h.take(1), h.take(2)
-    h.send(1, codec.Subscribe(1, [codec.Subscription("a/+", 1)], {}))
+    h.send(1, codec.Subscribe(1, (codec.Subscription("a/+", 1),), {}))
     h.commit()
     h.take(1)
     h.send(2, codec.Publish("a/b", b"x", qos=1, packet_id=7))
@@ -236,8 +236,8 @@ def test_will_delay_and_cancel_by_reconnect(h):
 
 def test_no_local_overlap_and_subscription_ids(h):
     h.connect(1, "me")
-    h.send(1, codec.Subscribe(1, [codec.Subscription("t/#", 1, no_local=True)], {P.SUBSCRIPTION_IDENTIFIER: 4}))
-    h.send(1, codec.Subscribe(2, [codec.Subscription("t/+", 2)], {P.SUBSCRIPTION_IDENTIFIER: 9}))
+    h.send(1, codec.Subscribe(1, (codec.Subscription("t/#", 1, no_local=True),), {P.SUBSCRIPTION_IDENTIFIER: 4}))
+    h.send(1, codec.Subscribe(2, (codec.Subscription("t/+", 2),), {P.SUBSCRIPTION_IDENTIFIER: 9}))
     h.take(1)
     h.connect(2, "other")
     h.send(2, codec.Publish("t/x", b"m", qos=2, packet_id=1))
@@ -315,7 +315,7 @@ def test_unauthorized_publish_and_subscribe_are_refused():
     h = Harness(authorize=lambda user, action, topic: not topic.startswith("secret"))
     h.connect(1, "c")
     suback = h.subscribe(1, "secret/#", "open/#")
-    assert suback.reason_codes == [RC.NOT_AUTHORIZED, 1]
+    assert suback.reason_codes == (RC.NOT_AUTHORIZED, 1)
     h.send(1, codec.Publish("secret/x", b"m", qos=1, packet_id=1))
     assert h.take(1)[0].reason_code == RC.NOT_AUTHORIZED
 
@@ -342,7 +342,7 @@ def test_unauthorized_publishes_are_counted_and_311_ones_acked_and_dropped():
 def test_bad_filters_get_per_filter_reason_codes(h):
     h.connect(1, "c")
     suback = h.subscribe(1, "a/#/b", "ok/+", "$share/g/x", qos=1)
-    assert suback.reason_codes == [RC.TOPIC_FILTER_INVALID, 1, 1]
+    assert suback.reason_codes == (RC.TOPIC_FILTER_INVALID, 1, 1)
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -371,7 +371,7 @@ def test_nothing_reaches_a_connection_before_its_connack():
     h.run(h.core.connect(2, codec.Connect(5, "pub", True, 60, None, None, None, {}), h.now))
     h.commit()
     h.take(1), h.take(2)
-    h.send(1, codec.Subscribe(1, [codec.Subscription("t", 1)], {}))
+    h.send(1, codec.Subscribe(1, (codec.Subscription("t", 1),), {}))
     h.commit()
     h.take(1)
     h.send(2, codec.Publish("t", b"first", qos=1, packet_id=1))

@@ -20,7 +20,7 @@ PERSISTENT = {P.SESSION_EXPIRY_INTERVAL: 3600}
 def busy_scenario() -> Harness:
     h = Harness()
     h.connect(1, "fleet", clean=False, props=PERSISTENT)
-    h.send(1, codec.Subscribe(1, [codec.Subscription("cars/+/door", 2), codec.Subscription("cars/#", 1)],
+    h.send(1, codec.Subscribe(1, (codec.Subscription("cars/+/door", 2), codec.Subscription("cars/#", 1)),
                               {P.SUBSCRIPTION_IDENTIFIER: 5}))
     h.connect(2, "pay", clean=False, props=PERSISTENT, will=codec.Will("status/pay", b"offline", 1, True))
     h.subscribe(2, "payments/#", qos=2)
