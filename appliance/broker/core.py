@@ -326,8 +326,7 @@ class BrokerCore:
                 # A barrier like `_refuse_publish`'s: the ack keeps PUBLISH order.
                 if not packet.qos:
                     return []
-                ack = codec.Puback if packet.qos == 1 else codec.Pubrec
-                return [Persist((), (Send(conn.conn_id, ack(packet.packet_id)),))]
+                return [Persist((), (Send(conn.conn_id, ack_for(packet)),))]
             return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, SYS_RESERVED_REASON)
         if not self.authorize(conn.username, "publish", topic):
             self._count("publish_not_authorized")
