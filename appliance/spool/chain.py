@@ -62,7 +62,7 @@ class Commit(NamedTuple):
         return self.last_seq - self.ops + 1
 
 
-def checksum(prev: bytes, epoch: int, last_seq: int, ops: int, op_records: bytes | memoryview) -> bytes:
+def checksum(prev: bytes, epoch: int, last_seq: int, ops: int, op_records: bytes | bytearray | memoryview) -> bytes:
     digest = _sha256(prev + _pack(epoch, last_seq, ops))
     digest.update(op_records)
     return digest.digest()[:CHECKSUM_BYTES]
