@@ -14,6 +14,7 @@ and of the coverage-guided fuzz run (tests/sim/test_hostile_fuzz.py, docs/securi
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 
@@ -35,6 +36,14 @@ SHARED_SCOPES = {
     "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_e2e.py"),  # one JVM's memory at a time
 }
 SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
+# - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the
+#   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled.
+PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit/test_quorum_*",
+               "tests/unit/test_heartbeat_*", "tests/unit/test_topics.py", "tests/unit/test_session_owners.py",
+               "tests/unit/test_sans_io.py", "tests/unit/test_types.py", "tests/unit/test_explicit_init.py",
+               "tests/unit/test_frozen_init.py", "tests/unit/test_hostile_codec.py", "tests/unit/test_hostile_units.py",
+               "tests/unit/test_spool_codec.py", "tests/unit/test_spool_segments.py",
+               "tests/unit/test_mate_link_messages.py", "tests/unit/test_mate_link_replication.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,6 +58,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PAIRMQ_PURE_PYTHON") == "1":
+        kept = [item for item in items if any(fnmatch.fnmatch(item.nodeid.split("::")[0], pattern)
+                                              for pattern in PURE_SUBSET)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
     mark_and_order(items)
     minutes = config.getoption("--soak")
     if minutes is not None and minutes <= 0:
