@@ -37,7 +37,8 @@ SHARED_SCOPES = {
 }
 SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
 # - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the
-#   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled.
+#   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled, except
+#   those marked `compiled` (they check the compiled build itself).
 PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit/test_quorum_*",
                "tests/unit/test_heartbeat_*", "tests/unit/test_topics.py", "tests/unit/test_session_owners.py",
                "tests/unit/test_sans_io.py", "tests/unit/test_types.py", "tests/unit/test_explicit_init.py",
@@ -60,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PAIRMQ_PURE_PYTHON") == "1":
         kept = [item for item in items if any(fnmatch.fnmatch(item.nodeid.split("::")[0], pattern)
-                                              for pattern in PURE_SUBSET)]
+                                              for pattern in PURE_SUBSET) and not item.get_closest_marker("compiled")]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
     mark_and_order(items)

@@ -83,10 +83,9 @@ def test_the_guard_passes_the_same_source_and_a_source_without_a_compiled_module
     native.check(tmp_path, {"pairmq.pkg.cold": ("pkg/cold.py", "0" * 64)})  # no compiled file: nothing shadowed
 
 
+@pytest.mark.compiled
 def test_the_guard_on_the_installed_tree_refuses_a_digest_that_is_not_its_sources():
     """A fresh interpreter, the real compiled module and its real source, a record that disagrees with it."""
-    if PURE:
-        pytest.skip("a pure build has nothing compiled to go stale")
     code = ("import pairmq.appliance.native as n, pathlib\n"
             f"n.check(pathlib.Path({str(REPO)!r}), {{'{COMPILED[0]}': "
             f"(__import__('pairmq.appliance._native_build', fromlist=['S']).SOURCES['{COMPILED[0]}'][0], "
