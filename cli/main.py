@@ -69,6 +69,9 @@ def build_parser() -> Parser:
     from .config_cmd import add_parsers as _config_parsers
 
     _config_parsers(commands)
+    from .config_backup import add_parsers as _config_backup_parsers
+
+    _config_backup_parsers(commands.choices["config"])
     from .pubsub import add_parsers as _pubsub_parsers
 
     _pubsub_parsers(commands)

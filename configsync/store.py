@@ -9,6 +9,10 @@ Rules:
   written; a bad one leaves the store untouched.
 - The history is bounded (`max_history` changes); a node further behind than that catches up by
   snapshot. A snapshot replaces document and head and starts a new history at its version.
+- The schema is sqlite-utils' (`MIGRATIONS`, applied in order at open and recorded in the file):
+  a store made before the migrations were recorded already holds the first one's tables, which it
+  creates only if missing, so every store on disk opens. A later schema change is a new migration
+  appended to the set, never an edit of an applied one.
 - At open the store checks itself: the head's digest must be the document's, and the history must
   chain up to the head. A store that fails is `ConfigStoreCorrupt`, with the file named and what to
   do: the node refuses to start rather than serve a configuration it cannot trust.
@@ -16,11 +20,12 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.private_files import private_database, private_dir
@@ -28,8 +33,37 @@ from pairmq.appliance.private_files import private_database, private_dir
 from .changes import GENESIS, Entry, Head, apply_change, chain, parse_change
 from .document import ConfigChangeError, ConfigDocument, canonical
 
+
+def _import_sqlite_utils() -> ModuleType:
+    """sqlite_utils without pandas and numpy when nothing has imported them yet: it imports them only to map their
+    types, which the store never hands it, and on a host with the analytics extra they would cost every node
+    start more than the rest of its imports."""
+    hidden = [name for name in ("pandas", "numpy") if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden, None))
+    try:
+        import sqlite_utils
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+    return sqlite_utils
+
+
+sqlite_utils = _import_sqlite_utils()
+
 STORE_FILE = Path("config") / "config.db"
 MAX_HISTORY = 10_000
+
+# The schema, in order; applied at open and recorded in the file (`_sqlite_migrations`).
+MIGRATIONS = sqlite_utils.Migrations("pairmq-config-store")
+
+
+@MIGRATIONS(name="tables")
+def _tables(db: sqlite_utils.Database) -> None:
+    # if_not_exists: stores made before migrations were recorded hold these tables already, made by this code.
+    db["changes"].create({"version": int, "change": str, "chain": str, "at_ms": int}, pk="version",
+                         not_null={"change", "chain", "at_ms"}, if_not_exists=True)
+    db["head"].create({"id": int, "version": int, "chain": str, "digest": str, "document": str}, pk="id",
+                      not_null={"version", "chain", "digest", "document"}, if_not_exists=True)
 
 
 class ConfigStoreCorrupt(PairMQError):
@@ -54,7 +88,12 @@ class ConfigStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             self.conn = conn
-            self._create()
+            self.db = sqlite_utils.Database(conn, execute_plugins=False)  # no plugins run inside a node
+            MIGRATIONS.apply(self.db)
+            if self.db["head"].count == 0:
+                empty = ConfigDocument()
+                with self.db.atomic():
+                    self._write_head(Head(0, GENESIS, empty.digest()), empty)
             self.head, self.document = self._load()
         except sqlite3.DatabaseError as exc:
             raise ConfigStoreCorrupt(f"configuration store {self.path} cannot be read ({exc}); "
@@ -91,9 +130,8 @@ class ConfigStore:
     def install(self, version: int, chain_value: str, document: ConfigDocument) -> None:
         """Replace document, head and history by a snapshot (the caller reports what it discards)."""
         head = Head(version, chain_value, document.digest())
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("DELETE FROM changes")
+        with self.db.atomic():
+            self.db["changes"].delete_where()
             self._write_head(head, document)
         self.head, self.document = head, document
 
@@ -134,19 +172,6 @@ class ConfigStore:
 
     # --- internals ---
 
-    def _create(self) -> None:
-        # Plain SQL, the schema sqlite-utils wrote for earlier stores, without importing sqlite-utils at every node
-        # start.
-        self.conn.execute("CREATE TABLE IF NOT EXISTS [changes] ([version] INTEGER PRIMARY KEY, "
-                          "[change] TEXT NOT NULL, [chain] TEXT NOT NULL, [at_ms] INTEGER NOT NULL)")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS [head] ([id] INTEGER PRIMARY KEY, [version] INTEGER NOT NULL, "
-                          "[chain] TEXT NOT NULL, [digest] TEXT NOT NULL, [document] TEXT NOT NULL)")
-        if self.conn.execute("SELECT count(*) FROM head").fetchone()[0] == 0:
-            empty = ConfigDocument()
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self._write_head(Head(0, GENESIS, empty.digest()), empty)
-
     def _load(self) -> tuple[Head, ConfigDocument]:
         version, chain_value, digest, text = self.conn.execute(
             "SELECT version, chain, digest, document FROM head WHERE id = 1").fetchone()
@@ -182,18 +207,18 @@ class ConfigStore:
     def _commit(self, entries: list[Entry], document: ConfigDocument) -> None:
         last = entries[-1]
         head = Head(last.version, last.chain, document.digest())
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany("INSERT INTO changes (version, change, chain, at_ms) VALUES (?, ?, ?, ?)",
-                                     [(e.version, canonical(e.change).decode(), e.chain, e.at_ms) for e in entries])
-            self.conn.execute("DELETE FROM changes WHERE version <= ?", (last.version - self.max_history,))
+        with self.db.atomic():
+            self.db["changes"].insert_all([{"version": e.version, "change": canonical(e.change).decode(),
+                                            "chain": e.chain, "at_ms": e.at_ms} for e in entries])
+            self.db["changes"].delete_where("version <= ?", [last.version - self.max_history])
             self._write_head(head, document)
         self.head, self.document = head, document
 
     def _write_head(self, head: Head, document: ConfigDocument) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO head (id, version, chain, digest, document) VALUES (1, ?, ?, ?, ?)",
-                             (head.version, head.chain, head.digest, document.canonical().decode()))
+        self.db["head"].upsert({"id": 1, "version": head.version, "chain": head.chain, "digest": head.digest,
+                                "document": document.canonical().decode()}, pk="id")
 
     def _oldest_version(self) -> int | None:
         row = self.conn.execute("SELECT min(version) FROM changes").fetchone()
         return row[0]
+

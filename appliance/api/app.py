@@ -215,7 +215,8 @@ async def _config_document(request: web.Request) -> web.Response:
 
 
 async def _config_changes(request: web.Request) -> web.Response:
-    """Apply changes in order on the active: all of them are checked first, so none or all apply."""
+    """Apply changes in order on the active: all of them are checked first, so none or all apply. With
+    `base_version`, only if the configuration is still at that version (an import's dry run saw that one)."""
     from pairmq.configsync.changes import apply_change, describe, parse_change
     from pairmq.configsync.document import ConfigChangeError
     from pairmq.configsync.service import NotActive
@@ -229,9 +230,17 @@ async def _config_changes(request: web.Request) -> web.Response:
     changes = body.get("changes") if isinstance(body, dict) else None
     if not isinstance(changes, list) or not 1 <= len(changes) <= 1000:
         return _error(400, "the body must be {\"changes\": [change, ...]} with 1 to 1000 changes")
+    base = body.get("base_version")
+    if base is not None and (not isinstance(base, int) or isinstance(base, bool) or base < 0):
+        return _error(400, "base_version must be a whole number from 0")
     if not ports.may_serve():
         refusal = NotActive(_active_elsewhere(ports))
         return web.json_response({"error": str(refusal), "active": refusal.active}, status=409)
+    if base is not None and base != configuration.store.head.version:
+        # What the caller compared against is gone: applying now would undo a change it never saw.
+        return web.json_response({"error": f"the configuration changed since it was read (version "
+                                           f"{configuration.store.head.version} now, {base} then); nothing changed",
+                                  "active": None, "version": configuration.store.head.version}, status=409)
     try:
         doc = configuration.document
         for i, change in enumerate(changes):

@@ -2,6 +2,10 @@
 // follows this node's decision stream. Everything is written with textContent: no HTML from the API.
 "use strict";
 
+// Requests go to location.origin, never relative to the page's URL: a page opened as
+// http://admin:PASS@host:8080/ would pass its credentials on, and fetch refuses URLs that hold credentials.
+function api(path) { return new URL(path, location.origin).href; }
+
 const POLL_MS = 1000;
 const MAX_DECISIONS = 30;
 const ROLES = ["primary", "backup", "monitor"];
@@ -119,7 +123,7 @@ function renderNumbers(routing, active) {
 
 async function poll() {
   try {
-    const response = await fetch("/api/v1/group", {cache: "no-store"});
+    const response = await fetch(api("/api/v1/group"), {cache: "no-store"});
     if (!response.ok) throw new Error("HTTP " + response.status);
     render(await response.json());
   } catch (err) {
@@ -148,7 +152,7 @@ function renderPolledDecisions(node) {
 function follow() {
   const list = document.getElementById("decisions");
   const state = document.getElementById("stream-state");
-  const source = new EventSource("/api/v1/decisions/stream");
+  const source = new EventSource(api("/api/v1/decisions/stream"));
   source.onopen = () => { state.textContent = "live"; state.className = "pill live"; };
   source.onerror = () => { state.textContent = "stream: reconnecting"; state.className = "pill muted"; };
   source.addEventListener("decision", event => {
