@@ -20,6 +20,7 @@ import shutil
 import struct
 import subprocess
 import time
+import urllib.parse
 import zlib
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import pytest
 from pairmq.appliance.roles import Role
 from pairmq.cli import api
 from tests.harness.group import active_group
-from tests.harness.http_api import admin_basic, get, hand_over
+from tests.harness.http_api import ADMIN_PASSWORD, admin_basic, get, hand_over
 
 P, B, M = Role.PRIMARY, Role.BACKUP, Role.MONITOR
 WIDTH, HEIGHT = 1280, 900
@@ -289,5 +290,28 @@ def test_an_open_page_follows_a_handover_live_through_its_stream_and_poll(tmp_pa
             assert after.index(activation) < after.index(newest_before), after
             assert browser.js("document.getElementById('node-primary').dataset.activity") == "Mate Active"
             assert_not_blank(*screenshot(browser, tmp_path / "live.png"))
+        finally:
+            browser.close()
+
+
+def test_the_page_opened_from_a_url_with_credentials_fills_its_cards_and_stream(tmp_path):
+    """http://admin:PASS@host:8080/ as a person types it: no header is added, Chromium sends what the URL holds,
+    and the page's own requests (which may not carry credentials in their URL) still reach the API."""
+    with active_group(tmp_path / "group") as g:
+        admin_basic(g.config)  # writes the admin file
+        address, port = g.config.node(B).address, g.config.ports.management
+        url = f"http://admin:{urllib.parse.quote(ADMIN_PASSWORD, safe='')}@{address}:{port}/"
+        browser = DevTools(tmp_path)
+        try:
+            browser.open(url, headers={})
+            browser.wait_for("the first poll", "document.body && document.body.dataset.state === 'ready'")
+            browser.wait_for("the stream open", "document.getElementById('stream-state').textContent === 'live'")
+            page = Page(browser.js("document.documentElement.outerHTML"))
+            assert page.text("active-node") == "primary" and page.text("served-by") == "backup"
+            assert all(page.by_id[f"node-{r.value}"]["data-reachable"] == "true" for r in Role)
+            assert page.text("redundancy") == "Up" and page.text("link-state") == "up"
+            assert page.by_id["banner"].get("hidden") is not None, page.text("banner")
+            assert "in sync with primary" in page.text("decisions")
+            assert_not_blank(*screenshot(browser, tmp_path / "credentials.png"))
         finally:
             browser.close()
