@@ -142,8 +142,8 @@ class ConfigStore:
             return self.head.chain
         if version == 0 and (self._oldest_version() == 1 or self.head.version == 0):
             return GENESIS
-        row = self.conn.execute("SELECT chain FROM changes WHERE version = ?", (version,)).fetchone()
-        return row[0] if row else None
+        row = next(self.db["changes"].rows_where("version = ?", [version], select="chain"), None)
+        return row["chain"] if row else None
 
     def changes_after(self, version: int, limit: int | None = None) -> list[Entry] | None:
         """Every change after `version` in order, or None when the history no longer reaches back there."""
@@ -152,29 +152,25 @@ class ConfigStore:
         oldest = self._oldest_version()
         if oldest is None or oldest > version + 1:
             return None
-        sql = "SELECT version, change, chain, at_ms FROM changes WHERE version > ? ORDER BY version"
-        rows = self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (version,)).fetchall()
-        return [Entry(v, json.loads(c), ch, at) for v, c, ch, at in rows]
+        return self._entries("version > ?", [version], "version", limit)
 
     def recent_chains(self, count: int) -> list[tuple[int, str]]:
         """(version, chain) of our newest `count` versions, newest first, for a rejoin."""
-        rows = self.conn.execute("SELECT version, chain FROM changes ORDER BY version DESC LIMIT ?",
-                                    (count,)).fetchall()
-        points = [(self.head.version, self.head.chain)] + [(v, c) for v, c in rows if v != self.head.version]
+        rows = self.db["changes"].rows_where(select="version, chain", order_by="version desc", limit=count)
+        points = [(self.head.version, self.head.chain)] + [(r["version"], r["chain"]) for r in rows
+                                                           if r["version"] != self.head.version]
         if len(points) < count and self.head.version != 0 and self.chain_at(0) == GENESIS:
             points.append((0, GENESIS))
         return points[:count]
 
     def history(self, limit: int = 50) -> list[Entry]:
-        rows = self.conn.execute("SELECT version, change, chain, at_ms FROM changes ORDER BY version DESC "
-                                    "LIMIT ?", (limit,)).fetchall()
-        return [Entry(v, json.loads(c), ch, at) for v, c, ch, at in rows]
+        return self._entries(None, [], "version desc", limit)
 
     # --- internals ---
 
     def _load(self) -> tuple[Head, ConfigDocument]:
-        version, chain_value, digest, text = self.conn.execute(
-            "SELECT version, chain, digest, document FROM head WHERE id = 1").fetchone()
+        head = self.db["head"].get(1)
+        version, chain_value, digest, text = head["version"], head["chain"], head["digest"], head["document"]
         where = f"configuration store {self.path}"
         try:
             document = ConfigDocument.from_json(json.loads(text))
@@ -189,9 +185,9 @@ class ConfigStore:
         return Head(version, chain_value, digest), document
 
     def _check_history(self, version: int, head_chain: str, where: str) -> None:
-        rows = self.conn.execute("SELECT version, change, chain FROM changes ORDER BY version").fetchall()
+        rows = self.db["changes"].rows_where(select="version, change, chain", order_by="version")
         previous = None
-        for v, text, ch in rows:
+        for v, text, ch in (tuple(row.values()) for row in rows):
             try:
                 change = json.loads(text)
             except ValueError:
@@ -219,6 +215,10 @@ class ConfigStore:
                                 "document": document.canonical().decode()}, pk="id")
 
     def _oldest_version(self) -> int | None:
-        row = self.conn.execute("SELECT min(version) FROM changes").fetchone()
-        return row[0]
+        oldest = next(self.db["changes"].rows_where(order_by="version", limit=1), None)
+        return None if oldest is None else oldest["version"]
+
+    def _entries(self, where: str | None, values: list, order_by: str, limit: int | None) -> list[Entry]:
+        rows = self.db["changes"].rows_where(where, values, order_by=order_by, limit=limit or None)
+        return [Entry(r["version"], json.loads(r["change"]), r["chain"], r["at_ms"]) for r in rows]
 
