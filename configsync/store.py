@@ -87,7 +87,6 @@ class ConfigStore:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            self.conn = conn
             self.db = sqlite_utils.Database(conn, execute_plugins=False)  # no plugins run inside a node
             MIGRATIONS.apply(self.db)
             if self.db["head"].count == 0:
@@ -100,7 +99,7 @@ class ConfigStore:
                                      f"move it aside and let the node take its mate's configuration") from None
 
     def close(self) -> None:
-        self.conn.close()
+        self.db.close()
 
     # --- writing ---
 
@@ -187,7 +186,7 @@ class ConfigStore:
     def _check_history(self, version: int, head_chain: str, where: str) -> None:
         rows = self.db["changes"].rows_where(select="version, change, chain", order_by="version")
         previous = None
-        for v, text, ch in (tuple(row.values()) for row in rows):
+        for v, text, ch in ((row["version"], row["change"], row["chain"]) for row in rows):
             try:
                 change = json.loads(text)
             except ValueError:
