@@ -6,6 +6,7 @@ a new store gets the same tables."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sqlite3
 from pathlib import Path
 
@@ -78,3 +79,21 @@ def test_a_store_whose_migration_record_is_damaged_is_refused_with_one_sentence(
 
     with pytest.raises(ConfigStoreCorrupt, match="cannot be read"):
         ConfigStore(path)
+
+
+def test_the_store_imports_sqlite_utils_without_pandas_or_numpy_and_leaves_them_importable():
+    """sqlite-utils imports pandas and numpy when it can; a node never needs them, so the store hides them for that
+    one import, and only then: a process that wants them afterwards (the analytics job) still gets them."""
+    import subprocess
+    import sys
+
+    script = ("import sys, pairmq.configsync.store as store\n"
+              "assert store.sqlite_utils.db.np is None and store.sqlite_utils.db.pd is None\n"
+              "print(sorted(n for n in ('pandas', 'numpy') if n in sys.modules))\n"
+              "import numpy, pandas\n"
+              "print(pandas.DataFrame({'a': [1]}).shape)\n")
+    if importlib.util.find_spec("pandas") is None:
+        pytest.fail("pandas is not installed: the test extra holds it (run .ci/setup)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[]", "(1, 1)"]
