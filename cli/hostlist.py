@@ -147,6 +147,14 @@ class _Paho(mqtt.Client):
         return mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
+def _connect_error(exc: OSError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: certificate verify failed ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    return exc.strerror or str(exc)
+
+
 class HostListClient:
     def __init__(self, hosts: list[str] | str, client_id: str, *, session_expiry_s: int = 3600,
                  keepalive_s: int = 10, username: str | None = None, password: str | None = None,
@@ -307,7 +315,7 @@ class HostListClient:
         try:
             self.paho.connect(target[0], target[1], keepalive=self.keepalive_s, **v5)
         except (OSError, ssl.SSLError) as exc:
-            what = f"{target[0]}:{target[1]}: {getattr(exc, 'reason', None) or exc.strerror or exc}"
+            what = f"{target[0]}:{target[1]}: {_connect_error(exc)}"
             self.history.append(what)
             self._causes.append((_relevance(None), what))
             return False

@@ -140,7 +140,7 @@ def pub(args, term: Terminal) -> int:
         client.stop()
     if client.failovers:
         term.note(f"sent {len(payloads)} message(s) across {client.failovers} failover(s)")
-    term.record(topic=args.topic, messages=len(payloads), qos=args.qos, failovers=client.failovers)
+    term.record(topic=args.topic, sent=len(payloads), qos=args.qos, failovers=client.failovers)
     return 0
 
 
@@ -217,7 +217,7 @@ def sub(args, term: Terminal) -> int:
         pass
     finally:
         client.stop()
-    term.record(messages=count)
+    term.record(received=count)
     return 0
 
 
