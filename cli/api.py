@@ -195,12 +195,19 @@ def require_one_reachable(config: GroupConfig, nodes: list[dict]) -> None:
     if any(node["reachable"] for node in nodes):
         return
     if refused := refused_token(nodes):
-        who = ", ".join(refused[:-1]) + (" and " if len(refused) > 1 else "") + refused[-1]
         others = "; ".join(f"the {n['role']}: {n['error']}" for n in nodes if n["role"] not in refused)
-        raise ApiError(f"the management token was refused by the {who} ({UNAUTHORIZED}): the group secret "
-                       f"{config.secret_file} (or ${TOKEN_ENV}) is not this group's" + (f"; {others}" if others else ""))
+        raise token_refused(config, refused, others)
     details = "; ".join(f"{n['role']} at {base_url(config, Role(n['role']))}: {n['error']}" for n in nodes)
     raise NodeUnreachable(f"no node of group {config.name!r} answered ({details})")
+
+
+def token_refused(config: GroupConfig, roles: list[str], others: str = "") -> ApiError:
+    """Every node that answered refused our signature: the operator's secret or $PAIRMQ_TOKEN is wrong."""
+    who = ", ".join(roles[:-1]) + (" and " if len(roles) > 1 else "") + roles[-1]
+    error = ApiError(f"the management token was refused by the {who} ({UNAUTHORIZED}): the group secret "
+                     f"{config.secret_file} (or ${TOKEN_ENV}) is not this group's" + (f"; {others}" if others else ""))
+    error.status = UNAUTHORIZED
+    return error
 
 
 def force_activity(config: GroupConfig, role: Role, token: str, *, timeout_s: float = 5.0) -> dict:

@@ -96,9 +96,7 @@ def read_config(config: GroupConfig, path: str = "/api/v1/config", *, token: str
     if found is not None:
         return found
     if refused and len(refused) == len(errors):
-        raise PairMQError(f"the management token was refused by the {' and the '.join(refused)} "
-                          f"({api.UNAUTHORIZED}): the group secret {config.secret_file} (or ${api.TOKEN_ENV}) is not "
-                          f"this group's")
+        raise api.token_refused(config, refused)
     raise PairMQError("no routing node answered (" + "; ".join(errors) + ")")
 
 

@@ -50,6 +50,8 @@ def fetch_active(config: GroupConfig, path: str, query: dict | None = None) -> t
             return role, answer
     refused = [a for a in answers.values() if isinstance(a, api.ApiError) and not isinstance(a, api.NodeUnreachable)]
     if refused and len(refused) == len(answers):
+        if all(a.status == api.UNAUTHORIZED for a in refused):
+            raise api.token_refused(config, [role.value for role in answers])
         raise PairMQError(f"the routing nodes refused: {refused[0]}")
     said = "; ".join(f"the {role.value}: " + (str(a) if isinstance(a, Exception) else "standby, not serving")
                      for role, a in answers.items())
