@@ -189,8 +189,12 @@ def up(term: Terminal, directory: Path) -> int:
 
 
 def _redundant(nodes: list[dict]) -> bool:
-    return any(n.get("serving") and n.get("redundancy_status") == "Up" for n in nodes) and all(
-        n.get("in_sync") for n in nodes if n.get("reachable") and n["role"] != Role.MONITOR.value)
+    """A node serves with redundancy up, and its mate answers as an in-sync standby."""
+    active = [n for n in nodes if n.get("serving")]
+    if len(active) != 1 or active[0].get("redundancy_status") != "Up":
+        return False
+    mate = Role(active[0]["role"]).mate().value
+    return any(n["role"] == mate and n.get("reachable") and n.get("in_sync") is True for n in nodes)
 
 
 def _wait_redundant(term: Terminal, config: GroupConfig, nodes: list[dict]) -> list[dict]:

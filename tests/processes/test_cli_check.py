@@ -51,3 +51,27 @@ def test_check_exit_codes_as_the_group_loses_its_nodes(tmp_path):
         unknown = check(g)
         assert unknown.stdout.startswith("PAIRMQ UNKNOWN - no node of group 'test' answered")
         assert unknown.stderr == ""
+
+
+def test_local_up_ends_on_the_redundant_group_not_on_a_half_started_one(tmp_path):
+    """What `pairmq local up` does once a node serves (it runs the group on fixed addresses; this is the same
+    wait against a group on this test's own): it returns the view with the standby joined and in sync."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from pairmq.cli import api
+    from pairmq.cli.local import _redundant, _wait_redundant
+    from pairmq.cli.terminal import Terminal
+    from tests.harness.group import Group
+
+    with Group(tmp_path / "group") as g:
+        g.start()
+        g.wait_for("a node to serve", lambda: any(n.get("serving") for n in api.fetch_redundancy(g.config)),
+                   timeout_s=30, every_s=0.05)
+        err = StringIO()
+        nodes = _wait_redundant(Terminal(Console(file=StringIO()), Console(file=err)), g.config,
+                                api.fetch_redundancy(g.config))
+        assert _redundant(nodes) and err.getvalue() == "", err.getvalue()
+        standby = next(n for n in nodes if n["role"] == "backup")
+        assert standby["in_sync"] is True and standby["activity"] in ("Mate Active", "Standby")

@@ -204,3 +204,17 @@ def test_sizes_take_units(group):
     for bad in ("8XB", "lots", "1.5"):
         assert_one_sentence(run(group, "config", "limits", "set", "spool_max_bytes", bad), repr(bad), code=1)
     assert run(group, "config", "limits", "unset", "spool_max_bytes").returncode == 0
+
+
+def test_the_library_names_the_most_relevant_cause_when_it_does_not_fail_fast(group):
+    from pairmq.cli.hostlist import ClientError, HostListClient
+
+    # The standby first: its 0x9C redirect is the latest answer of every round, the active's 0x86 the cause.
+    client = HostListClient([f"{group.address(B)}:1883", f"{group.address(P)}:1883"], "cli-ranking",
+                            username="alice", password="wrong", connect_timeout_s=1)
+    with pytest.raises(ClientError) as raised:
+        client.start(timeout_s=3)
+    client.stop()
+    message = str(raised.value)
+    assert "within 3 s" in message and f"{group.address(P)}:1883 refused 'cli-ranking': bad user name or password " \
+                                      f"(0x86)" in message and "0x9C" not in message

@@ -168,3 +168,22 @@ def test_sub_format_the_common_mosquitto_subset():
     assert format_message("%t %p %q %r %l %m %%\\n", message, now) == "a/b hello 1 1 5 7 %\n"
     assert format_message("%I|%U|\\t|\\\\|%x", message, now) == \
         "2026-11-29T01:02:03+00:00|1795914123.000000000|\t|\\|%x"
+
+
+def test_one_client_is_one_client():
+    from pairmq.cli.show_broker import clients_table
+    from tests.unit.test_cli_show_broker import CLIENTS, rendered
+
+    one = {**CLIENTS, "total": 1, "clients": CLIENTS["clients"][:1]}
+    assert rendered(clients_table(one))[0] == "Group orders: 1 client on the backup (10.0.0.2)"
+
+
+def test_local_up_waits_for_a_redundant_group():
+    from pairmq.cli.local import _redundant
+
+    active = view("primary", serving=True)
+    assert _redundant([active, view("backup", in_sync=True), view("monitor")])
+    # The state `local up` used to end on: the standby not joined yet.
+    assert not _redundant([{**active, "redundancy_status": "Down"}, view("backup", in_sync=False), view("monitor")])
+    assert not _redundant([active, view("backup", in_sync=False), view("monitor")])
+    assert not _redundant([view("primary"), view("backup", in_sync=True), view("monitor")])
