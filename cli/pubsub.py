@@ -13,11 +13,11 @@ Rules:
 - `pub` sends `-m MESSAGE`, `-f FILE` (the whole file), `-n` (an empty message), `-s` (all of stdin)
   or each line of stdin (`-l`), and returns once every message was acknowledged (QoS 1/2), or fails
   with one sentence after `--timeout` seconds.
-- `sub` prints each payload (`-v`: "topic payload"; `-F`: a format, mosquitto's %t %p %q %r %l %m %I %U
-  %% and \\n \\t \\\\; `--json`: one JSON object per message), skips retained messages with `-R`, and stops
-  after `-C COUNT` messages, `-W SECONDS`, or at Ctrl-C. A subscription the server denies (SUBACK
-  0x80 or more) is exit 1 with the filter and the reason. A persistent session (`-c`, with `-i ID`)
-  keeps messages queued while it is away.
+- `sub` prints each payload and a newline (`-N`: none) (`-v`: "topic payload"; `-F`: a format, mosquitto's
+  %t %p %q %r %l %m %I %U %% and \\n \\t \\\\; `--json`: one JSON object per message), skips retained
+  messages with `-R`, and stops after `-C COUNT` messages, `-W SECONDS`, or at Ctrl-C. A subscription
+  the server denies (SUBACK 0x80 or more) is exit 1 with the filter and the reason. A persistent
+  session (`-c`, with `-i ID`) keeps messages queued while it is away.
 - Payloads are printed as UTF-8 text, with undecodable bytes replaced.
 """
 
@@ -163,10 +163,11 @@ def format_message(template: str, message, now: datetime.datetime) -> str:
 
 
 def _line(args, message) -> str:
+    end = "" if args.no_eol else "\n"
     if args.format is not None:
-        return format_message(args.format, message, datetime.datetime.now().astimezone())
+        return format_message(args.format, message, datetime.datetime.now().astimezone()) + end
     text = message.payload.decode("utf-8", "replace")
-    return f"{message.topic} {text}\n" if args.verbose else f"{text}\n"
+    return f"{message.topic} {text}{end}" if args.verbose else f"{text}{end}"
 
 
 def _check_subscriptions(client: HostListClient, timeout_s: float) -> None:
@@ -291,6 +292,7 @@ def add_parsers(commands) -> None:
     s.add_argument("-F", "--format", metavar="FORMAT",
                    help="print each message as FORMAT: %%t topic, %%p payload, %%q QoS, %%r retained, "
                         "%%l length, %%m message id, %%I ISO time, %%U Unix time, %%%%, \\n")
+    s.add_argument("-N", "--no-eol", action="store_true", help="no newline after each message (as mosquitto_sub)")
     s.add_argument("-R", "--no-retained", action="store_true", help="skip retained messages (stale ones)")
     s.add_argument("-C", "--count", type=int, help="stop after this many messages")
     s.add_argument("-W", "--wait", type=_positive, metavar="SECONDS",

@@ -99,12 +99,12 @@ def test_mosquitto_flags_against_a_real_node(group, tmp_path):
     first = run(group, "sub", "-h", host, "-p", port, "-V", "mqttv311",
                 *alice("-t", "cli/r", "-C", "1", "-W", "30", "-F", "%t|%q|%r|%l|%p"))
     assert first.returncode == 0, first.stderr
-    assert first.stdout == "cli/r|1|1|3|old"  # -F prints no newline of its own, as mosquitto_sub
+    assert first.stdout == "cli/r|1|1|3|old\n"  # a newline after each message, as mosquitto_sub (-N: none)
 
     body = tmp_path / "body.bin"
     body.write_bytes(b"from a file\n")
     sub = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "sub", "-h", host, "-p", port, "-i", "cli-flags",
-                            *alice("-t", "cli/r", "-t", "cli/f", "-R", "-C", "2", "-W", "60", "-F", "%t|%l|%p\\n"),
+                            *alice("-t", "cli/r", "-t", "cli/f", "-R", "-C", "2", "-W", "60", "-F", "%t|%l|%p"),
                             "--group", str(group.dir / "group.toml")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
