@@ -187,3 +187,10 @@ def test_local_up_waits_for_a_redundant_group():
     assert not _redundant([{**active, "redundancy_status": "Down"}, view("backup", in_sync=False), view("monitor")])
     assert not _redundant([active, view("backup", in_sync=False), view("monitor")])
     assert not _redundant([view("primary"), view("backup", in_sync=True), view("monitor")])
+
+
+def test_check_without_a_usable_group_file_is_unknown(tmp_path):
+    result = pairmq("check", "--group", str(tmp_path / "none.toml"))
+    assert result.returncode == 3 and result.stderr == ""
+    assert result.stdout.startswith("PAIRMQ UNKNOWN - ") and "none.toml" in result.stdout
+    assert result.stdout.count("\n") == 1
