@@ -60,8 +60,12 @@ def _cmd_passwd(args, term: Terminal) -> int:
 
         password = _read_password(args).decode()
     path = set_admin(config, args.user, password)
+    term.record(admin_user=args.user, file=str(path))
     if args.generate:
-        term.print_text(password)
+        if term.json_mode:
+            term.record(admin_password=password)
+        else:
+            term.print_text(password)
     term.note(f"wrote {path} (user {args.user!r}); copy it to the same path on the other hosts")
     return 0
 
@@ -70,3 +74,11 @@ def set_admin(config: GroupConfig, username: str, password: str):
     path = admin_path(config)
     write_admin(path, new_credential(username, password))
     return path
+
+
+def show_admin_password(term: Terminal, user: str, password: str, change: str) -> None:
+    """A generated admin password, once, on stdout: it is data (`init` and `local up` alike)."""
+    if term.json_mode:
+        term.record(admin_user=user, admin_password=password)
+    else:
+        term.print_text(f"admin password (user {user}, shown once; change it with `{change}`): {password}")

@@ -33,6 +33,7 @@ from pairmq.appliance.api.signing import sign
 from pairmq.appliance.roles import Role
 
 READ_TIMEOUT_S = 1.0
+UNAUTHORIZED = 401
 MAX_RESPONSE_BYTES = 1 << 20
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TOKEN_ENV = "PAIRMQ_TOKEN"  # the management key (hex), for a host where the operator cannot read the group secret
@@ -118,6 +119,10 @@ def _call(request: urllib.request.Request, timeout_s: float) -> dict:
             message = json.loads(body)["error"]
         except (ValueError, KeyError, TypeError):
             message = f"{request.full_url} answered HTTP {exc.code} {exc.reason}"
+        if exc.code == UNAUTHORIZED:
+            # Not "unreachable": the node answered, and the operator must fix the token, not the network.
+            message = f"the management token was refused by {urllib.parse.urlsplit(request.full_url).netloc} " \
+                      f"({UNAUTHORIZED}: {message})"
         error = ApiError(str(message))
         error.status = exc.code
         raise error from None
@@ -171,7 +176,8 @@ def _fetch_one(config: GroupConfig, role: Role, timeout_s: float, key: str) -> d
     try:
         view = get_json(f"{base_url(config, role)}/api/v1/redundancy", timeout_s=timeout_s, token=key)
     except ApiError as exc:
-        return {"role": role.value, "address": address, "reachable": False, "error": str(exc)}
+        return {"role": role.value, "address": address, "reachable": False, "error": str(exc),
+                **({"status": exc.status} if exc.status is not None else {})}
     return {**view, "reachable": True}
 
 
@@ -180,11 +186,28 @@ def redundancy_document(config: GroupConfig, nodes: list[dict]) -> dict:
     return {"schema": 1, "group": config.name, "nodes": nodes}
 
 
+def refused_token(nodes: list[dict]) -> list[str]:
+    """The roles of the nodes that answered 401 to our signed request."""
+    return [n["role"] for n in nodes if not n["reachable"] and n.get("status") == UNAUTHORIZED]
+
+
 def require_one_reachable(config: GroupConfig, nodes: list[dict]) -> None:
     if any(node["reachable"] for node in nodes):
         return
+    if refused := refused_token(nodes):
+        others = "; ".join(f"the {n['role']}: {n['error']}" for n in nodes if n["role"] not in refused)
+        raise token_refused(config, refused, others)
     details = "; ".join(f"{n['role']} at {base_url(config, Role(n['role']))}: {n['error']}" for n in nodes)
     raise NodeUnreachable(f"no node of group {config.name!r} answered ({details})")
+
+
+def token_refused(config: GroupConfig, roles: list[str], others: str = "") -> ApiError:
+    """Every node that answered refused our signature: the operator's secret or $PAIRMQ_TOKEN is wrong."""
+    who = ", ".join(roles[:-1]) + (" and " if len(roles) > 1 else "") + roles[-1]
+    error = ApiError(f"the management token was refused by the {who} ({UNAUTHORIZED}): the group secret "
+                     f"{config.secret_file} (or ${TOKEN_ENV}) is not this group's" + (f"; {others}" if others else ""))
+    error.status = UNAUTHORIZED
+    return error
 
 
 def force_activity(config: GroupConfig, role: Role, token: str, *, timeout_s: float = 5.0) -> dict:

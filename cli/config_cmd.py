@@ -27,7 +27,9 @@ from pairmq.configsync.document import LIMIT_NAMES, OVERLOAD_NAMES
 
 from . import api
 from .options import add_group, examples, group_path
+from .render import count
 from .terminal import Terminal
+from .units import format_size, is_size, parse_number, parse_size
 
 if TYPE_CHECKING:
     from rich.table import Table  # imported where a table is made: every command builds this module's parsers
@@ -47,8 +49,9 @@ def _token(config: GroupConfig) -> str:
     return api.token(config)
 
 
-def submit(term: Terminal, config: GroupConfig, *changes: dict) -> dict:
-    """Send `changes` to the active; print what changed. Raises a one-sentence PairMQError on refusal."""
+def submit(term: Terminal, config: GroupConfig, *changes: dict, what: str | None = None) -> dict:
+    """Send `changes` to the active; print what changed (`what` in the person's words, when the node's
+    own description would be less exact). Raises a one-sentence PairMQError on refusal."""
     token, refusals = _token(config), []
     for role in ROUTING:
         url = f"{api.base_url(config, role)}/api/v1/config/changes"
@@ -63,10 +66,12 @@ def submit(term: Terminal, config: GroupConfig, *changes: dict) -> dict:
                 continue
             raise PairMQError(f"nothing changed: {exc}") from None
         for applied in reply["applied"]:
-            term.note(f"version {applied['version']}: {applied['what']}")
+            term.note(f"version {applied['version']}: {what or applied['what']}")
         where = ("the standby confirmed it" if reply["confirmed_by_standby"]
                  else f"config-sync is {reply['config_sync']}: the standby gets it when it rejoins")
         term.note(f"applied on the {role.value} (active); {where}")
+        term.record(applied=reply["applied"], active=role.value, confirmed_by_standby=reply["confirmed_by_standby"],
+                    config_sync=reply["config_sync"])
         return reply
     raise PairMQError("no active node took the change; nothing changed (" + "; ".join(refusals) + ")")
 
@@ -74,13 +79,15 @@ def submit(term: Terminal, config: GroupConfig, *changes: dict) -> dict:
 def read_config(config: GroupConfig, path: str = "/api/v1/config", *, token: str | None = None,
                 role: Role | None = None) -> dict:
     """The configuration view of `role`, or of the active (else any routing node that answers)."""
-    errors, found = [], None
+    errors, refused, found = [], [], None
     for r in ([role] if role else ROUTING):
         try:
             url = f"{api.base_url(config, r)}{path}"
             document = api.get_json(url, token=token or _token(config))
         except api.ApiError as exc:
             errors.append(f"the {r.value}: {exc}")
+            if exc.status == api.UNAUTHORIZED:
+                refused.append(r.value)
             continue
         found = found or document
         status = api.get_json(f"{api.base_url(config, r)}/api/v1/redundancy", token=_token(config))
@@ -88,6 +95,8 @@ def read_config(config: GroupConfig, path: str = "/api/v1/config", *, token: str
             return document
     if found is not None:
         return found
+    if refused and len(refused) == len(errors):
+        raise api.token_refused(config, refused)
     raise PairMQError("no routing node answered (" + "; ".join(errors) + ")")
 
 
@@ -106,7 +115,7 @@ def users(args, term: Terminal) -> int:
         for name in view["users"]:
             table.add_row(name)
         term.print_table(table)
-        term.note(f"{len(view['users'])} users; anonymous clients are "
+        term.note(f"{count(len(view['users']), 'user')}; anonymous clients are "
                   f"{'allowed' if view['allow_anonymous'] else 'refused'} (configuration version {view['version']})")
         return 0
     name = args.name
@@ -126,7 +135,8 @@ def users(args, term: Terminal) -> int:
         raise PairMQError(f"the password has {len(password)} bytes; the group asks for at least {min_length} "
                           f"(limits.password_min_length); nothing changed")
     record = hash_password(password, secrets.token_bytes(SALT_BYTES))
-    submit(term, config, {"kind": "user.set", "username": name, "record": record.to_document()})
+    what = f"added user {name!r}" if args.action == "add" else f"changed the password of user {name!r}"
+    submit(term, config, {"kind": "user.set", "username": name, "record": record.to_document()}, what=what)
     return 0
 
 
@@ -170,11 +180,20 @@ def settings(args, term: Terminal) -> int:
             return 0
         table = _table("name", "value", "source")
         for name, value in view["effective"].items():
-            table.add_row(name, f"{value:,}", "config-sync" if name in view["set"] else "default")
+            table.add_row(name, format_size(value) if is_size(name) else f"{value:,}",
+                          "config-sync" if name in view["set"] else "default")
         term.print_table(table)
         return 0
-    value = None if args.action == "unset" else _number(args.value)
-    submit(term, config, {"kind": f"{table_name}.set", "name": args.name, "value": value})
+    if args.action == "unset":
+        value, shown = None, "the default"
+    elif is_size(args.name):
+        value = parse_size(args.value)
+        shown = format_size(value)
+    else:
+        value = parse_number(args.value)
+        shown = f"{value:,}"
+    submit(term, config, {"kind": f"{table_name}.set", "name": args.name, "value": value},
+           what=f"{table_name}.{args.name} set to {shown}")
     return 0
 
 
@@ -238,16 +257,6 @@ def _table(*columns: str) -> Table:
     return table
 
 
-def _number(text: str) -> int | float:
-    try:
-        return int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            raise PairMQError(f"{text!r} is not a number") from None
-
-
 def _read_password(args) -> bytes:
     if args.password_stdin:
         line = sys.stdin.readline()
@@ -306,7 +315,7 @@ def add_parsers(commands) -> None:
                "pairmq config acl allow both 'sensors/#' --user alice", "pairmq config acl deny subscribe 'secret/#' "
                "--all", "pairmq config acl list", "pairmq config acl remove 0")
     for name in ("allow", "deny"):
-        p = leaf(a, name, f"append a rule that {name}s", acl, f"pairmq config acl {name} publish 'a/#' --user alice")
+        p = leaf(a, name, f"append a rule that {'allows' if name == 'allow' else 'denies'}", acl, f"pairmq config acl {name} publish 'a/#' --user alice")
         p.add_argument("what", choices=[x.value for x in Action], help="publish, subscribe or both")
         p.add_argument("filter", help="a topic filter (+ and # allowed)")
         who = p.add_mutually_exclusive_group(required=True)
@@ -323,17 +332,20 @@ def add_parsers(commands) -> None:
     for name in ("allow", "refuse"):
         leaf(n, name, f"{name} anonymous clients", anonymous, f"pairmq config anonymous {name}")
 
-    for table, names, example in (("limits", LIMIT_NAMES, "session_queue_max_messages 50000"),
-                                  ("overload", OVERLOAD_NAMES, "max_window 50")):
-        s = branch(table, f"{table} settings", f"Set {table} settings; unset ones keep their defaults.",
+    for table, one, names, example in (
+            ("limits", "limit", LIMIT_NAMES, "spool_max_bytes 8GiB"),
+            ("overload", "overload setting", OVERLOAD_NAMES, "max_window 50")):
+        s = branch(table, f"the group's {table}" if table == "limits" else "overload protection",
+                   f"Set a {one}; one left unset keeps its default. Sizes (names ending in _bytes) take units: "
+                   f"8GiB, 512MiB, 64kB, 1e9.",
                    f"pairmq config {table} set {example}", f"pairmq config {table} list --json")
-        p = leaf(s, "set", f"set one of the {table} settings", settings, f"pairmq config {table} set {example}")
-        p.add_argument("name", choices=names, help="the setting")
-        p.add_argument("value", help="its new value")
+        p = leaf(s, "set", f"set one {one}", settings, f"pairmq config {table} set {example}")
+        p.add_argument("name", choices=names, help=f"the {one}")
+        p.add_argument("value", help="its new value (a size with a unit for names ending in _bytes)")
         p = leaf(s, "unset", "go back to the default", settings, f"pairmq config {table} unset {example.split()[0]}")
-        p.add_argument("name", choices=names, help="the setting")
-        leaf(s, "list", f"list the {table} settings in force", settings, f"pairmq config {table} list",
-             json_flag=True)
+        p.add_argument("name", choices=names, help=f"the {one}")
+        leaf(s, "list", f"list the {table} in force" if table == "limits" else f"list the {one}s in force",
+             settings, f"pairmq config {table} list", json_flag=True)
 
     r = branch("auto-revert", "move activity back to the primary once it is in sync (on/off)",
                "Auto-revert: once the primary is back and in sync, activity moves back to it.",

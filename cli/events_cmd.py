@@ -1,7 +1,7 @@
 """`pairmq events follow`: the nodes' redundancy decisions as they happen.
 
 Rules:
-- Without `--node`, all three nodes' decision streams are followed at once (one reader thread each); each
+- Without `--role`, all three nodes' decision streams are followed at once (one reader thread each); each
   line names its node. A node that does not answer at the start is noted on stderr and left out; if none
   answers, one sentence and exit 1.
 - First the backlog: the latest `--lines` decisions (of all followed nodes together, oldest first, by the
@@ -36,12 +36,14 @@ def add_follow_parser(actions) -> None:
     """`pairmq events follow`, beside `events tail` (a node's event log, cli/show_broker.py)."""
     follow = actions.add_parser(
         "follow", help="print redundancy decisions as they happen (Ctrl-C to stop)",
-        description="Print the latest decisions of every node (or one with --node), then each new one as it "
+        description="Print the latest decisions of every node (or one with --role), then each new one as it "
                     "happens, one line each, until Ctrl-C or until every followed node's stream ends.",
-        epilog=examples("pairmq events follow", "pairmq events follow --node primary --lines 0",
+        epilog=examples("pairmq events follow", "pairmq events follow --role primary --lines 0",
                         "pairmq events follow --json | jq -r .reason"))
     follow.add_argument("--json", action="store_true", help="one JSON object per line (the stream's data)")
-    follow.add_argument("--node", choices=[r.value for r in Role], help="follow one node only")
+    follow.add_argument("--role", choices=[r.value for r in Role], help="follow this node only (as `events tail`)")
+    # The flag's earlier name, kept so that scripts written for it go on working.
+    follow.add_argument("--node", dest="role", choices=[r.value for r in Role], help=argparse.SUPPRESS)
     follow.add_argument("--lines", type=_count, default=DEFAULT_LINES, metavar="N",
                         help=f"how many earlier decisions to print first (default {DEFAULT_LINES})")
     add_group(follow)
@@ -56,7 +58,7 @@ def _count(text: str) -> int:
 
 def _cmd_follow(args: argparse.Namespace, term: Terminal) -> int:
     from pairmq.appliance.config import load_group
-    roles = [Role(args.node)] if args.node else list(Role)
+    roles = [Role(args.role)] if args.role else list(Role)
     return follow(term, load_group(group_path(args)), roles, as_json=args.json, lines=args.lines)
 
 
@@ -152,8 +154,7 @@ def _print_until_done(term: Terminal, inbox: queue.Queue, roles: set[Role], as_j
 def _emit(term: Terminal, decision: dict, as_json: bool) -> None:
     out = term.out
     if as_json:
-        out.file.write(json.dumps(decision) + "\n")
-        out.file.flush()
+        term.print_json_line(decision)
     elif out.is_terminal:
         from rich.text import Text  # only on a terminal: the module is imported by every command's parsers
 

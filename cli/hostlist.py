@@ -29,6 +29,15 @@ Rules:
 - A publish the server answers with a failure reason code (PUBACK/PUBREC >= 0x80: not authorized,
   quota exceeded, ...) was not stored: `PublishHandle.wait` raises `PublishRefused` naming the code,
   never reports it acknowledged. A failover is not a refusal: the publish is resent, as above.
+- A CONNACK that no node of the group would answer differently (bad user name or password, not
+  authorized, banned, a protocol the server does not take: `PERMANENT_REFUSALS`; users and rights
+  are config-synced) ends the client with `fail_fast`: `start` raises `ConnectionRefused` naming it
+  in words at once, and a later one sets `failure`. Without it, such a refusal is one more failed
+  host, and a timeout names the most relevant cause seen: a permanent refusal from any node before
+  a busy or unavailable server, before a connection error, before a standby's redirect.
+- Each SUBACK is kept per filter (`suback_codes`, `wait_subscribed`): a code >= 0x80 is a denial.
+- `protocol` 5 (the default) speaks MQTT 5; 4 speaks MQTT 3.1.1 (no redirects, no message ids, a
+  clean session when `session_expiry_s` is 0).
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ from pairmq.appliance.errors import PairMQError
 
 MESSAGE_ID_PROPERTY = "pairmq-msg-id"
 USE_ANOTHER_SERVER, SERVER_MOVED = 0x9C, 0x9D
+# CONNACK reason codes no other node of the group would answer differently.
+PERMANENT_REFUSALS = frozenset({0x81, 0x82, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})
+PROTOCOLS = {5: mqtt.MQTTv5, 4: mqtt.MQTTv311, 3: mqtt.MQTTv31}
 LOOP_STEP_S = 0.005
 WINDOW = 100  # at most this many handed to paho and unacknowledged: PairMQ's Receive Maximum
 
@@ -59,6 +71,29 @@ class ClientError(PairMQError):
 
 class PublishRefused(ClientError):
     """The server refused a publish with a failure reason code: it was not stored and is not delivered."""
+
+
+class ConnectionRefused(ClientError):
+    """A node refused the connection for a reason no other node would answer differently."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def reason_words(code: int, name: str) -> str:
+    """`bad user name or password (0x86)`: paho's name of a reason code, as a sentence fragment."""
+    return f"{name[:1].lower()}{name[1:]} (0x{code:02X})"
+
+
+def _relevance(code: int | None) -> int:
+    """How much a failed connection attempt explains (higher first): refusals that will not change, then
+    those that may (busy, unavailable), then no answer at all, then a redirect (it only points elsewhere)."""
+    if code in PERMANENT_REFUSALS:
+        return 3
+    if code in (USE_ANOTHER_SERVER, SERVER_MOVED):
+        return 0
+    return 2 if code is not None else 1
 
 
 def parse_hosts(hosts: list[str] | str, default_port: int = 1883) -> list[tuple[str, int]]:
@@ -112,21 +147,35 @@ class _Paho(mqtt.Client):
         return mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
+def _connect_error(exc: OSError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: certificate verify failed ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    return exc.strerror or str(exc)
+
+
 class HostListClient:
     def __init__(self, hosts: list[str] | str, client_id: str, *, session_expiry_s: int = 3600,
                  keepalive_s: int = 10, username: str | None = None, password: str | None = None,
                  connect_timeout_s: float = 2.0, max_backoff_s: float = 0.5, max_queued: int = 100_000,
-                 message_ids: bool = True, transport: str = "tcp", tls: ssl.SSLContext | None = None) -> None:
+                 message_ids: bool = True, transport: str = "tcp", tls: ssl.SSLContext | None = None,
+                 protocol: int = 5, fail_fast: bool = False, default_port: int = 1883) -> None:
         """`transport` "websockets" speaks MQTT over WebSockets (path /mqtt, ports 8083/8084); `tls` adds TLS."""
-        self.hosts = parse_hosts(hosts)
+        if protocol not in PROTOCOLS:
+            raise ClientError(f"MQTT protocol version {protocol} is not one of {', '.join(map(str, PROTOCOLS))}")
+        self.hosts = parse_hosts(hosts, default_port)
+        self.protocol = protocol
+        self.fail_fast = fail_fast
         self.client_id = client_id
         self.session_expiry_s = session_expiry_s
         self.keepalive_s = keepalive_s
         self.connect_timeout_s = connect_timeout_s
         self.max_backoff_s = max_backoff_s
-        self.message_ids = message_ids
-        self.paho = _Paho(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
-                          reconnect_on_failure=False, transport=transport)
+        self.message_ids = message_ids and protocol == 5
+        v3 = {} if protocol == 5 else {"clean_session": session_expiry_s == 0}
+        self.paho = _Paho(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=PROTOCOLS[protocol],
+                          reconnect_on_failure=False, transport=transport, **v3)
         if transport == "websockets":
             self.paho.ws_set_options(path="/mqtt")
         if tls is not None:
@@ -139,6 +188,7 @@ class HostListClient:
         self.paho.on_disconnect = self._on_disconnect
         self.paho.on_message = self._on_message
         self.paho.on_publish = self._on_publish
+        self.paho.on_subscribe = self._on_subscribe
         self._pending: collections.deque[PublishHandle] = collections.deque()
         self._handed: dict[int, PublishHandle] = {}  # paho's mid -> handle, until acknowledged
         self.max_queued = max_queued
@@ -146,22 +196,52 @@ class HostListClient:
         self.current: tuple[str, int] | None = None
         self.connects = self.failovers = 0
         self.history: list[str] = []  # one line per connection event, for tests and `pairmq sub -v`
-        self._subscriptions: dict[str, tuple[int, Callable | None]] = {}
+        self._subscriptions: dict[str, tuple[int, Callable | None, bool]] = {}
+        self._suback_mids: dict[int, list[str]] = {}  # SUBSCRIBE packet id -> its filters, until the SUBACK
+        self._early_subacks: dict[int, list[int]] = {}  # a SUBACK that overtook the recording of its mid
+        self.suback_codes: dict[str, int] = {}  # filter -> the latest SUBACK reason code
+        self._lock = threading.Lock()
+        self._subacked = threading.Condition(self._lock)
+        self.failure: str | None = None  # set (with fail_fast) when a node refused us for good
+        self._failure_code = 0
+        self._settled = threading.Event()  # connected, or refused for good
+        self._causes: list[tuple[int, str]] = []  # (relevance, what happened) per failed attempt
         self._redirect: tuple[str, int] | None = None
         self._answer: threading.Event = threading.Event()
         self._answer_code: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     # --- the application's side ---
 
     def start(self, timeout_s: float = 10.0) -> None:
         self._thread = threading.Thread(target=self._run, name=f"hostlist-{self.client_id}", daemon=True)
         self._thread.start()
-        if not self.connected.wait(timeout_s):
+        self._settled.wait(timeout_s)
+        if self.failure is not None:
+            self.stop()
+            raise ConnectionRefused(self.failure, self._failure_code)
+        if not self.connected.is_set():
             raise ClientError(f"no host of {self._hosts_text()} accepted {self.client_id!r} within {timeout_s:g} s "
-                              f"({self.history[-1] if self.history else 'no answer'})")
+                              f"({self.most_relevant_cause()})")
+
+    def most_relevant_cause(self) -> str:
+        """What best explains why no host accepted us (the latest of the most relevant kind)."""
+        if not self._causes:
+            return self.history[-1] if self.history else "no answer"
+        best = max(relevance for relevance, _ in self._causes)
+        return [text for relevance, text in self._causes if relevance == best][-1]
+
+    def wait_subscribed(self, timeout_s: float) -> dict[str, int] | None:
+        """Every current filter's SUBACK reason code once all have one, or None after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._subacked:
+            while not set(self._subscriptions) <= set(self.suback_codes):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.failure is not None:
+                    return None
+                self._subacked.wait(min(left, 0.1))
+            return {f: self.suback_codes[f] for f in self._subscriptions}
 
     def stop(self) -> None:
         self._stop.set()
@@ -188,11 +268,25 @@ class HostListClient:
             self._pending.append(handle)
         return handle
 
-    def subscribe(self, topic_filter: str, qos: int = 1, on_message: Callable[[str, bytes], None] | None = None):
+    def subscribe(self, topic_filter: str, qos: int = 1, on_message: Callable | None = None, *,
+                  whole_message: bool = False):
+        """`on_message(topic, payload)` for each message, or `on_message(message)` (paho's, with its QoS and
+        retain flag) when `whole_message`."""
         with self._lock:
-            self._subscriptions[topic_filter] = (qos, on_message)
+            self._subscriptions[topic_filter] = (qos, on_message, whole_message)
+            self.suback_codes.pop(topic_filter, None)
         if self.connected.is_set():
-            self.paho.subscribe(topic_filter, qos)
+            self._send_subscribe([topic_filter], qos)
+
+    def _send_subscribe(self, filters: list[str], qos: int) -> None:
+        _rc, mid = self.paho.subscribe(filters[0], qos) if len(filters) == 1 else \
+            self.paho.subscribe([(f, qos) for f in filters])
+        with self._lock:
+            early = self._early_subacks.pop(mid, None)
+            if early is None:
+                self._suback_mids[mid] = filters
+            else:
+                self._record_subacks(filters, early)
 
     # --- the connection thread ---
 
@@ -217,10 +311,13 @@ class HostListClient:
         self._answer.clear()
         self._answer_code = None
         self._keep_pubrel_states()
+        v5 = {"clean_start": False, "properties": props} if self.protocol == 5 else {}
         try:
-            self.paho.connect(target[0], target[1], keepalive=self.keepalive_s, clean_start=False, properties=props)
-        except OSError as exc:
-            self.history.append(f"{target[0]}:{target[1]}: {exc.strerror or exc}")
+            self.paho.connect(target[0], target[1], keepalive=self.keepalive_s, **v5)
+        except (OSError, ssl.SSLError) as exc:
+            what = f"{target[0]}:{target[1]}: {_connect_error(exc)}"
+            self.history.append(what)
+            self._causes.append((_relevance(None), what))
             return False
         deadline = time.monotonic() + self.connect_timeout_s
         while not self._answer.is_set() and time.monotonic() < deadline and not self._stop.is_set():
@@ -234,7 +331,9 @@ class HostListClient:
         self.paho.disconnect()
         self.paho.loop(LOOP_STEP_S)
         if self._answer_code is None:
-            self.history.append(f"{target[0]}:{target[1]}: no CONNACK within {self.connect_timeout_s:g} s")
+            what = f"{target[0]}:{target[1]}: no CONNACK within {self.connect_timeout_s:g} s"
+            self.history.append(what)
+            self._causes.append((_relevance(None), what))
         return False
 
     def _keep_pubrel_states(self) -> None:
@@ -290,14 +389,39 @@ class HostListClient:
             if not flags.session_present:
                 with self._lock:
                     subscriptions = list(self._subscriptions.items())
-                for topic_filter, (qos, _callback) in subscriptions:
-                    client.subscribe(topic_filter, qos)
+                for topic_filter, (qos, _callback, _whole) in subscriptions:
+                    self._send_subscribe([topic_filter], qos)
             self.connected.set()
+            self._settled.set()
             return
         reference = getattr(props, "ServerReference", None) if props is not None else None
         self.history.append(f"{self._here()}: refused 0x{code:02X}" + (f" → {reference}" if reference else ""))
+        words = f"{self._here()} refused {self.client_id!r}: {reason_words(code, reason.getName())}"
+        self._causes.append((_relevance(code), words + (f", pointing to {reference}" if reference else "")))
+        if code in PERMANENT_REFUSALS and self.fail_fast:
+            self.failure, self._failure_code = words, code
+            self._stop.set()
+            self._settled.set()
+            with self._subacked:
+                self._subacked.notify_all()
+            return
         if code in (USE_ANOTHER_SERVER, SERVER_MOVED) and reference:
             self._follow(reference)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, props) -> None:
+        codes = [getattr(r, "value", r) for r in reason_codes]
+        with self._lock:
+            filters = self._suback_mids.pop(mid, None)
+            if filters is None:
+                self._early_subacks[mid] = codes
+                return
+            self._record_subacks(filters, codes)
+
+    def _record_subacks(self, filters: list[str], codes: list[int]) -> None:
+        """Under the lock."""
+        for topic_filter, code in zip(filters, codes):
+            self.suback_codes[topic_filter] = code
+        self._subacked.notify_all()
 
     def _on_disconnect(self, client, userdata, flags, reason, props) -> None:
         reference = getattr(props, "ServerReference", None) if props is not None else None
@@ -310,10 +434,13 @@ class HostListClient:
 
     def _on_message(self, client, userdata, message) -> None:
         with self._lock:
-            callbacks = [cb for f, (_q, cb) in self._subscriptions.items()
+            callbacks = [(cb, whole) for f, (_q, cb, whole) in self._subscriptions.items()
                          if cb is not None and mqtt.topic_matches_sub(f, message.topic)]
-        for callback in callbacks[:1]:
-            callback(message.topic, message.payload)
+        for callback, whole in callbacks[:1]:
+            if whole:
+                callback(message)
+            else:
+                callback(message.topic, message.payload)
 
     def _follow(self, reference: str) -> None:
         try:

@@ -40,6 +40,7 @@ from .terminal import Terminal
 DEFAULT_DIR = Path("local")
 LOCAL_GROUP_NAME = "local"
 START_TIMEOUT_S = 15.0
+STANDBY_TIMEOUT_S = 15.0  # a fresh standby joins in a few heartbeats; a long resync is shown by `show redundancy`
 STOP_TIMEOUT_S = 5.0
 KILL_WAIT_S = 1.0
 POLL_INTERVAL_S = 0.1
@@ -153,12 +154,11 @@ def up(term: Terminal, directory: Path) -> int:
                   f"--group {layout.group_file}` after adding users")
         from pairmq.appliance.api.admin_credential import DEFAULT_USER, generate_password
 
-        from .admin_cmd import set_admin
+        from .admin_cmd import set_admin, show_admin_password
 
         password = generate_password()
         set_admin(written.config, DEFAULT_USER, password)
-        term.note(f"the management API's admin password (user {DEFAULT_USER}, for a browser; shown once, change it "
-                  f"with `pairmq admin passwd --group {layout.group_file}`): {password}")
+        show_admin_password(term, DEFAULT_USER, password, f"pairmq admin passwd --group {layout.group_file}")
     config = load_group(layout.group_file)
     load_secret(config)  # a missing or unsafe secret is this command's error, not three dead nodes
     _refuse_taken_ports(config, directory, missing)
@@ -170,6 +170,7 @@ def up(term: Terminal, directory: Path) -> int:
             procs[role] = spawn(layout, role)
         nodes = _wait_serving(term, layout, config, procs, rejoining=bool(already))
         ok = True
+        nodes = _wait_redundant(term, config, nodes)
     finally:
         if not ok:
             stopped = _stop(layout, {role: p.pid for role, (p, _) in procs.items()})
@@ -182,7 +183,36 @@ def up(term: Terminal, directory: Path) -> int:
               f"in {directory / 'logs'})")
     term.print_text(f"Host list: {config.host_list()}")
     term.print_table(redundancy_table(nodes, title=title(config)))
+    term.record(**api.redundancy_document(config, nodes), dir=str(directory.resolve()), host_list=config.host_list(),
+                pids={role.value: proc.pid for role, (proc, _) in procs.items()})
     return 0
+
+
+def _redundant(nodes: list[dict]) -> bool:
+    """A node serves with redundancy up, and its mate answers as an in-sync standby."""
+    active = [n for n in nodes if n.get("serving")]
+    if len(active) != 1 or active[0].get("redundancy_status") != "Up":
+        return False
+    mate = Role(active[0]["role"]).mate().value
+    return any(n["role"] == mate and n.get("reachable") and n.get("in_sync") is True for n in nodes)
+
+
+def _wait_redundant(term: Terminal, config: GroupConfig, nodes: list[dict]) -> list[dict]:
+    """Once a node serves, until its mate has joined as an in-sync standby, so that the table printed last is
+    the group's steady state; bounded, with a note when the standby is still joining."""
+    deadline = time.monotonic() + STANDBY_TIMEOUT_S
+    with term.status("waiting for the standby to join and catch up") as status:
+        while not _redundant(nodes):
+            if time.monotonic() >= deadline:
+                term.warn(f"the standby has not joined within {STANDBY_TIMEOUT_S:g} s: the group serves, without "
+                          f"redundancy for now; follow it with `pairmq show redundancy --watch --group "
+                          f"{config.path}`")
+                break
+            time.sleep(POLL_INTERVAL_S)
+            nodes = api.fetch_redundancy(config, timeout_s=0.5)
+            status.update("waiting for the standby: " + ", ".join(
+                f"{n['role']} {n['activity'] if n['reachable'] else 'starting'}" for n in nodes))
+    return nodes
 
 
 def _refuse_taken_ports(config: GroupConfig, directory: Path, roles: list[Role]) -> None:
@@ -284,6 +314,8 @@ def down(term: Terminal, directory: Path) -> int:
     for role in stale:  # unreadable pid files
         layout.pid_file(role).unlink(missing_ok=True)
     stopped = _stop(layout, recorded)
+    term.record(dir=str(directory.resolve()), stopped=[{"role": s.role.value, "pid": s.pid, "killed": s.killed}
+                                                       for s in stopped])
     if not stopped:
         term.note(f"nothing to stop: no local group is running in {directory}")
         return 0

@@ -3,7 +3,9 @@
 Every failure a person can cause or meet (a bad group file, a node that does
 not answer, a refused request, a mistyped option) ends as one sentence on
 stderr and a non-zero exit code: 2 for a usage mistake, 1 for everything else,
-130 for Ctrl-C. A traceback means a bug in PairMQ.
+130 for Ctrl-C (`pairmq check` uses the monitoring-plugin codes instead). A
+traceback means a bug in PairMQ. Every command takes `--json`: one JSON
+document on stdout, an error included (cli/terminal.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def build_parser() -> Parser:
                                     "pairmq init --dir /etc/pairmq --primary 10.0.0.1 --backup 10.0.0.2 "
                                     "--monitor 10.0.0.3",
                                     "pairmq node --role primary            # on the primary host"))
+    parser.add_argument("--version", action="version", version=f"pairmq {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _init_parser(commands)
     _node_parser(commands)
@@ -85,8 +88,67 @@ def build_parser() -> Parser:
 
     _spool_parsers(commands)
     _install_parser(commands)
+    from .check import add_parser as _check_parser
+
+    _check_parser(commands)
+    _completion_parser(commands)
     parser.set_defaults(handler=lambda args, term: _help(parser, term))
+    _add_json_everywhere(parser)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pairmq")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+# Commands that run until stopped, where one JSON document has no meaning.
+_NO_JSON = {"node"}
+
+
+def _leaves(parser: argparse.ArgumentParser):
+    """Every parser of the tree that runs a command (has no sub-commands of its own)."""
+    subactions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subactions:
+        yield parser
+    for action in subactions:
+        for child in dict.fromkeys(action.choices.values()):
+            yield from _leaves(child)
+
+
+def _add_json_everywhere(parser: argparse.ArgumentParser) -> None:
+    for leaf in _leaves(parser):
+        if leaf is parser or leaf.prog.split()[-1] in _NO_JSON:
+            continue
+        if "--json" not in leaf._option_string_actions:
+            leaf.add_argument("--json", action="store_true",
+                              help="print one JSON document on stdout (errors too), with the same exit code")
+
+
+def _completion_parser(commands) -> None:
+    p = commands.add_parser(
+        "completion", help="print a shell completion script (bash, zsh or tcsh)",
+        description="Print a completion script for SHELL, generated from this command's own option tree.",
+        epilog=examples("pairmq completion bash > /etc/bash_completion.d/pairmq",
+                        "pairmq completion zsh > \"${fpath[1]}/_pairmq\"",
+                        "source <(pairmq completion bash)"))
+    p.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="the shell")
+    p.set_defaults(handler=_cmd_completion)
+
+
+def _cmd_completion(args: argparse.Namespace, term: Terminal) -> int:
+    import shtab
+
+    script = shtab.complete(build_parser(), shell=args.shell)
+    if args.json:
+        term.record(shell=args.shell, script=script)
+    else:
+        term.out.file.write(script if script.endswith("\n") else script + "\n")
+    return 0
 
 
 def _help(parser: argparse.ArgumentParser, term: Terminal) -> int:
@@ -299,7 +361,7 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
 
     from pairmq.appliance.api.admin_credential import DEFAULT_USER, check_password, generate_password
 
-    from .admin_cmd import set_admin
+    from .admin_cmd import set_admin, show_admin_password
 
     addresses = group_addresses(args.primary, args.backup, args.monitor)
     if args.password_stdin:
@@ -312,21 +374,29 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
     written = write_group(args.dir, name=args.name, addresses=addresses, data_dir=args.data_dir, force=args.force,
                           management_tls=args.management_tls)
     admin_file = set_admin(written.config, DEFAULT_USER, password)
-    term.note(f"{'replaced' if written.replaced else 'wrote'} {written.group_file} (group {written.config.name!r})")
-    term.note(f"{'replaced' if written.replaced else 'wrote'} {written.secret_file} (mode 0600; keep it private)")
-    if all(address.startswith("127.") for _, address, _ in written.node_commands()):
-        term.note("all three nodes are on this machine; run each of these (or use `pairmq local`):")
-    else:
-        term.note("copy both files to the same paths on each host, then run there:")
-    for role, address, command in written.node_commands():
-        term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
-    term.note(f"wrote {admin_file} (the management API's admin credential, mode 0600; copy it with the secret)")
+    verb = "replaced" if written.replaced else "wrote"
+    term.note(f"{verb} {written.group_file} (group {written.config.name!r})")
+    term.note(f"{verb} {written.secret_file} (mode 0600; keep it private)")
+    term.note(f"wrote {admin_file} (the management API's admin credential, mode 0600)")
+    files = [written.group_file, written.secret_file, admin_file]
     if written.config.management.https:
         term.note(f"wrote {written.config.management.cert_file} and its key (mode 0600): the management API "
-                  f"speaks HTTPS; copy both with the secret")
+                  f"speaks HTTPS")
+        files += [written.config.management.cert_file, written.config.management.key_file]
+    local = all(address.startswith("127.") for _, address, _ in written.node_commands())
+    if local:
+        term.note("all three nodes are on this machine; run each of these (or use `pairmq local`):")
+    else:
+        term.note(f"copy these {len(files)} files to the same paths on each host "
+                  f"({', '.join(Path(f).name for f in files)}), then run there:")
+    commands = written.node_commands()
+    for role, address, command in commands:
+        term.print_text(f"  {role.value:<8} on {address:<15}  {command}")
+    term.record(group=written.config.name, replaced=written.replaced, files=[str(f) for f in files],
+                nodes=[{"role": role.value, "address": address, "command": command}
+                       for role, address, command in commands])
     if not args.password_stdin:
-        term.print_text(f"admin password (user {DEFAULT_USER}, shown once; change it with `pairmq admin passwd`): "
-                        f"{password}")
+        show_admin_password(term, DEFAULT_USER, password, "pairmq admin passwd")
     return 0
 
 
@@ -408,24 +478,34 @@ def _cmd_revert_activity(args: argparse.Namespace, term: Terminal) -> int:
 
 def main(argv: list[str] | None = None, term: Terminal | None = None) -> int:
     term = term or Terminal()
+    argv = sys.argv[1:] if argv is None else argv
+    # Known before parsing, so that a usage mistake is a JSON document too.
+    term.json_mode = "--json" in argv
     parser = build_parser()
+    code = _run(parser, argv, term)
+    term.finish(code)
+    return code
+
+
+def _run(parser: Parser, argv: list[str], term: Terminal) -> int:
     try:
         args = parser.parse_args(argv)
+        term.json_mode = bool(getattr(args, "json", False))
         return args.handler(args, term)
     except _Exit as exc:
         return exc.code
     except UsageError as exc:
-        term.error(f"{exc} (see `{exc.prog} --help`)")
+        term.fail(f"{exc} (see `{exc.prog} --help`)")
         return EXIT_USAGE
     except PairMQError as exc:
-        term.error(str(exc))
+        term.fail(str(exc))
         return EXIT_ERROR
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
-        term.error(f"{exc.strerror or exc}{where}")
+        term.fail(f"{exc.strerror or exc}{where}")
         return EXIT_ERROR
     except KeyboardInterrupt:
-        term.error("interrupted")
+        term.fail("interrupted")
         return EXIT_INTERRUPTED
 
 

@@ -24,6 +24,7 @@ def force_activity(term: Terminal, config: GroupConfig, role: Role, *, understoo
     if role is Role.MONITOR:
         raise PairMQError("the monitor never holds activity; force the primary or the backup")
     result = api.force_activity(config, role, _token(config))
+    term.record(**{**result, "node": role.value, "action": "force-activity"})
     term.note(f"{role.value}: {result.get('result', 'forced bid started')}; "
               f"follow it with `pairmq show redundancy --watch`")
     return 0
@@ -51,6 +52,7 @@ def revert_activity(term: Terminal, config: GroupConfig) -> int:
 
 
 def _report(term: Terminal, role: Role, result: dict) -> int:
+    term.record(**{**result, "node": role.value})
     if result.get("result") == "handed over":
         now = f"the {result['active']} is active" if result.get("active") else "the mate takes over"
         term.note(f"{role.value}: handed activity over in {result.get('drain_ms', 0)} ms at op "

@@ -19,6 +19,11 @@ NOT_APPLICABLE = "-"
 UNKNOWN = "?"  # a resync size not known yet (a snapshot still being built)
 
 
+def count(n: int, singular: str, plural: str | None = None) -> str:
+    """`1 client`, `2 clients`, `1,000 entries` (give `plural` when it is not singular + s)."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
 def age(ms: int | None) -> str:
     """A short human age: 0.4 s, 12 s, 3 min, 5 h, 2 d."""
     if ms is None or ms < 0:

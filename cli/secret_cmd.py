@@ -228,6 +228,9 @@ def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_af
         raise NodeUnreachable(f"{exc}; {hint}; nothing was changed") from None
     ring, old_id, new_id = _resume(config, states) if resume else _start(config, states, term)
     order = _order(config)
+    completed: list[dict] = []
+    term.record(group=config.name, old_key_id=old_id, new_key_id=new_id, order=[r.value for r in order],
+                steps=completed, done=False)
     term.note(f"rotating group {config.name!r} from key id {old_id} to {new_id}, in order "
               f"{', '.join(r.value for r in order)}")
 
@@ -237,6 +240,7 @@ def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_af
             label = f"step {n}/3 ({name} key id {new_id if name != 'retire' else old_id}): {role.value}"
             if done(state):
                 term.note(f"{label}: already done")
+                completed.append({"step": name, "node": role.value, "result": "already done"})
                 continue
             token = _token(ring, state)
             try:
@@ -247,6 +251,8 @@ def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_af
                                       f"working on the keys it holds; run `pairmq secret rotate --resume`") from None
             term.note(f"{label}: done (holds key ids {', '.join(map(str, answer['key_ids']))}, "
                       f"sends with {answer['send_key_id']})")
+            completed.append({"step": name, "node": role.value, "result": "done", "key_ids": answer["key_ids"],
+                              "send_key_id": answer["send_key_id"]})
         for role in Role:  # every node confirms before the next step starts anywhere
             if not done(_fetch_step(config, role, name, n, new_id)):
                 raise RotationStopped(f"step {n}/3 ({name}) is not confirmed by the {role.value}; "
@@ -259,17 +265,20 @@ def rotate(config: GroupConfig, term: Terminal, *, resume: bool = False, stop_af
 
     step(1, "add", lambda s: new_id in s["key_ids"], add_body)
     if stop_after == "add":
+        term.record(stopped_after="add")
         term.note("stopped after step 1/3 as asked: every node accepts both keys; "
                   "continue with `pairmq secret rotate --resume`")
         return 0
     step(2, "use", lambda s: s["send_key_id"] == new_id, lambda role: {"step": "use", "key_id": new_id})
     _write_file(config.secret_file, Keyring(ring.keys, new_id))
     if stop_after == "use":
+        term.record(stopped_after="use")
         term.note("stopped after step 2/3 as asked: every node sends with the new key and still accepts the old "
                   "one; continue with `pairmq secret rotate --resume`")
         return 0
     step(3, "retire", lambda s: old_id not in s["key_ids"], lambda role: {"step": "retire", "key_id": old_id})
     _write_file(config.secret_file, Keyring({new_id: ring.keys[new_id]}, new_id))
+    term.record(done=True, secret_file=str(config.secret_file))
     term.note(f"rotation done: every node holds only key id {new_id}; {config.secret_file} holds it. Copy that "
               "file (or the credential) to the other hosts before you next reinstall one")
     return 0

@@ -24,7 +24,7 @@ from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.roles import Role
 
 from . import api
-from .render import NOT_APPLICABLE, age, size
+from .render import NOT_APPLICABLE, age, count, size
 from .terminal import Terminal
 
 ROUTING = (Role.PRIMARY, Role.BACKUP)
@@ -50,6 +50,8 @@ def fetch_active(config: GroupConfig, path: str, query: dict | None = None) -> t
             return role, answer
     refused = [a for a in answers.values() if isinstance(a, api.ApiError) and not isinstance(a, api.NodeUnreachable)]
     if refused and len(refused) == len(answers):
+        if all(a.status == api.UNAUTHORIZED for a in refused):
+            raise api.token_refused(config, [role.value for role in answers])
         raise PairMQError(f"the routing nodes refused: {refused[0]}")
     said = "; ".join(f"the {role.value}: " + (str(a) if isinstance(a, Exception) else "standby, not serving")
                      for role, a in answers.items())
@@ -68,7 +70,7 @@ def show(term: Terminal, config: GroupConfig, what: str, *, as_json: bool, clien
         return 0
     term.print_table(RENDERERS[what](document))
     if document["truncated"]:
-        term.note(f"showing {len(document[what])} of {document['total']} {what}; raise --limit to see more")
+        term.note(f"showing {len(document[what]):,} of {count(document['total'], what[:-1])}; raise --limit to see more")
     return 0
 
 
@@ -78,7 +80,7 @@ def _table() -> Table:
 
 def _titled(doc: dict, what: str, table: Table) -> Group:
     """The title on a line of its own: a narrow table would wrap it."""
-    return Group(Text(f"Group {doc['group']}: {doc['total']} {what} on the {doc['node']} ({doc['address']})",
+    return Group(Text(f"Group {doc['group']}: {count(doc['total'], what[:-1])} on the {doc['node']} ({doc['address']})",
                       style="italic"), table)
 
 

@@ -5,6 +5,12 @@ Data (tables, JSON, host lists) goes to stdout so it can be piped; messages
 Rich markup or highlighting, because they quote operator input and TOML table
 names such as `[nodes.primary]`, and without wrapping, so one sentence stays on
 one line whatever the terminal width.
+
+With `--json` (every command has it) stdout carries exactly one JSON
+document: a command that prints its own (reads) prints it; for any other the
+terminal builds it from what the command `record`s, its lines of data and its
+notes, and `finish` prints it. An error is a JSON document too, with the same
+exit code. Tables are not printed then: the command records their data.
 """
 
 from __future__ import annotations
@@ -40,6 +46,44 @@ def _stdout_console() -> Console:
 class Terminal:
     def __init__(self, out: Console | None = None, err: Console | None = None) -> None:
         self._out, self._err = out, err
+        self.json_mode = False
+        self._document: dict = {}  # what a --json run records, printed by `finish`
+        self._lines: list[str] = []
+        self._messages: list[str] = []
+        self._printed_json = False
+        self._finished = False
+
+    # --- the --json document ----------------------------------------------------------
+
+    def record(self, **fields: object) -> None:
+        """Data for the --json document (ignored without --json: the command prints it its own way)."""
+        self._document.update(fields)
+
+    def finish(self, code: int) -> None:
+        """End of a --json run: print the document unless the command printed its own."""
+        if not self.json_mode or self._finished:
+            return
+        self._finished = True
+        if self._printed_json:
+            self._flush_messages()
+            return
+        document: dict = {"schema": 1, "ok": code == 0, "exit_code": code, **self._document}
+        if self._lines:
+            document["lines"] = self._lines
+        document["messages"] = self._messages
+        self._write_json(document)
+
+    def fail(self, sentence: str) -> None:
+        """An error ends the command: one sentence on stderr and, with --json, in the document `finish` prints."""
+        self.error(sentence)
+        self._document["error"] = sentence
+
+    def _flush_messages(self) -> None:
+        from rich.text import Text
+
+        for sentence in self._messages:
+            self.err.print(Text(sentence), soft_wrap=True)
+        self._messages = []
 
     @property
     def out(self) -> Console:
@@ -58,18 +102,33 @@ class Terminal:
     # --- data: stdout ------------------------------------------------------------
 
     def print(self, renderable: RenderableType) -> None:
-        self.out.print(renderable)
+        if not self.json_mode:
+            self.out.print(renderable)
 
     def print_table(self, table: RenderableType) -> None:
-        self.out.print(table)
+        if not self.json_mode:
+            self.out.print(table)
 
     def print_text(self, text: str) -> None:
         """A plain line of data (a host list, a command): never wrapped, never styled."""
+        if self.json_mode:
+            self._lines.append(text)
+            return
         from rich.text import Text
 
         self.out.print(Text(text), soft_wrap=True, highlight=False)
 
     def print_json(self, document: object) -> None:
+        self._printed_json = True
+        self._write_json(document)
+
+    def print_json_line(self, document: object) -> None:
+        """One object of a stream (JSON Lines: `events follow`, `sub`), flushed at once."""
+        self._printed_json = True
+        self.out.file.write(json.dumps(document) + "\n")
+        self.out.file.flush()
+
+    def _write_json(self, document: object) -> None:
         if self.out.is_terminal:
             self.out.print_json(data=document, indent=2)
         else:
@@ -87,6 +146,9 @@ class Terminal:
     # --- messages: stderr ----------------------------------------------------------
 
     def note(self, sentence: str) -> None:
+        if self.json_mode:
+            self._messages.append(sentence)
+            return
         from rich.text import Text
 
         self.err.print(Text(sentence), soft_wrap=True)
@@ -111,4 +173,13 @@ class Terminal:
         """A spinner on stderr; use as a context manager and call .update(text)."""
         from rich.text import Text
 
+        if self.json_mode:
+            return contextlib.nullcontext(_NoStatus())  # type: ignore[return-value]
         return self.err.status(Text(message), spinner="dots")
+
+
+class _NoStatus:
+    """A spinner that shows nothing: a --json run keeps stderr for warnings and errors."""
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        pass

@@ -141,7 +141,7 @@ def describe(change: dict) -> str:
     """One line for the CLI and the event log: what the change does (never a password hash)."""
     kind = change["kind"]
     if kind == "user.set":
-        return f"set user {change['username']!r} (password record replaced)"
+        return f"set the password of user {change['username']!r}"
     if kind == "user.delete":
         return f"deleted user {change['username']!r}"
     if kind == "anonymous.set":

@@ -139,7 +139,7 @@ class TestOnOneGroup:
         base = config(group, P)["version"]
         reply = change(group, P, {"kind": "user.set", "username": "door", "record": RECORD})
         assert reply["version"] == base + 1 and reply["confirmed_by_standby"] is True, reply
-        assert reply["applied"][0]["what"] == "set user 'door' (password record replaced)"
+        assert reply["applied"][0]["what"] == "set the password of user 'door'"
         took = wait_for_version(group, B, base + 1, timeout_s=1.0)
         assert config(group, B)["digest"] == config(group, P)["digest"]
         status = call(group, P, "/api/v1/config-sync")[1]

@@ -83,6 +83,9 @@ def test_up_status_down(local_dir):
     assert up.returncode == 0, up.stderr
     assert "Host list: 127.0.0.1:1883,127.0.0.2:1883\n" in up.stdout
     assert "Group local: redundancy" in up.stdout and "Local Active" in up.stdout
+    # `up` returns once the standby has joined: its last table shows the group redundant, not half-started.
+    [active_row] = [line for line in up.stdout.splitlines() if "Local Active" in line]
+    assert " Up " in active_row and "the standby has not joined" not in up.stderr, up.stdout
     assert "created" in up.stderr and "is up in" in up.stderr
     # The embedded default lets anonymous clients in, explicitly: an access file on each routing node.
     assert "anonymous MQTT clients are allowed" in up.stderr
@@ -90,7 +93,9 @@ def test_up_status_down(local_dir):
     from pairmq.appliance.api.admin_credential import read_admin
     from pairmq.appliance.broker.access import verify_password
 
-    [password] = [line.rsplit(": ", 1)[1] for line in up.stderr.splitlines() if "admin password" in line]
+    # On stdout, as `init` prints it: it is data.
+    assert "admin password" not in up.stderr
+    [password] = [line.rsplit(": ", 1)[1] for line in up.stdout.splitlines() if "admin password" in line]
     assert verify_password(read_admin(local_dir / "admin").record, password.encode())
     pub = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-t", "local/anonymous", "-m", "hi"],
                          capture_output=True, text=True, timeout=10)

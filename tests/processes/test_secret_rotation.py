@@ -335,7 +335,12 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
         # the node comes back with the keys it persisted and --resume completes.
         g.start(M)
         g.wait_for("the monitor to see both peers", lambda: sees_both(g, M), timeout_s=20)
-        assert cli(g, "rotate", "--stop-after", "add").returncode == 0
+        stopped = cli(g, "rotate", "--stop-after", "add", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        document = json.loads(stopped.stdout)  # --json: one document, the steps done and where it stopped
+        assert document["ok"] and document["stopped_after"] == "add" and document["done"] is False
+        assert (document["old_key_id"], document["new_key_id"]) == (0, 1)
+        assert sorted(s["node"] for s in document["steps"] if s["step"] == "add") == ["backup", "monitor", "primary"]
         g.kill(B)
         result = cli(g, "rotate", "--resume")
         assert result.returncode == 1 and "backup" in result.stderr and "--resume" in result.stderr, result.stderr
@@ -344,8 +349,9 @@ def test_bad_inputs_are_refused_with_one_sentence_and_change_nothing(tmp_path):
         g.wait_for("the backup to see both peers", lambda: sees_both(g, B), timeout_s=20)
         result = cli(g, "rotate")  # a fresh rotation while one is under way is refused
         assert result.returncode == 1 and "--resume" in result.stderr
-        result = cli(g, "rotate", "--resume")
+        result = cli(g, "rotate", "--resume", "--json")
         assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["done"] is True
         assert keys(g) == {r: ([1], 1) for r in Role}
         assert bad_macs(g) == {P: 0, B: 0, M: 0}
         shown = json.loads(show_secret(g, "--json").stdout)
