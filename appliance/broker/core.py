@@ -40,7 +40,7 @@ from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
-from . import dedup
+from . import dedup, outcomes
 from .effects import Close, Connacked, Durable, Persist, Send
 from .routing import Router, ack_for
 from .session import NEVER, Connection, EntryState, QueueEntry, Session, Will
@@ -98,6 +98,7 @@ class BrokerCore:
         self._assigned = 0
         self.node_name = node_name
         self.counters: dict[str, int] = {}
+        self.outcomes: outcomes.Counts = {}  # what became of each PUBLISH (outcomes.py); the node takes them
         self._dirty: dict[str, None] = {}  # sessions to flush: acks to persist, windows to fill (ordered)
 
     # --- connections --------------------------------------------------------------------
@@ -321,6 +322,7 @@ class BrokerCore:
             return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "empty topic name without a topic alias")]
         if topic.startswith("$") and is_sys_topic(topic):  # other $ topics are the clients' (sys_topics.py)
             self._count("publish_to_sys_refused")
+            outcomes.count(self.outcomes, topic, packet.qos, outcomes.REFUSED)
             if conn.protocol_version != 5:
                 # 3.1.1 has no negative ack: acknowledged and dropped, like mosquitto, rather than disconnected.
                 # A barrier like `_refuse_publish`'s: the ack keeps PUBLISH order.
@@ -330,6 +332,7 @@ class BrokerCore:
             return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, SYS_RESERVED_REASON)
         if not self.authorize(conn.username, "publish", topic):
             self._count("publish_not_authorized")
+            outcomes.count(self.outcomes, topic, packet.qos, outcomes.REFUSED)
             if conn.protocol_version != 5 and packet.qos:
                 # 3.1.1 has no negative ack. Closing would make the client resend the same message on every
                 # reconnect, forever; like mosquitto we acknowledge and drop it (counted; the node logs it).
@@ -356,6 +359,7 @@ class BrokerCore:
             message_id = dedup.message_id_of(packet.properties)
         except dedup.BadMessageId as exc:
             self._count("publish_refused_bad_message_id")
+            outcomes.count(self.outcomes, topic, packet.qos, outcomes.REFUSED)
             return self._refuse_publish(conn, packet, RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc))
         if message_id is None:
             return self.router.route(self, conn, session, topic, packet, now_ms)

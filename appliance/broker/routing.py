@@ -39,7 +39,7 @@ from ..mqtt.properties import Properties, decode_properties, encode_properties
 from ..mqtt.wire import Cursor, PacketType
 from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
-from . import topics
+from . import outcomes, topics
 from .effects import Durable, Persist, Send
 from .session import Connection, EntryState, Message, QueueEntry, Session, SubscriptionOptions, Will
 
@@ -90,11 +90,15 @@ class Router:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
         msg = self._message(session, topic, packet, now_ms)
         if not msg.qos and not msg.retain and not extra_ops:
-            return self._route_at_most_once(core, session, topic, msg)
+            sent = self._route_at_most_once(core, session, topic, msg)
+            if conn is not None:
+                outcomes.count(core.outcomes, topic, 0, outcomes.DELIVERED if sent else outcomes.NO_SUBSCRIBER)
+            return sent
         targets = self._targets(core, topic, session.client_id, msg.retain)
         full = self._full_target(core, targets, msg)
         if full is not None and conn is not None:
             core._count("publish_refused_queue_full")
+            outcomes.count(core.outcomes, topic, msg.qos, outcomes.REFUSED)
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
         stored_props = _encode_props(msg.properties) if msg.properties else b""
@@ -102,6 +106,7 @@ class Router:
         if conn is not None and self._needs_store(targets, msg):
             if self.stored_bytes + size > self.limits.max_spool_bytes:
                 core._count("publish_refused_spool_full")
+                outcomes.count(core.outcomes, topic, msg.qos, outcomes.REFUSED)
                 return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                             f"the message spool is full ({self.stored_bytes:,} of "
                                             f"{self.limits.max_spool_bytes:,} bytes); retry later")
@@ -159,6 +164,9 @@ class Router:
             op_list.append(ops.InboundQos2Received(session.client_id, packet_id))
         if msg.refs == 0 and not msg.retain:
             self.messages.pop(msg.msg_id, None)  # QoS 0 only: nothing holds the body
+        if conn is not None:
+            outcomes.count(core.outcomes, topic, msg.qos, outcomes.QUEUED if queued else
+                           outcomes.DELIVERED if now_effects else outcomes.NO_SUBSCRIBER)
         acks: list[Any] = []
         if conn is not None and packet.qos:
             reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS
