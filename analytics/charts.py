@@ -60,7 +60,7 @@ def write_charts(view: dict, directory: Path) -> list[Path]:
     title = "Latency percentiles per topic (log scale)"
     late = view.get("late_replication")
     if late:
-        title += f"; replicated includes {late['periods']} catch-up(s) after the standby was out of sync"
+        title += "\nreplicated_late: stored while the standby was out of sync, replicated when it caught up"
     ax.set(title=title, ylabel="ms")
     if rows:
         ax.legend()

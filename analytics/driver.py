@@ -84,7 +84,7 @@ def collect(p: Partials, max_rows: int = MAX_ROWS) -> dict[str, list[dict]] | No
     for row in got_rows:
         for k in READ:
             if row[k] is not None:
-                got[k].append(row[k].asDict())
+                got[k].append(row[k].asDict(recursive=k == "small"))  # publish_outcomes' list of structs
                 break
     return got
 

@@ -46,6 +46,19 @@ def _published(m: dict) -> list[list]:
     return rows
 
 
+def _late_sentence(late: dict) -> str:
+    """Why the `replicated_late` latency rows are long, in one sentence."""
+    words = (f"Late replication: {_plural(late['messages'], 'message was', 'messages were')} stored while the "
+             f"standby was out of sync and replicated only when it caught up")
+    if late["max_ms"] is not None:
+        words += f" (up to {late['max_ms']:,} ms later)"
+    words += "; the replicated_late rows, apart from live replication"
+    if late["periods"]:
+        still = f", {late['still_down']} not over" if late["still_down"] else ""
+        words += f". Out of sync {_plural(late['periods'], 'time')} ({late['down_ms']:,} ms in all{still})"
+    return words + "."
+
+
 def render(view: dict, top_n: int = 10) -> Group:
     p, m = view["period"], view["messages"]
     incidents, handovers = view["incidents"], view.get("handovers", [])
@@ -80,9 +93,7 @@ def render(view: dict, top_n: int = 10) -> Group:
                               r["max_ms"]] for r in view["latency"][:top_n * 2]]))
     late = view.get("late_replication")
     if late:
-        still = f", {late['still_down']} not over" if late["still_down"] else ""
-        parts.append(Text(f"Late replication: {_plural(late['periods'], 'period')} with the standby out of sync "
-                          f"({late['down_ms']:,} ms in all{still}); {late['note']}.\n"))
+        parts.append(Text(_late_sentence(late) + "\n"))
     if any(r["outcome"] == "refused" for r in view.get("publish_outcomes", [])):
         refused = [r for r in view["publish_outcomes"] if r["outcome"] == "refused"]
         parts.append(_table("Refused publishes", ["node", "topic", "qos", "messages"],

@@ -149,16 +149,15 @@ def _topic_names(spark, traffic: DataFrame) -> DataFrame:
 
 
 def late_replication(latency: list[dict], down: list[dict]) -> dict | None:
-    """Why some replication latencies are long, when the standby was out of sync at times (`redundancy_down`):
-    what the active stored meanwhile waited for the catch-up. None when it never was."""
-    if not down:
+    """Why some messages were replicated long after they were stored: the standby was out of sync (the
+    `replicated_late` latency rows, and the `redundancy_down` periods). None when it never was."""
+    late = [r for r in latency if r["stage"] == "replicated_late"]
+    if not late and not down:
         return None
-    replicated = [r["max_ms"] for r in latency if r["stage"] == "replicated" and r["max_ms"] is not None]
-    return {"periods": len(down), "down_ms": sum(r["down_ms"] or 0 for r in down),
-            "still_down": sum(r["end"] is None for r in down),
-            "replicated_max_ms": max(replicated) if replicated else None,
-            "note": ("the standby was out of sync; messages stored meanwhile were replicated when it caught up, "
-                     "so their replication latency includes that wait")}
+    return {"messages": sum(r["messages"] or 0 for r in late),
+            "max_ms": max((r["max_ms"] for r in late if r["max_ms"] is not None), default=None),
+            "periods": len(down), "down_ms": sum(r["down_ms"] or 0 for r in down),
+            "still_down": sum(r["end"] is None for r in down)}
 
 
 def _outcomes(rows: list[dict]) -> dict:
