@@ -53,8 +53,8 @@ def write_charts(view: dict, directory: Path) -> list[Path]:
     labels = [f"{r['topic']} ({r['stage']})" for r in rows]
     for key, colour in (("p50_ms", "tab:green"), ("p90_ms", "tab:orange"), ("p99_ms", "tab:red"), ("max_ms", "k")):
         # A log scale has no zero: a latency under a millisecond is drawn at 0.5 ms.
-        ax.scatter(range(len(rows)), [float("nan") if r[key] is None else max(r[key], 0.5) for r in rows], label=key[:-3],
-                   color=colour)
+        ys = [float("nan") if r[key] is None else max(r[key], 0.5) for r in rows]
+        ax.scatter(range(len(rows)), ys, label=key[:-3], color=colour)
     ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=7)
     ax.set_yscale("log")
     title = "Latency percentiles per topic (log scale)"

@@ -25,9 +25,9 @@ _FIELDS = [
     ("serving", T.BooleanType()), ("count", T.LongType()), ("max_ms", T.LongType()),
     ("counts", T.MapType(T.StringType(), T.LongType())),
     # publish_outcomes
-    ("outcomes", T.ArrayType(T.StructType([T.StructField("topic", T.StringType()), T.StructField("qos", T.IntegerType()),
-                                           T.StructField("outcome", T.StringType()),
-                                           T.StructField("messages", T.LongType())]))),
+    ("outcomes", T.ArrayType(T.StructType([
+        T.StructField("topic", T.StringType()), T.StructField("qos", T.IntegerType()),
+        T.StructField("outcome", T.StringType()), T.StructField("messages", T.LongType())]))),
 ]
 
 EVENT = T.StructType([T.StructField(name, kind, True) for name, kind in _FIELDS])

@@ -335,8 +335,8 @@ def per_message(valid: pa.Table) -> pa.Table:
               "created_ms": pub["created_ms"], "published": _const(1, pa.int64(), pub.num_rows),
               **{s: zeros(pub.num_rows) for s in STAGES}, **{f: pa.nulls(pub.num_rows, pa.float64()) for f in FIRSTS}}
     replicated, late = _is(each, "message_replicated"), pc.fill_null(each["after_resync"], False)
-    first = {"first_replicated": pc.and_(replicated, pc.invert(late)), "first_delivered": _is(each, "message_delivered"),
-             "first_replicated_late": pc.and_(replicated, late)}
+    first = {"first_replicated": pc.and_(replicated, pc.invert(late)),
+             "first_delivered": _is(each, "message_delivered"), "first_replicated_late": pc.and_(replicated, late)}
     of_stage = {"node": each["node"], "epoch": each["epoch"], "msg_id": pc.list_flatten(ids),
                 "topic": pa.nulls(each.num_rows, pa.string()), "created_ms": pa.nulls(each.num_rows, pa.int64()),
                 "published": zeros(each.num_rows),

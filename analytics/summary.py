@@ -70,8 +70,9 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
     stored_per_node = {n: c.get("message_published", 0) for n, c in per_node.items()}
     outcomes = _outcomes(rows["publish_outcomes"])
     # Logs from before the outcome counts name only the stored messages: those are then what was published.
-    published_per_node = ({n: outcomes["accepted_per_node"].get(n, 0) for n in {*per_node, *outcomes["accepted_per_node"]}}
-                          if outcomes["counted"] else stored_per_node)
+    accepted = outcomes["accepted_per_node"]
+    published_per_node = ({n: accepted.get(n, 0) for n in {*per_node, *accepted}} if outcomes["counted"]
+                          else stored_per_node)
     view = {
         "report": REPORT_VERSION,
         "inputs": {"roots": roots, "segments_ingested_now": loaded.ingested_now,
@@ -87,7 +88,8 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
         "handovers": [r for r in rows["incidents"] if r["cause"] == t.PLANNED],
         "late_replication": late_replication(rows["latency"], rows["redundancy_down"]),
         **{name: rows[name] for name in ("stages", "latency", "top_topics", "top_clients", "delivery_problems",
-                                         "overload_episodes", "unlogged", "rates_per_minute", "publish_outcomes", "redundancy_down")},
+                                         "overload_episodes", "unlogged", "rates_per_minute", "publish_outcomes",
+                                         "redundancy_down")},
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
