@@ -7,39 +7,24 @@ Rules:
   events say what became of them); `no_subscriber`: no subscription took a copy (a retained one is still kept);
   `refused`: the ACL, a $SYS topic, a bad message id, a full queue or spool (the publisher was told, or, on
   3.1.1, its message acknowledged and dropped).
-- Counting is one dict update on the broker loop; the node writes the counts and starts afresh once a second,
-  one `publish_outcomes` line, so a flood of messages costs the log a line a second, not a line each.
-- Bounded: at most MAX_KEYS (topic, QoS, outcome) keys a second; the rest are summed under OTHER_TOPICS.
+- Counting is one list increment on the broker loop (`BrokerCore.count_outcome`, compiled with the router that
+  decides the outcome: a row of 3 QoS x 4 outcomes per topic, no key built per message); the node takes the
+  rows and starts afresh once a second, one `publish_outcomes` line, so a flood of messages costs the log a
+  line a second, not a line each.
+- Bounded: at most MAX_OUTCOME_TOPICS topics a second; the rest are summed under OTHER_TOPICS.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from .core import MAX_OUTCOME_TOPICS, OTHER_TOPICS
+from .routing import DELIVERED, NO_SUBSCRIBER, OUTCOME_NAMES, QUEUED, REFUSED
 
-DELIVERED: Final = "delivered"
-QUEUED: Final = "queued"
-NO_SUBSCRIBER: Final = "no_subscriber"
-REFUSED: Final = "refused"
-OUTCOMES: Final = (DELIVERED, QUEUED, NO_SUBSCRIBER, REFUSED)
-MAX_KEYS: Final = 1000
-OTHER_TOPICS: Final = "(other topics)"
-
-Counts = dict[tuple[str, int, str], int]
+__all__ = ["DELIVERED", "MAX_OUTCOME_TOPICS", "NO_SUBSCRIBER", "OTHER_TOPICS", "OUTCOME_NAMES", "QUEUED", "REFUSED",
+           "as_event"]
 
 
-def count(counts: Counts, topic: str, qos: int, outcome: str) -> None:
-    key = (topic, qos, outcome)
-    n = counts.get(key)
-    if n is None:
-        if len(counts) >= MAX_KEYS:
-            key = (OTHER_TOPICS, qos, outcome)
-            n = counts.get(key, 0)
-        else:
-            n = 0
-    counts[key] = n + 1
-
-
-def as_event(counts: Counts) -> list[dict]:
-    """The `outcomes` field of a `publish_outcomes` event: one object per key, in a stable order."""
-    return [{"topic": topic, "qos": qos, "outcome": outcome, "messages": n}
-            for (topic, qos, outcome), n in sorted(counts.items())]
+def as_event(counts: dict[str, list[int]]) -> list[dict]:
+    """The `outcomes` field of a `publish_outcomes` event from BrokerCore.outcomes: one object per topic, QoS and
+    outcome that happened, in a stable order."""
+    return [{"topic": topic, "qos": i // 4, "outcome": OUTCOME_NAMES[i % 4], "messages": n}
+            for topic, row in sorted(counts.items()) for i, n in enumerate(row) if n]

@@ -8,6 +8,10 @@ from pairmq.appliance.mqtt.properties import PropertyId as P
 from tests.unit.test_broker_core import Harness
 
 
+def counted(core) -> dict:
+    return {(o["topic"], o["qos"], o["outcome"]): o["messages"] for o in outcomes.as_event(core.outcomes)}
+
+
 def test_each_publish_is_counted_once_by_what_became_of_it():
     h = Harness(limits=Limits(max_queued_messages=2), authorize=lambda user, action, topic: topic != "secret")
     h.connect(1, "live")
@@ -24,11 +28,11 @@ def test_each_publish_is_counted_once_by_what_became_of_it():
         h.send(3, codec.Publish("kept/1", b"m", qos=1, packet_id=pid))
     h.send(3, codec.Publish("secret", b"m", qos=1, packet_id=5))  # the ACL
     h.send(3, codec.Publish("$SYS/x", b"m", qos=0))  # the broker's
-    assert h.core.outcomes == {("nobody/1", 1, "no_subscriber"): 1000, ("live/1", 1, "delivered"): 1,
+    assert counted(h.core) == {("nobody/1", 1, "no_subscriber"): 1000, ("live/1", 1, "delivered"): 1,
                                ("live/1", 0, "delivered"): 1, ("kept/1", 1, "queued"): 2,
                                ("kept/1", 1, "refused"): 1, ("secret", 1, "refused"): 1,
                                ("$SYS/x", 0, "refused"): 1}
-    assert outcomes.as_event({("b", 1, "queued"): 2, ("a", 0, "delivered"): 1}) == [
+    assert outcomes.as_event({"b": [0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0], "a": [1] + [0] * 11}) == [
         {"topic": "a", "qos": 0, "outcome": "delivered", "messages": 1},
         {"topic": "b", "qos": 1, "outcome": "queued", "messages": 2}]
 
@@ -40,13 +44,14 @@ def test_a_retransmission_and_a_wills_publish_are_not_counted_again():
     h.send(1, codec.Publish("t", b"m", qos=2, packet_id=7, dup=True))  # the same QoS 2 message again
     h.connect(2, "dying", will=codec.Will("w", b"bye", 1, False, {}))
     h.lose(2)  # the broker publishes the will: not a client's PUBLISH
-    assert h.core.outcomes == {("t", 2, "no_subscriber"): 1}
+    assert counted(h.core) == {("t", 2, "no_subscriber"): 1}
 
 
-def test_the_keys_of_one_window_are_bounded():
-    counts: outcomes.Counts = {}
-    for i in range(outcomes.MAX_KEYS + 500):
-        outcomes.count(counts, f"t/{i}", 1, outcomes.QUEUED)
-    outcomes.count(counts, "t/0", 1, outcomes.QUEUED)  # a named key still counts under its own name
-    assert len(counts) == outcomes.MAX_KEYS + 1
-    assert counts[(outcomes.OTHER_TOPICS, 1, outcomes.QUEUED)] == 500 and counts[("t/0", 1, outcomes.QUEUED)] == 2
+def test_the_topics_of_one_window_are_bounded():
+    h = Harness()
+    for i in range(outcomes.MAX_OUTCOME_TOPICS + 500):
+        h.core.count_outcome(f"t/{i}", 1, outcomes.QUEUED)
+    h.core.count_outcome("t/0", 1, outcomes.QUEUED)  # a named topic still counts under its own name
+    got = counted(h.core)
+    assert len(got) == outcomes.MAX_OUTCOME_TOPICS + 1
+    assert got[(outcomes.OTHER_TOPICS, 1, "queued")] == 500 and got[("t/0", 1, "queued")] == 2
