@@ -38,7 +38,12 @@ def write_charts(view: dict, directory: Path) -> list[Path]:
     for i in view["incidents"]:
         ax.axvline(_time(i["takeover"]), color="red", linestyle="--")
         ax.annotate(f"failover → {i['to_node']}", (_time(i["takeover"]), 0), rotation=90, fontsize=8, color="red")
-    ax.set(title="Messages published per second (minute means); failovers dashed", ylabel="msg/s")
+    for h in view.get("handovers", []):
+        ax.axvline(_time(h["takeover"]), color="tab:blue", linestyle=":")
+        ax.annotate(f"handover → {h['to_node']}", (_time(h["takeover"]), 0), rotation=90, fontsize=8,
+                    color="tab:blue")
+    ax.set(title="Messages stored per second (minute means); failovers dashed, planned handovers dotted",
+           ylabel="msg/s")
     if per_node:
         ax.legend()
     paths.append(_save(plt, fig, directory / "message_rate.png"))
@@ -47,9 +52,16 @@ def write_charts(view: dict, directory: Path) -> list[Path]:
     rows = view["latency"][:20]
     labels = [f"{r['topic']} ({r['stage']})" for r in rows]
     for key, colour in (("p50_ms", "tab:green"), ("p90_ms", "tab:orange"), ("p99_ms", "tab:red"), ("max_ms", "k")):
-        ax.scatter(range(len(rows)), [r[key] for r in rows], label=key[:-3], color=colour)
+        # A log scale has no zero: a latency under a millisecond is drawn at 0.5 ms.
+        ys = [float("nan") if r[key] is None else max(r[key], 0.5) for r in rows]
+        ax.scatter(range(len(rows)), ys, label=key[:-3], color=colour)
     ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=7)
-    ax.set(title="Latency percentiles per topic", ylabel="ms")
+    ax.set_yscale("log")
+    title = "Latency percentiles per topic (log scale)"
+    late = view.get("late_replication")
+    if late:
+        title += "\nreplicated_late: stored while the standby was out of sync, replicated when it caught up"
+    ax.set(title=title, ylabel="ms")
     if rows:
         ax.legend()
     paths.append(_save(plt, fig, directory / "latency.png"))
@@ -60,8 +72,10 @@ def write_charts(view: dict, directory: Path) -> list[Path]:
         ax.axvspan(_time(p["start"]), _time(p["end"]), color="tab:green", alpha=0.4, label="available")
         for i in view["incidents"]:
             ax.axvspan(_time(i["last_seen_old"]), _time(i["takeover"]), color="tab:red", alpha=0.9)
+        for h in view.get("handovers", []):
+            ax.axvspan(_time(h["last_seen_old"]), _time(h["takeover"]), color="tab:blue", alpha=0.9)
     ax.set_yticks([])
-    ax.set(title=f"Availability {p['availability'] * 100:.3f} % (red: unavailable)")
+    ax.set(title=f"Availability {p['availability'] * 100:.3f} % (red: failover, blue: planned handover)")
     paths.append(_save(plt, fig, directory / "availability.png"))
     return paths
 

@@ -27,6 +27,7 @@ import datetime
 import decimal
 import functools
 import math
+import re
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -36,14 +37,14 @@ from . import driver_merge, partials
 from .ingest import AnalyticsError, arrow_schema
 from .partials import LATENCY_STAGES, STAGE_NAMES, Partials
 from .spark import settings
-from .transforms import OVERLOAD_GAP_S, SERVER_BUSY
+from .transforms import CAUGHT_UP, DOWN, OVERLOAD_GAP_S, PLANNED, SERVER_BUSY, SILENCE
 
 MAX_ROWS = 100_000  # of all the partials the reports read: above it, the reports stay in Spark
 # What the reports read of a Partials (not the per-delivery keys: their total is `redelivered`), and of its `small`
 # rows (not the node_alive pulses, most of them: `pulses` has what the incidents need of those).
 READ = ("counts", "traffic", "messages", "stage_totals", "latency", "redelivered", "pulses", "small")
 SMALL_EVENTS = ("redundancy_decision", "client_refused", "broker_loop_lag", "message_expired", "message_dropped",
-                "message_events_unsampled", "events_lost")
+                "message_events_unsampled", "events_lost", "publish_outcomes")
 
 # Each report's columns, what transforms.py makes (a test checks the names and types): the Parquet files'.
 SCHEMAS = {
@@ -60,6 +61,8 @@ SCHEMAS = {
     "overload_episodes": ("node string, start double, end double, busy_refusals long, loop_lags long, "
                           "max_lag_ms long"),
     "unlogged": "node string, what string, events long",
+    "publish_outcomes": "node string, topic string, qos int, outcome string, messages long",
+    "redundancy_down": "node string, start double, end double, down_ms long",
 }
 
 
@@ -81,7 +84,7 @@ def collect(p: Partials, max_rows: int = MAX_ROWS) -> dict[str, list[dict]] | No
     for row in got_rows:
         for k in READ:
             if row[k] is not None:
-                got[k].append(row[k].asDict())
+                got[k].append(row[k].asDict(recursive=k == "small"))  # publish_outcomes' list of structs
                 break
     return got
 
@@ -116,6 +119,8 @@ def reports(rows: dict[str, list[dict]], names: dict[int, str], top_n: int) -> d
         "delivery_problems": delivery_problems(small, rows["redelivered"]),
         "overload_episodes": overload_episodes(small),
         "unlogged": unlogged(small),
+        "publish_outcomes": publish_outcomes(small),
+        "redundancy_down": redundancy_down(small),
     }
 
 
@@ -247,19 +252,36 @@ def incidents(small: list[dict], pulses: list[dict], messages: list[dict]) -> li
         return [d["ts"] for d in decisions if d["kind"] == kind and d["node"] == node
                 and d["ts"] <= a["takeover"] and d["ts"] > a["since"]]
 
+    def last_of(kind):
+        return lambda g: _max(t for i in g for t in kind_between(i, kind, i["from_node"]))
+
     out = []
     for a in acts:
         e = a["epoch"]
-        detected = per_epoch(e, lambda g: _max(t for i in g for t in kind_between(i, "bid", i["to_node"])))
-        seen = per_epoch(e, lambda g: _max(p["ts"] for i in g for p in pulses
-                                           if p["node"] == i["from_node"] and p["ts"] <= i["takeover"]))
-        stepped = per_epoch(e, lambda g: sum(len(kind_between(i, "step_down", i["from_node"])) for i in g))
+        bids = per_epoch(e, lambda g: [d for i in g for d in decisions if d["kind"] == "bid"
+                                        and d["node"] == i["to_node"] and i["since"] < d["ts"] <= i["takeover"]])
+        detected = _max(d["ts"] for d in bids or [])
+        # Spark's max_by: the reason of the latest bid
+        bid_reason = next((d["reason"] for d in bids or [] if d["ts"] == detected), None)
+        pulse_old = per_epoch(e, lambda g: _max(p["ts"] for i in g for p in pulses
+                                                if p["node"] == i["from_node"] and p["ts"] <= i["takeover"]))
+        stepped, handover_at, aborted_at = (per_epoch(e, last_of(k)) for k in ("step_down", "handover",
+                                                                                "handover_aborted"))
         flight = per_epoch(e, lambda g: _sum(open_per_epoch.get((i["from_node"], i["from_epoch"])) for i in g))
         detected = a["takeover"] if detected is None else detected
-        seen = min(detected if seen is None else seen, detected)
+        planned = (handover_at is not None and stepped is not None and stepped >= handover_at
+                   and (aborted_at is None or aborted_at < handover_at))
+        if planned:
+            seen = handover_at
+        else:
+            silence = re.match(SILENCE, bid_reason) if bid_reason is not None else None
+            heard = (detected - float(silence.group(2)) if silence is not None and silence.group(1) == a["from_node"]
+                     else None)
+            latest = _max([pulse_old, heard])
+            seen = min(detected if latest is None else latest, detected)
         detection, takeover = _ms(seen, detected), _ms(detected, a["takeover"])
         out.append({"epoch": e, "from_node": a["from_node"], "to_node": a["to_node"],
-                    "cause": "step_down" if stepped is not None and stepped > 0 else "lost",
+                    "cause": PLANNED if planned else "step_down" if stepped is not None else "lost",
                     "last_seen_old": seen, "detected": detected, "takeover": a["takeover"],
                     "detection_ms": detection, "takeover_ms": takeover, "unavailable_ms": detection + takeover,
                     "in_flight": flight or 0})
@@ -323,6 +345,28 @@ def unlogged(small: list[dict]) -> list[dict]:
     out = [{"node": node, "what": what, "events": _sum(p[2] for p in g)}
            for (node, what), g in _group(pairs, lambda p: (p[0], p[1])).items()]
     return sorted(out, key=lambda r: _asc(r["node"], r["what"]))
+
+
+def redundancy_down(small: list[dict]) -> list[dict]:
+    sync = [r for r in small if r["event"] == "redundancy_decision" and r["kind"] == "sync" and r["reason"]]
+    ups = [r for r in sync if CAUGHT_UP in r["reason"]]
+    ends: dict = {}
+    for d in (r for r in sync if DOWN in r["reason"]):
+        end = _min(u["ts"] for u in ups if u["node"] == d["node"] and u["ts"] > d["ts"])
+        key = (d["node"], end)
+        ends[key] = d["ts"] if key not in ends else min(ends[key], d["ts"])
+    out = [{"node": node, "start": start, "end": end,
+            "down_ms": None if end is None else int(_round((end - start) * 1000))}
+           for (node, end), start in ends.items()]
+    return sorted(out, key=lambda r: _asc(r["node"], r["start"]))
+
+
+def publish_outcomes(small: list[dict]) -> list[dict]:
+    each = [(r["node"], o) for r in small if r["event"] == "publish_outcomes" for o in r["outcomes"] or []]
+    out = [{"node": node, "topic": topic, "qos": qos, "outcome": outcome, "messages": _sum(o["messages"] for _, o in g)}
+           for (node, topic, qos, outcome), g in _group(each, lambda p: (p[0], p[1]["topic"], p[1]["qos"],
+                                                                         p[1]["outcome"])).items()]
+    return sorted(out, key=lambda r: _asc(r["node"], r["topic"], r["qos"], r["outcome"]))
 
 
 def write_report(name: str, rows: list[dict], where: str) -> None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import segment_task
-from .partials import MESSAGE_KEY, STAGE_NAMES
+from .partials import FIRSTS, MESSAGE_KEY, STAGE_NAMES
 from .arrow_io import filesystem
 from .xxhash64 import of_topic
 
@@ -46,7 +46,7 @@ def _regroup(table: pa.Table, keys: list[str], ops: dict[str, str]) -> pa.Table:
 
 _STAGE_SUMS = {s: "sum" for s in STAGE_NAMES}
 _MESSAGE_OPS = {"topic_hash": "max", "created_ms": "max", "published": "sum", **_STAGE_SUMS,
-                "first_replicated": "min", "first_delivered": "min"}
+                **{f: "min" for f in FIRSTS}}
 
 
 def merge(batches: list[dict[str, pa.Table]], schemas: dict[str, pa.Schema]) -> dict[str, pa.Table]:

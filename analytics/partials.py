@@ -45,7 +45,10 @@ PUBLISHED = "message_published"
 MESSAGE_STAGES = ("message_spooled", "message_replicated", "message_delivered", "message_acknowledged")
 STAGE_NAMES = tuple(s.removeprefix("message_") for s in MESSAGE_STAGES)
 MESSAGE_KEY = ("node", "epoch", "msg_id")
-LATENCY_STAGES = ("replicated", "delivered")
+# replicated_late: a `message_replicated` with `after_resync` (the standby got it only when it caught up), apart
+# from the live replication whose latency it would otherwise swamp.
+LATENCY_STAGES = ("replicated", "delivered", "replicated_late")
+FIRSTS = tuple(f"first_{s}" for s in ("replicated", "delivered", "replicated_late"))  # per_message's first times
 STAGE_TOTALS = "node string, " + ", ".join(f"{s} long" for s in STAGE_NAMES)
 LATENCY_HISTOGRAM = "topic_hash long, stage string, latency_ms long, messages long"
 
@@ -68,7 +71,8 @@ class Partials:
 
 KINDS = tuple(f.name for f in dataclasses.fields(Partials))
 MESSAGES = ("node string, epoch long, msg_id long, topic_hash long, created_ms long, published long, spooled long, "
-            "replicated long, delivered long, acknowledged long, first_replicated double, first_delivered double")
+            "replicated long, delivered long, acknowledged long, first_replicated double, first_delivered double, "
+            "first_replicated_late double")
 # Each kind's columns: a stored state is read with them (Spark would otherwise run a job per table for its schema).
 SCHEMAS = {
     "counts": "node string, event string, events long, first_ts double, last_ts double",
@@ -110,16 +114,19 @@ def per_message(events: DataFrame) -> DataFrame:
     # on every exploded row.
     flags = [(F.col("event") == event).cast("long").alias(name) for event, name in
              ((PUBLISHED, "published"), *[(f"message_{s}", s) for s in STAGE_NAMES])]
-    at = lambda stage: F.when(F.col("event") == f"message_{stage}", F.col("ts")).alias(f"first_{stage}")  # noqa: E731
+    late = F.coalesce(F.col("after_resync"), F.lit(False))
+    at = {"replicated": (F.col("event") == "message_replicated") & ~late,
+          "delivered": F.col("event") == "message_delivered",
+          "replicated_late": (F.col("event") == "message_replicated") & late}
     rows = (events.filter(F.col("event").isin(PUBLISHED, *MESSAGE_STAGES))
             .select("node", "epoch", ids.alias("ids"), F.when(is_pub, topic_hash("topic")).alias("topic_hash"),
-                    F.when(is_pub, F.col("created_ms")).alias("created_ms"), *flags, at("replicated"), at("delivered"))
+                    F.when(is_pub, F.col("created_ms")).alias("created_ms"), *flags,
+                    *[F.when(when, F.col("ts")).alias(f"first_{s}") for s, when in at.items()])
             .select("node", "epoch", F.explode("ids").alias("msg_id"), "topic_hash", "created_ms", "published",
-                    *STAGE_NAMES, "first_replicated", "first_delivered"))
+                    *STAGE_NAMES, *FIRSTS))
     return rows.groupBy(*MESSAGE_KEY).agg(
         F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"),
-        *[F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)],
-        F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered"))
+        *[F.sum(c).alias(c) for c in ("published", *STAGE_NAMES)], *[F.min(c).alias(c) for c in FIRSTS])
 
 
 def topic_hash(column: str):
@@ -236,6 +243,6 @@ def merge(batches: list[Partials], cache: bool = False, regroup: bool = False) -
         small=union["small"])
     messages = union["messages"].groupBy(*MESSAGE_KEY).agg(
         F.max("topic_hash").alias("topic_hash"), F.max("created_ms").alias("created_ms"), *stage_sums_,
-        F.min("first_replicated").alias("first_replicated"), F.min("first_delivered").alias("first_delivered"))
+        *[F.min(c).alias(c) for c in FIRSTS])
     return settle(p, messages.cache() if cache else messages, [b.stage_totals for b in batches],
                   [b.latency for b in batches])

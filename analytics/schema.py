@@ -19,11 +19,15 @@ _FIELDS = [
     # message events
     ("msg_id", T.LongType()), ("msg_ids", T.ArrayType(T.LongType())), ("topic", T.StringType()),
     ("qos", T.IntegerType()), ("bytes", T.LongType()), ("client", T.StringType()), ("retain", T.BooleanType()),
-    ("created_ms", T.LongType()), ("seq", T.LongType()),
+    ("created_ms", T.LongType()), ("seq", T.LongType()), ("after_resync", T.BooleanType()),
     # clients, overload, counters
     ("client_id", T.StringType()), ("reason_code", T.IntegerType()), ("return_code", T.IntegerType()),
     ("serving", T.BooleanType()), ("count", T.LongType()), ("max_ms", T.LongType()),
     ("counts", T.MapType(T.StringType(), T.LongType())),
+    # publish_outcomes
+    ("outcomes", T.ArrayType(T.StructType([
+        T.StructField("topic", T.StringType()), T.StructField("qos", T.IntegerType()),
+        T.StructField("outcome", T.StringType()), T.StructField("messages", T.LongType())]))),
 ]
 
 EVENT = T.StructType([T.StructField(name, kind, True) for name, kind in _FIELDS])

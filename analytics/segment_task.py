@@ -53,6 +53,8 @@ from .arrow_io import filesystem, system_allocator
 PUBLISHED = "message_published"
 STAGES = ("spooled", "replicated", "delivered", "acknowledged")
 STAGE_EVENTS = tuple(f"message_{s}" for s in STAGES)
+LATENCY_STAGES = ("replicated", "delivered", "replicated_late")  # partials.LATENCY_STAGES
+FIRSTS = tuple(f"first_{s}" for s in LATENCY_STAGES)  # partials.FIRSTS
 COUNTS_FIELD = b'"counts"'
 CHUNK_BYTES = 1 << 20  # a refused block costs this much Python parsing at most
 _NAME = re.compile(r"events-([a-z]+)-\d{8}\.jsonl$|/([^/]+)/events/events\.jsonl$")
@@ -327,26 +329,24 @@ def per_message(valid: pa.Table) -> pa.Table:
     pub = valid.filter(_is(valid, PUBLISHED))
     stage = valid.filter(pc.is_in(valid["event"], pa.array(STAGE_EVENTS)))
     ids = stage["msg_ids"].combine_chunks() if stage.num_rows else pa.array([], pa.list_(pa.int64()))
-    each = stage.select(["node", "epoch", "event", "ts"]).take(pc.list_parent_indices(ids))
+    each = stage.select(["node", "epoch", "event", "ts", "after_resync"]).take(pc.list_parent_indices(ids))
     zeros = lambda n: _const(0, pa.int64(), n)  # noqa: E731
     of_pub = {"node": pub["node"], "epoch": pub["epoch"], "msg_id": pub["msg_id"], "topic": pub["topic"],
               "created_ms": pub["created_ms"], "published": _const(1, pa.int64(), pub.num_rows),
-              **{s: zeros(pub.num_rows) for s in STAGES},
-              "first_replicated": pa.nulls(pub.num_rows, pa.float64()),
-              "first_delivered": pa.nulls(pub.num_rows, pa.float64())}
+              **{s: zeros(pub.num_rows) for s in STAGES}, **{f: pa.nulls(pub.num_rows, pa.float64()) for f in FIRSTS}}
+    replicated, late = _is(each, "message_replicated"), pc.fill_null(each["after_resync"], False)
+    first = {"first_replicated": pc.and_(replicated, pc.invert(late)),
+             "first_delivered": _is(each, "message_delivered"), "first_replicated_late": pc.and_(replicated, late)}
     of_stage = {"node": each["node"], "epoch": each["epoch"], "msg_id": pc.list_flatten(ids),
                 "topic": pa.nulls(each.num_rows, pa.string()), "created_ms": pa.nulls(each.num_rows, pa.int64()),
                 "published": zeros(each.num_rows),
                 **{s: pc.cast(_is(each, f"message_{s}"), pa.int64()) for s in STAGES},
-                **{f"first_{s}": pc.if_else(_is(each, f"message_{s}"), each["ts"], pa.scalar(None, pa.float64()))
-                   for s in ("replicated", "delivered")}}
+                **{f: pc.if_else(first[f], each["ts"], pa.scalar(None, pa.float64())) for f in FIRSTS}}
     rows = pa.concat_tables([pa.table(of_pub), pa.table(of_stage)])
-    g = rows.group_by(["node", "epoch", "msg_id"], use_threads=False).aggregate(
-        [("topic", "max"), ("created_ms", "max"), *[(c, "sum") for c in ("published", *STAGES)],
-         ("first_replicated", "min"), ("first_delivered", "min")])
-    return g.rename_columns({f"{c}_{op}": c for c, op in (("topic", "max"), ("created_ms", "max"),
-                                                          ("published", "sum"), *[(s, "sum") for s in STAGES],
-                                                          ("first_replicated", "min"), ("first_delivered", "min"))})
+    ops = (("topic", "max"), ("created_ms", "max"), ("published", "sum"), *[(s, "sum") for s in STAGES],
+           *[(f, "min") for f in FIRSTS])
+    g = rows.group_by(["node", "epoch", "msg_id"], use_threads=False).aggregate(list(ops))
+    return g.rename_columns({f"{c}_{op}": c for c, op in ops})
 
 
 def settled(messages: pa.Table):
@@ -368,7 +368,7 @@ def latency_histogram(messages: pa.Table, topic: str = "topic") -> pa.Table:
     """partials.latency_histogram of settled rows (whose keys are whole and `published` > 0), keyed by the `topic`
     column (the topic, or its hash in a merged state: driver_merge.py)."""
     parts = []
-    for stage in ("replicated", "delivered"):
+    for stage in LATENCY_STAGES:
         at = messages[f"first_{stage}"]
         rows = messages.filter(pc.is_valid(at))
         at = rows[f"first_{stage}"]

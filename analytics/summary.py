@@ -25,6 +25,8 @@ from . import driver, driver_merge, ingest, partials
 from .spark import settings
 from . import transforms as t
 
+OUTCOMES = ("delivered", "queued", "no_subscriber", "refused")  # appliance/broker/outcomes.py
+
 REPORT_VERSION = 1
 
 
@@ -65,7 +67,12 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
     per_node = {}
     for r in rows["event_counts"]:
         per_node.setdefault(r["node"], {})[r["event"]] = r["events"]
-    published_per_node = {n: c.get("message_published", 0) for n, c in per_node.items()}
+    stored_per_node = {n: c.get("message_published", 0) for n, c in per_node.items()}
+    outcomes = _outcomes(rows["publish_outcomes"])
+    # Logs from before the outcome counts name only the stored messages: those are then what was published.
+    accepted = outcomes["accepted_per_node"]
+    published_per_node = ({n: accepted.get(n, 0) for n in {*per_node, *accepted}} if outcomes["counted"]
+                          else stored_per_node)
     view = {
         "report": REPORT_VERSION,
         "inputs": {"roots": roots, "segments_ingested_now": loaded.ingested_now,
@@ -74,9 +81,15 @@ def _report(spark, loaded: ingest.Loaded, roots: list[str], out: str | None, top
         "events_per_node": per_node,
         "malformed_lines": sum(c.get("malformed", 0) for c in per_node.values()),
         "messages": {"published": sum(published_per_node.values()), "published_per_node": published_per_node,
-                     "bytes": total_bytes},
-        **{name: rows[name] for name in ("stages", "incidents", "latency", "top_topics", "top_clients", "delivery_problems",
-                                         "overload_episodes", "unlogged", "rates_per_minute")},
+                     "stored": sum(stored_per_node.values()), "by_outcome": outcomes["by_outcome"],
+                     "by_qos": outcomes["by_qos"], "outcomes_logged": outcomes["counted"], "bytes": total_bytes},
+        # Failures and planned handovers apart: a handover is not an incident (transforms.incidents).
+        "incidents": [r for r in rows["incidents"] if r["cause"] != t.PLANNED],
+        "handovers": [r for r in rows["incidents"] if r["cause"] == t.PLANNED],
+        "late_replication": late_replication(rows["latency"], rows["redundancy_down"]),
+        **{name: rows[name] for name in ("stages", "latency", "top_topics", "top_clients", "delivery_problems",
+                                         "overload_episodes", "unlogged", "rates_per_minute", "publish_outcomes",
+                                         "redundancy_down")},
     }
     view["elapsed_s"] = round(time.monotonic() - started, 3)
     if out is not None:
@@ -114,6 +127,8 @@ def _spark_report_frames(spark, p: partials.Partials, top_n: int) -> dict[str, D
         "delivery_problems": t.delivery_problems(p.small, p.redelivered),
         "overload_episodes": p.small.transform(t.overload_episodes),
         "unlogged": p.small.transform(t.unlogged),
+        "publish_outcomes": p.small.transform(t.publish_outcomes),
+        "redundancy_down": p.small.transform(t.redundancy_down),
     }
 
 
@@ -133,6 +148,34 @@ def _topic_names(spark, traffic: DataFrame) -> DataFrame:
     if len({r["topic_hash"] for r in got}) != len(got):
         raise ingest.AnalyticsError(driver.SAME_HASH)
     return spark.createDataFrame(got, names.schema)
+
+
+def late_replication(latency: list[dict], down: list[dict]) -> dict | None:
+    """Why some messages were replicated long after they were stored: the standby was out of sync (the
+    `replicated_late` latency rows, and the `redundancy_down` periods). None when it never was."""
+    late = [r for r in latency if r["stage"] == "replicated_late"]
+    if not late and not down:
+        return None
+    return {"messages": sum(r["messages"] or 0 for r in late),
+            "max_ms": max((r["max_ms"] for r in late if r["max_ms"] is not None), default=None),
+            "periods": len(down), "down_ms": sum(r["down_ms"] or 0 for r in down),
+            "still_down": sum(r["end"] is None for r in down)}
+
+
+def _outcomes(rows: list[dict]) -> dict:
+    """The publish_outcomes report summed: accepted (every outcome but refused) per node, and totals by outcome and
+    by QoS. `counted`: whether the logs hold outcome counts at all."""
+    per_node: dict[str, int] = {}
+    by_outcome = {o: 0 for o in OUTCOMES}
+    by_qos: dict[str, dict[str, int]] = {}
+    for r in rows:
+        n = r["messages"] or 0
+        by_outcome[r["outcome"]] = by_outcome.get(r["outcome"], 0) + n
+        qos = by_qos.setdefault(str(r["qos"]), {})
+        qos[r["outcome"]] = qos.get(r["outcome"], 0) + n
+        if r["outcome"] != "refused":
+            per_node[r["node"]] = per_node.get(r["node"], 0) + n
+    return {"counted": bool(rows), "accepted_per_node": per_node, "by_outcome": by_outcome, "by_qos": by_qos}
 
 
 def write_json(view: dict, path) -> None:

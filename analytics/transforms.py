@@ -12,12 +12,16 @@ Rules (what each report means is in docs/events.md, "What the analytics job repo
   Latencies are measured on that node, from the PUBLISH being routed
   (`created_ms`, wall clock) to the first `delivered` / `replicated` event.
 - Incidents: every activation after the first is a change of the active
-  node. Its `detected` is the new active's last bid before it, its
-  `last_seen_old` the old active's last sign of serving before the takeover
-  (a node_alive pulse with serving true, a message or client event: the
-  pulse bounds it to a second), and the service was unavailable
-  from last_seen_old to the takeover. In flight: messages the old active
-  stored in its epoch and never saw acknowledged.
+  node, read off the decisions the nodes logged. A planned one (cause
+  `planned`: the old active's `handover` decision, not aborted, then its
+  step-down) was unavailable from that decision (the gate closed) to the
+  takeover. A failure (`step_down` if the old active stepped down, else
+  `lost`) was unavailable from the old active's last sign of serving: the
+  later of its last pulse, message or client event (a second's precision)
+  and the moment the new active last heard it claim activity (its bid says
+  how long before: a heartbeat's precision). `detected` is the new active's
+  last bid before the takeover. In flight: messages the old active stored in
+  its epoch and never saw acknowledged.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from pyspark.sql import functions as F
 from .partials import STAGE_NAMES
 
 SERVER_BUSY = 0x89
+DOWN, CAUGHT_UP = "→ redundancy down", "caught up on the mate link → in sync"  # the active's `sync` decisions
+PLANNED = "planned"  # the cause of a handover (release, revert, auto-revert, SIGTERM): not a failure
+# A bid's story of the old active (appliance/quorum/core.py `_silence_story`): how long before the bid the bidder
+# last heard it claim activity, a heartbeat's precision where the pulse has a second's.
+SILENCE = r"^\S+: (\S+) (?:unseen|gave up activity) ([0-9]+(?:\.[0-9]+)?) s"
 OVERLOAD_GAP_S = 10.0  # overload signals further apart than this are separate episodes
 
 
@@ -94,24 +103,31 @@ def incidents(events: DataFrame, pulse_rows: DataFrame, messages: DataFrame) -> 
     bids = decisions.filter(F.col("kind") == "bid").alias("b")
     detected = (i.join(bids, (F.col("b.node") == F.col("i.to_node")) & (F.col("b.ts") <= F.col("i.takeover"))
                        & (F.col("b.ts") > F.col("i.since")), "left")
-                .groupBy("i.epoch").agg(F.max("b.ts").alias("detected")))
+                .groupBy("i.epoch").agg(F.max("b.ts").alias("detected"),
+                                        F.max_by("b.reason", "b.ts").alias("bid_reason")))
     # The old active's last sign of serving, the latest per second (partials.pulses), so the range join stays small.
     pulse = pulse_rows.alias("o")
     seen = (i.join(pulse, (F.col("o.node") == F.col("i.from_node")) & (F.col("o.ts") <= F.col("i.takeover")), "left")
-            .groupBy("i.epoch").agg(F.max("o.ts").alias("last_seen_old")))
-    downs = decisions.filter(F.col("kind") == "step_down").alias("s")
-    stepped = (i.join(downs, (F.col("s.node") == F.col("i.from_node")) & (F.col("s.ts") <= F.col("i.takeover"))
-                      & (F.col("s.ts") > F.col("i.since")), "left")
-               .groupBy("i.epoch").agg(F.count("s.ts").alias("stepped_down")))
+            .groupBy("i.epoch").agg(F.max("o.ts").alias("pulse_old")))
+    old_side = [_last_decision(i, decisions, kind, name) for kind, name in
+                (("step_down", "stepped_down"), ("handover", "handover_at"), ("handover_aborted", "aborted_at"))]
     flight = _in_flight(messages, i)
-    rows = (acts.join(detected, "epoch", "left").join(seen, "epoch", "left").join(stepped, "epoch", "left")
-            .join(flight, "epoch", "left")
-            .withColumn("detected", F.coalesce("detected", "takeover"))
-            .withColumn("last_seen_old", F.least(F.coalesce("last_seen_old", "detected"), "detected")))
+    rows = acts.join(detected, "epoch", "left").join(seen, "epoch", "left")
+    for df in [*old_side, flight]:
+        rows = rows.join(df, "epoch", "left")
+    planned = (F.col("handover_at").isNotNull() & (F.col("stepped_down") >= F.col("handover_at"))
+               & (F.col("aborted_at").isNull() | (F.col("aborted_at") < F.col("handover_at"))))
+    who, secs = (F.regexp_extract("bid_reason", SILENCE, n) for n in (1, 2))
+    heard = F.when((who == F.col("from_node")) & (secs != ""), F.col("detected") - secs.cast("double"))
+    rows = (rows.withColumn("detected", F.coalesce("detected", "takeover"))
+            .withColumn("planned", F.coalesce(planned, F.lit(False)))
+            .withColumn("last_seen_old", F.when(F.col("planned"), F.col("handover_at")).otherwise(
+                F.least(F.coalesce(F.greatest("pulse_old", heard), "detected"), "detected"))))
     ms = lambda a, b: F.greatest(F.lit(0), F.round((F.col(b) - F.col(a)) * 1000)).cast("long")  # noqa: E731
+    cause = (F.when(F.col("planned"), PLANNED).when(F.col("stepped_down").isNotNull(), "step_down")
+             .otherwise("lost"))
     return (rows.select(
-        "epoch", "from_node", "to_node",
-        F.when(F.col("stepped_down") > 0, "step_down").otherwise("lost").alias("cause"),
+        "epoch", "from_node", "to_node", cause.alias("cause"),
         "last_seen_old", "detected", "takeover",
         ms("last_seen_old", "detected").alias("detection_ms"), ms("detected", "takeover").alias("takeover_ms"),
         F.coalesce("in_flight", F.lit(0)).cast("long").alias("in_flight"))
@@ -119,6 +135,15 @@ def incidents(events: DataFrame, pulse_rows: DataFrame, messages: DataFrame) -> 
         .select("epoch", "from_node", "to_node", "cause", "last_seen_old", "detected", "takeover", "detection_ms",
                 "takeover_ms", "unavailable_ms", "in_flight")
         .orderBy("takeover"))
+
+
+def _last_decision(acts: DataFrame, decisions: DataFrame, kind: str, name: str) -> DataFrame:
+    """epoch (of the incident), `name`: the old active's last `kind` decision between the previous activation and
+    this one (null without one)."""
+    d = decisions.filter(F.col("kind") == kind).alias("d")
+    return (acts.join(d, (F.col("d.node") == F.col("i.from_node")) & (F.col("d.ts") <= F.col("i.takeover"))
+                      & (F.col("d.ts") > F.col("i.since")), "left")
+            .groupBy("i.epoch").agg(F.max("d.ts").alias(name)))
 
 
 def _in_flight(messages: DataFrame, acts: DataFrame) -> DataFrame:
@@ -181,6 +206,33 @@ def overload_episodes(events: DataFrame, gap_s: float = OVERLOAD_GAP_S) -> DataF
                  F.sum(F.when(F.col("event") == "broker_loop_lag", 1).otherwise(0)).cast("long").alias("loop_lags"),
                  F.max("max_ms").alias("max_lag_ms"))
             .select("node", "start", "end", "busy_refusals", "loop_lags", "max_lag_ms").orderBy("node", "start"))
+
+
+def redundancy_down(events: DataFrame) -> DataFrame:
+    """node, start, end, down_ms: each period an active node's standby was out of sync, from the active's `sync`
+    decisions ("→ redundancy down" until "caught up on the mate link → in sync"; end and down_ms null while it
+    never caught up). What it stored meanwhile was replicated only at the catch-up: late, not slow."""
+    sync = events.filter((F.col("event") == "redundancy_decision") & (F.col("kind") == "sync"))
+    downs = sync.filter(F.col("reason").contains(DOWN)).select("node", F.col("ts").alias("start")).alias("d")
+    ups = sync.filter(F.col("reason").contains(CAUGHT_UP)).select("node", F.col("ts").alias("up")).alias("u")
+    ends = (downs.join(ups, (F.col("u.node") == F.col("d.node")) & (F.col("u.up") > F.col("d.start")), "left")
+            .groupBy("d.node", "d.start").agg(F.min("u.up").alias("end")))
+    return (ends.groupBy("node", "end").agg(F.min("start").alias("start"))
+            .select("node", "start", "end",
+                    F.round((F.col("end") - F.col("start")) * 1000).cast("long").alias("down_ms"))
+            .orderBy("node", "start"))
+
+
+def publish_outcomes(events: DataFrame) -> DataFrame:
+    """node, topic, qos, outcome, messages: every PUBLISH a client sent, by what became of it (delivered, queued,
+    no_subscriber, refused: appliance/broker/outcomes.py), from the nodes' once-a-second `publish_outcomes` events
+    (partials.small will do)."""
+    each = (events.filter(F.col("event") == "publish_outcomes")
+            .select("node", F.explode("outcomes").alias("o")))
+    return (each.groupBy("node", F.col("o.topic").alias("topic"), F.col("o.qos").alias("qos"),
+                         F.col("o.outcome").alias("outcome"))
+            .agg(F.sum("o.messages").cast("long").alias("messages"))
+            .orderBy("node", "topic", "qos", "outcome"))
 
 
 def event_counts(counts: DataFrame) -> DataFrame:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
@@ -42,12 +42,14 @@ from ..mqtt.wire import ReasonCode as RC
 from ..spool import ops
 from . import dedup
 from .effects import Close, Connacked, Durable, Persist, Send
-from .routing import Router, ack_for
+from .routing import REFUSED, Router, ack_for
 from .session import NEVER, Connection, EntryState, QueueEntry, Session, Will
 from .sys_topics import SYS_RESERVED_REASON, is_sys_topic
 
 DEFAULT_RECEIVE_MAXIMUM = 32  # our in-flight window towards 3.1.1 clients (they cannot tell us theirs)
 SERVER_RECEIVE_MAXIMUM = 100
+MAX_OUTCOME_TOPICS: Final = 1000  # topics named in a second's outcome counts: outcomes.py
+OTHER_TOPICS: Final = "(other topics)"
 SERVER_TOPIC_ALIAS_MAXIMUM = 64
 MAX_KEEP_ALIVE_S = 65535
 
@@ -98,6 +100,8 @@ class BrokerCore:
         self._assigned = 0
         self.node_name = node_name
         self.counters: dict[str, int] = {}
+        # topic -> a count per (QoS, outcome) at qos * 4 + outcome: what became of each PUBLISH; the node takes them
+        self.outcomes: dict[str, list[int]] = {}
         self._dirty: dict[str, None] = {}  # sessions to flush: acks to persist, windows to fill (ordered)
 
     # --- connections --------------------------------------------------------------------
@@ -321,6 +325,7 @@ class BrokerCore:
             return [Close(conn.conn_id, RC.PROTOCOL_ERROR, "empty topic name without a topic alias")]
         if topic.startswith("$") and is_sys_topic(topic):  # other $ topics are the clients' (sys_topics.py)
             self._count("publish_to_sys_refused")
+            self.count_outcome(topic, packet.qos, REFUSED)
             if conn.protocol_version != 5:
                 # 3.1.1 has no negative ack: acknowledged and dropped, like mosquitto, rather than disconnected.
                 # A barrier like `_refuse_publish`'s: the ack keeps PUBLISH order.
@@ -330,6 +335,7 @@ class BrokerCore:
             return self._refuse_publish(conn, packet, RC.TOPIC_NAME_INVALID, SYS_RESERVED_REASON)
         if not self.authorize(conn.username, "publish", topic):
             self._count("publish_not_authorized")
+            self.count_outcome(topic, packet.qos, REFUSED)
             if conn.protocol_version != 5 and packet.qos:
                 # 3.1.1 has no negative ack. Closing would make the client resend the same message on every
                 # reconnect, forever; like mosquitto we acknowledge and drop it (counted; the node logs it).
@@ -356,6 +362,7 @@ class BrokerCore:
             message_id = dedup.message_id_of(packet.properties)
         except dedup.BadMessageId as exc:
             self._count("publish_refused_bad_message_id")
+            self.count_outcome(topic, packet.qos, REFUSED)
             return self._refuse_publish(conn, packet, RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc))
         if message_id is None:
             return self.router.route(self, conn, session, topic, packet, now_ms)
@@ -535,6 +542,20 @@ class BrokerCore:
 
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
+
+    def count_outcome(self, topic: str, qos: int, outcome: int) -> None:
+        """One client PUBLISH's outcome (routing.OUTCOME_NAMES, outcomes.py's rules): at most MAX_OUTCOME_TOPICS
+        topics until the node takes them, the rest summed under OTHER_TOPICS."""
+        counts = self.outcomes
+        row = counts.get(topic)
+        if row is None:
+            if len(counts) >= MAX_OUTCOME_TOPICS:
+                topic = OTHER_TOPICS
+                row = counts.get(topic)
+            if row is None:
+                row = [0] * 12
+                counts[topic] = row
+        row[qos * 4 + outcome] += 1
 
     def session_will(self, session: Session) -> Will | None:
         return session.will

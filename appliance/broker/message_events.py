@@ -9,7 +9,9 @@ Rules:
   are never stored and are not logged one by one.
 - published: the op reached the writer (created_ms: when the PUBLISH was
   routed); spooled: its group commit is durable locally; replicated: the
-  standby acknowledged a commit at or past it on the mate link; delivered:
+  standby acknowledged a commit at or past it on the mate link (`after_resync`
+  when the commit was made while acks did not wait for the standby: it was out
+  of sync, and got the commit only when it caught up); delivered:
   sent to a subscriber (MessageInflight: the first send and every resend
   after a reconnect or a takeover, so a redelivery is a second `delivered`
   of the same client and message); acknowledged: the subscriber's PUBACK /
@@ -48,12 +50,14 @@ def _published_members(value: tuple) -> str:
 
 
 class MessageEvents:
-    def __init__(self, events, sample_ratio: float = 1.0, acked_seq: Callable[[], int] | None = None) -> None:
+    def __init__(self, events, sample_ratio: float = 1.0, acked_seq: Callable[[], int] | None = None,
+                 mate_needed: Callable[[], bool] = lambda: True) -> None:
         self.events = events
         self._threshold = int(sample_ratio * (1 << 32))
         self._all = sample_ratio >= 1.0
         self._acked_seq = acked_seq
-        self._pending: collections.deque = collections.deque()  # (seq, msg_ids, epoch) not yet replicated
+        self._mate_needed = mate_needed  # whether acks wait for the standby now (false: it is out of sync)
+        self._pending: collections.deque = collections.deque()  # (seq, msg_ids, epoch, late) not yet replicated
         self.unsampled: dict[str, int] = {}
 
     def keep(self, msg_id: int) -> bool:
@@ -119,7 +123,7 @@ class MessageEvents:
         seq = commits[-1].last_seq if commits else 0
         self.events.write("message_spooled", msg_ids=msg_ids, seq=seq, epoch=epoch)
         if self._acked_seq is not None:
-            self._pending.append((seq, msg_ids, epoch))
+            self._pending.append((seq, msg_ids, epoch, not self._mate_needed()))
             if len(self._pending) > MAX_PENDING_COMMITS:
                 self._skip("replication_unobserved", len(self._pending.popleft()[1]))
             self.check_replicated()
@@ -130,8 +134,11 @@ class MessageEvents:
             return
         acked = self._acked_seq()
         while self._pending and self._pending[0][0] <= acked:
-            seq, msg_ids, epoch = self._pending.popleft()
-            self.events.write("message_replicated", msg_ids=msg_ids, seq=seq, epoch=epoch)
+            seq, msg_ids, epoch, late = self._pending.popleft()
+            if late:
+                self.events.write("message_replicated", msg_ids=msg_ids, seq=seq, epoch=epoch, after_resync=True)
+            else:
+                self.events.write("message_replicated", msg_ids=msg_ids, seq=seq, epoch=epoch)
 
     def flush_counts(self) -> None:
         """Once a second (the node's watchdog) and at stop: what sampling skipped since the last call."""

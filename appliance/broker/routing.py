@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..mqtt import codec
 from ..mqtt.properties import PropertyId as P
@@ -48,6 +48,13 @@ if TYPE_CHECKING:
 
 _NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
 _Target = tuple[int, tuple[int, ...], bool]  # (QoS, subscription ids, RETAIN flag to send) of one copy
+# What became of a client's PUBLISH (outcomes.py says what each means), as an index into OUTCOME_NAMES: here,
+# where routing decides it, so that counting is a compiled call on a per-topic row, no key built per message.
+OUTCOME_NAMES: Final = ("delivered", "queued", "no_subscriber", "refused")
+DELIVERED: Final = 0
+QUEUED: Final = 1
+NO_SUBSCRIBER: Final = 2
+REFUSED: Final = 3
 
 
 def _receive_all(username: str | None, topic: str) -> bool:
@@ -90,11 +97,15 @@ class Router:
         """`extra_ops` join the message's commit if it is accepted (a `MessageIdSeen`: dedup.py)."""
         msg = self._message(session, topic, packet, now_ms)
         if not msg.qos and not msg.retain and not extra_ops:
-            return self._route_at_most_once(core, session, topic, msg)
+            sent = self._route_at_most_once(core, session, topic, msg)
+            if conn is not None:
+                core.count_outcome(topic, 0, DELIVERED if sent else NO_SUBSCRIBER)
+            return sent
         targets = self._targets(core, topic, session.client_id, msg.retain)
         full = self._full_target(core, targets, msg)
         if full is not None and conn is not None:
             core._count("publish_refused_queue_full")
+            core.count_outcome(topic, msg.qos, REFUSED)
             return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                         f"the queue of subscriber {full} is full; retry later")
         stored_props = _encode_props(msg.properties) if msg.properties else b""
@@ -102,6 +113,7 @@ class Router:
         if conn is not None and self._needs_store(targets, msg):
             if self.stored_bytes + size > self.limits.max_spool_bytes:
                 core._count("publish_refused_spool_full")
+                core.count_outcome(topic, msg.qos, REFUSED)
                 return core._refuse_publish(conn, packet, RC.QUOTA_EXCEEDED,
                                             f"the message spool is full ({self.stored_bytes:,} of "
                                             f"{self.limits.max_spool_bytes:,} bytes); retry later")
@@ -159,6 +171,8 @@ class Router:
             op_list.append(ops.InboundQos2Received(session.client_id, packet_id))
         if msg.refs == 0 and not msg.retain:
             self.messages.pop(msg.msg_id, None)  # QoS 0 only: nothing holds the body
+        if conn is not None:
+            core.count_outcome(topic, msg.qos, QUEUED if queued else DELIVERED if now_effects else NO_SUBSCRIBER)
         acks: list[Any] = []
         if conn is not None and packet.qos:
             reason = RC.SUCCESS if targets or conn.protocol_version == 4 else RC.NO_MATCHING_SUBSCRIBERS

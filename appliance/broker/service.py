@@ -443,7 +443,7 @@ class BrokerService:
         state = await asyncio.to_thread(self.spool.load_state)
         core = self._core_factory()
         await asyncio.to_thread(restore, core, state, wall_ms())
-        core.counters = self.core.counters
+        core.counters, core.outcomes = self.core.counters, self.core.outcomes
         self._held.clear()
         self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
@@ -451,13 +451,13 @@ class BrokerService:
 
     def rebuild_core(self) -> None:
         """Taking activity: the core is rebuilt from the spool the mate link kept (no connection survives)."""
-        counters = self.core.counters
+        counters, outcomes = self.core.counters, self.core.outcomes
         self._held.clear()
         self._discard_ops()  # held back by the old core (see the rules)
         self.conns.clear()
         self._history, self._rebuild_waits = self.writer.history, False
         self.core = self._fresh_core()
-        self.core.counters = counters
+        self.core.counters, self.core.outcomes = counters, outcomes
 
     def _commit_failed(self, exc: BaseException) -> None:
         self._discard_ops()  # they belong to the core being replaced
@@ -485,10 +485,10 @@ class BrokerService:
     def _rebuild_after_failure(self) -> None:
         self._rebuild_waits = False
         self._drop_clients("the message spool could not take more; reconnect")  # any that came while we waited
-        counters = self.core.counters
+        counters, outcomes = self.core.counters, self.core.outcomes
         self._history = self.writer.history
         self.core = self._fresh_core()
-        self.core.counters = counters  # refusals counted so far stay counted
+        self.core.counters, self.core.outcomes = counters, outcomes  # what was counted so far stays counted
 
     # --- the management API's view -----------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..api.ports import RoutingPorts
 from ..api.reads import spool_disk
 from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
+from ..broker import outcomes
 from ..broker.message_events import MessageEvents
 from ..broker.service import BrokerService, writer_limits
 from ..broker.sys_topics import Redundancy
@@ -96,7 +97,8 @@ class RoutingNode(MonitorNode):
         release = MateRelease(active)
         events = None
         if config.events.message_events:
-            events = MessageEvents(self.events, config.events.message_sample_ratio, acked_seq=lambda: active.acked_seq)
+            events = MessageEvents(self.events, config.events.message_sample_ratio, acked_seq=lambda: active.acked_seq,
+                                   mate_needed=lambda: release.need_mate)
         self.broker = BrokerService(spool, epoch=self.current_epoch, core_factory=self._new_broker_core,
                                     release=release, serving=self.may_serve,
                                     mate_over_lag=lambda: active.over_max_lag, message_events=events,
@@ -256,6 +258,10 @@ class RoutingNode(MonitorNode):
     def _each_second(self) -> None:
         if self.broker.message_events is not None:
             self.broker.message_events.flush_counts()
+        core = self.broker.core
+        if core.outcomes:  # what became of the last second's PUBLISHes: one line (broker/outcomes.py)
+            counts, core.outcomes = core.outcomes, {}
+            self.events.write("publish_outcomes", epoch=self.current_epoch(), outcomes=outcomes.as_event(counts))
 
     # --- what the heartbeat thread hands over ----------------------------------------
 

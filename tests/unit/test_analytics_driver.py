@@ -32,13 +32,31 @@ EVENTS = [
     ev("primary", 9.0, "message_dropped", reason="queue full"),
     ev("primary", 10.0, "message_events_unsampled", counts={"message_delivered": 5, "message_acknowledged": 3}),
     ev("backup", 11.0, "events_lost", count=2),
-    decision("backup", 63.2, "bid", 2), decision("backup", 63.25, "activate", 2),
+    # The backup last heard the primary 0.8 s before its bid: later than the primary's last pulse (62.0).
+    decision("backup", 63.2, "bid", 2, "backup: primary unseen 0.80 s, in sync → asking for epoch 2"),
+    decision("backup", 63.25, "activate", 2),
     pub("backup", 64.0, 1, "a", "p1", 50, epoch=2), stage("backup", 64.004, "replicated", [1], epoch=2),
     stage("backup", 64.02, "delivered", [1], client="s1", epoch=2),
     stage("backup", 64.03, "acknowledged", [1], client="s1", epoch=2),
     ev("backup", 70.0, "node_alive", serving=True, epoch=2),
     decision("backup", 79.9, "step_down", 2), decision("primary", 80.0, "bid", 3),
     decision("primary", 80.1, "activate", 3),
+    # A planned handover back to the backup: not a failure.
+    decision("primary", 90.0, "handover", 3), decision("primary", 90.3, "step_down", 3),
+    decision("backup", 90.4, "bid", 4, "backup: primary handed activity over (yielded epoch 3), in sync → asking"),
+    decision("backup", 90.45, "activate", 4),
+    # The standby out of sync twice (once until the end); a message stored meanwhile replicated at the catch-up.
+    decision("primary", 20.0, "sync", 1, "primary: backup was not heard → redundancy down, backup out of sync"),
+    decision("primary", 21.0, "sync", 1, "primary: backup was not heard → redundancy down, backup out of sync"),
+    decision("primary", 30.5, "sync", 1, "primary: backup caught up on the mate link → in sync, epoch 1"),
+    decision("backup", 95.0, "sync", 4, "backup: primary fell behind → redundancy down, primary out of sync"),
+    ev("primary", 65.0, "message_replicated", msg_ids=[4], epoch=1, after_resync=True),
+    ev("primary", 2.0, "publish_outcomes", epoch=1,
+       outcomes=[{"topic": "a", "qos": 1, "outcome": "queued", "messages": 3},
+                 {"topic": "z", "qos": 1, "outcome": "no_subscriber", "messages": 1000}]),
+    ev("primary", 3.0, "publish_outcomes", epoch=1,
+       outcomes=[{"topic": "a", "qos": 1, "outcome": "queued", "messages": 1},
+                 {"topic": "a", "qos": 0, "outcome": "refused", "messages": 2}]),
     {"node": "backup", "malformed": True, "day": "unknown"},
 ]
 
@@ -83,7 +101,16 @@ def test_every_report_on_the_driver_equals_the_spark_transforms(reports_of_event
         assert typed(local[name]) == typed(spark_rows[name]), name
     assert typed([local_avail]) == typed([spark_avail])
     # The fixture reaches the cases the driver's code handles by hand.
-    assert {(i["epoch"], i["cause"], i["in_flight"]) for i in local["incidents"]} == {(2, "lost", 3), (3, "step_down", 0)}
+    assert {(i["epoch"], i["cause"], i["in_flight"]) for i in local["incidents"]} == {
+        (2, "lost", 3), (3, "step_down", 0), (4, "planned", 0)}
+    by_epoch = {i["epoch"]: i for i in local["incidents"]}
+    assert by_epoch[2]["last_seen_old"] == 63.2 - 0.8 and by_epoch[2]["detection_ms"] == 800  # heard, not pulsed
+    assert (by_epoch[4]["last_seen_old"], by_epoch[4]["unavailable_ms"]) == (90.0, 450)  # from the handover
+    assert [(r["node"], r["start"], r["end"], r["down_ms"]) for r in local["redundancy_down"]] == [
+        ("backup", 95.0, None, None), ("primary", 20.0, 30.5, 10500)]
+    assert {(r["topic"], r["stage"]): r["max_ms"] for r in local["latency"]}[("a", "replicated_late")] == 3700
+    assert [(r["topic"], r["qos"], r["outcome"], r["messages"]) for r in local["publish_outcomes"]] == [
+        ("a", 0, "refused", 2), ("a", 1, "queued", 4), ("z", 1, "no_subscriber", 1000)]
     assert [r["topic"] for r in local["latency"]][:1] == [None]
     assert len(local["overload_episodes"]) == 2
 

@@ -163,18 +163,45 @@ def test_the_rich_rendering(tmp_path):
     console = Console(file=io.StringIO(), width=120)
     console.print(render.render(VIEW))
     lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
-    assert lines[:10] == [
+    assert lines[:11] == [
         "Overview", "", "  what                 value",
         " " + "─" * 80,
         "  period               2026-05-28 20:26:40 UTC → 2026-05-28 20:36:40 UTC (600 s)",
         "  availability         99.792 % (1250 ms unavailable)",
-        "  messages published   70 (4,480 bytes)",
+        "  failovers            1 failover, 0 planned handovers",
+        "  messages published   70 (4,480 bytes stored)",
         "  per node             backup 30, primary 40",
         "  malformed lines      1",
         "  segments             2 ingested now, 5 from the table, 3 active"]
     assert "      2   primary   backup   lost            1200            50             1250           3" in lines
     assert "  plant/1   delivered         55     4     9    20    31" in lines
     assert not any("Not logged" in line for line in lines)
+    # Nothing to report: no table (overload, redeliveries 0, top clients, handovers)
+    assert not any(word in line for line in lines for word in ("Overload", "Redeliveries", "Top clients",
+                                                               "Planned handovers", "Late replication"))
+
+
+def test_the_rendering_of_outcomes_handovers_and_late_replication():
+    view = {**VIEW, "incidents": [],
+            "handovers": [{"epoch": 3, "from_node": "backup", "to_node": "primary", "cause": "planned",
+                           "detection_ms": 120, "takeover_ms": 30, "unavailable_ms": 150, "in_flight": 0}],
+            "messages": {**VIEW["messages"], "published": 1070, "outcomes_logged": True, "stored": 70,
+                         "by_outcome": {"delivered": 0, "queued": 70, "no_subscriber": 1000, "refused": 2}},
+            "publish_outcomes": [{"node": "primary", "topic": "secret", "qos": 1, "outcome": "refused", "messages": 2}],
+            "late_replication": {"messages": 20, "max_ms": 5300, "periods": 1, "down_ms": 5000, "still_down": 0},
+            "delivery_problems": [{"what": "redelivered", "reason": "", "messages": 4}]}
+    console = Console(file=io.StringIO(), width=300)  # the sentence on one line
+    console.print(render.render(view))
+    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    assert "  failovers            0 failovers, 1 planned handover" in lines
+    assert "  availability         99.792 % (1250 ms unavailable, 150 ms of it in planned handovers)" in lines
+    assert "  outcomes             0 delivered at once, 70 queued, 1,000 no subscriber, 2 refused" in lines
+    assert "Planned handovers" in lines and "Failover incidents" not in lines
+    assert "      3   backup   primary           120            30              150           0" in lines
+    assert ("Late replication: 20 messages were stored while the standby was out of sync and replicated only when it "
+            "caught up (up to 5,300 ms later); the replicated_late rows, apart from live replication. Out of sync 1 "
+            "time (5,000 ms in all).") in lines
+    assert "  primary   secret     1          2" in lines and "  redelivered                   4" in lines
 
 
 def run_cli(*argv) -> tuple[int, str, str]:

@@ -56,7 +56,12 @@ SEGMENTS = {
         pub("primary", 86_400.25, 4, "c", created=86_400_000)],
     "backup/events/events-backup-00000001.jsonl": [
         line("backup", 70.0, "redundancy_decision", kind="activate", epoch=2, reason="backup: taking over"),
-        pub("backup", 70.1, 1, "a", epoch=2), stage("backup", 70.2, "delivered", [1, 2], client="s", epoch=2)],
+        pub("backup", 70.1, 1, "a", epoch=2), stage("backup", 70.2, "delivered", [1, 2], client="s", epoch=2),
+        # replicated only when the standby caught up: its own latency stage
+        line("backup", 70.35, "message_replicated", msg_ids=[1], seq=9, epoch=2, after_resync=True),
+        line("backup", 71.0, "publish_outcomes", epoch=2,
+             outcomes=[{"topic": "a", "qos": 1, "outcome": "queued", "messages": 1},
+                       {"topic": "z", "qos": 1, "outcome": "no_subscriber", "messages": 1000}])],
     "monitor/events/events.jsonl": [line("monitor", 71.0, "node_alive", serving=False, epoch=2), "{broken"],
 }
 
@@ -97,6 +102,11 @@ def test_the_partials_equal_those_of_spark_s_reader_and_reduce(spark, logs, tmp_
     assert ours_["in_flight"].count() == 2 and ours.redelivered.first().extra == 3  # in flight: backup 1, primary 4
     assert ours.small.filter(F.col("event") == "unlogged").first().counts == {"message_delivered": 7,
                                                                             "message_spooled": 2}
+    late = {(r.stage, r.latency_ms): r.messages for r in ours_["latency"].collect() if r.stage == "replicated_late"}
+    assert late == {("replicated_late", 250): 1}
+    [outcomes] = ours.small.filter(F.col("event") == "publish_outcomes").collect()
+    assert [(o.topic, o.outcome, o.messages) for o in outcomes.outcomes] == [("a", "queued", 1),
+                                                                             ("z", "no_subscriber", 1000)]
 
 
 def test_the_written_table_holds_the_rows_spark_s_reader_gives(spark, logs, tmp_path):

@@ -64,9 +64,9 @@ def test_per_message_counts_each_message_s_events_and_its_first_stages(spark):
                stage("primary", 3, "delivered", [7], client="s1"), stage("primary", 4, "acknowledged", [7]),
                stage("backup", 2, "spooled", [7], epoch=2))  # the backup's own message 7
     assertDataFrameEqual(df.transform(partials.per_message), spark.createDataFrame(
-        [("primary", 1, 7, hashed(spark, "t"), 1000, 1, 0, 1, 2, 1, 1.5, 2.0),
-         ("primary", 1, 8, None, None, 0, 0, 0, 1, 0, None, 2.0),
-         ("backup", 2, 7, None, None, 0, 1, 0, 0, 0, None, None)], MESSAGES))
+        [("primary", 1, 7, hashed(spark, "t"), 1000, 1, 0, 1, 2, 1, 1.5, 2.0, None),
+         ("primary", 1, 8, None, None, 0, 0, 0, 1, 0, None, 2.0, None),
+         ("backup", 2, 7, None, None, 0, 1, 0, 0, 0, None, None, None)], MESSAGES))
 
 
 def test_partials_of_two_batches_merge_to_those_of_one(spark):
@@ -176,8 +176,8 @@ def test_latency_percentiles_match_percentile_approx_where_its_sample_is_exact(s
     assertDataFrameEqual(t.latency_percentiles(hist), want)
 
 
-def decision(node, ts, kind, epoch) -> dict:
-    return ev(node, ts, "redundancy_decision", kind=kind, epoch=epoch, reason=f"{node}: {kind}")
+def decision(node, ts, kind, epoch, reason=None) -> dict:
+    return ev(node, ts, "redundancy_decision", kind=kind, epoch=epoch, reason=reason or f"{node}: {kind}")
 
 
 FAILOVER = [
@@ -252,6 +252,64 @@ def test_overload_episodes(spark):
     assertDataFrameEqual(df.transform(t.overload_episodes), spark.createDataFrame(
         [("backup", 12.0, 12.0, 1, 0, None), ("primary", 10.0, 15.0, 2, 0, None), ("primary", 40.0, 40.0, 0, 1, 700)],
         "node string, start double, end double, busy_refusals long, loop_lags long, max_lag_ms long"))
+
+
+def test_a_planned_handover_is_timed_from_its_decision_not_from_the_pulse(spark):
+    """release-activity: the primary's gate closed at its `handover` decision (90.0), well after its last pulse
+    (89.1); unavailable until the backup's activation. An aborted handover followed by a failure is a failure."""
+    rows = [decision("primary", 10, "activate", 1), ev("primary", 89.1, "node_alive", serving=True, epoch=1),
+            decision("primary", 90.0, "handover", 1), decision("primary", 90.25, "step_down", 1),
+            decision("backup", 90.3, "bid", 2, "backup: primary handed activity over (yielded epoch 1), in sync"),
+            decision("backup", 90.32, "activate", 2),
+            decision("backup", 100.0, "handover", 2), decision("backup", 102.0, "handover_aborted", 2),
+            ev("backup", 104.6, "node_alive", serving=True, epoch=2),
+            decision("primary", 106.0, "bid", 3, "primary: backup unseen 1.10 s, in sync → asking for epoch 3"),
+            decision("primary", 106.05, "activate", 3)]
+    got = incidents(frame(spark, *rows)).select("epoch", "cause", "last_seen_old", "detection_ms", "takeover_ms",
+                                                "unavailable_ms")
+    # The failover: the primary last heard the backup 1.1 s before its bid (104.9), later than its pulse (104.6).
+    assertDataFrameEqual(got, [(2, "planned", 90.0, 300, 20, 320), (3, "lost", 104.9, 1100, 50, 1150)],
+                         checkRowOrder=True)
+
+
+def test_a_bid_s_silence_about_another_node_or_a_later_pulse_does_not_move_the_last_sign(spark):
+    rows = [*FAILOVER[:6], decision("backup", 201.2, "bid", 2, "backup: monitor unseen 9.00 s, in sync"),
+            *FAILOVER[7:]]
+    assert incidents(frame(spark, *rows)).first().last_seen_old == 200.0  # the pulse: the bid names no primary
+    rows[6] = decision("backup", 201.2, "bid", 2, "backup: primary unseen 3.00 s, in sync")
+    assert incidents(frame(spark, *rows)).first().last_seen_old == 200.0  # heard at 198.2, pulsed at 200.0
+
+
+def test_publish_outcomes_sum_every_node_s_counts_per_topic_qos_and_outcome(spark):
+    count = lambda topic, qos, outcome, n: {"topic": topic, "qos": qos, "outcome": outcome, "messages": n}  # noqa
+    df = frame(spark, ev("primary", 1, "publish_outcomes", epoch=1,
+                         outcomes=[count("t", 1, "no_subscriber", 600), count("t", 0, "delivered", 5)]),
+               ev("primary", 2, "publish_outcomes", epoch=1, outcomes=[count("t", 1, "no_subscriber", 400)]),
+               ev("backup", 3, "publish_outcomes", epoch=2, outcomes=[count("u", 2, "refused", 1)]))
+    assertDataFrameEqual(df.transform(partials.small).transform(t.publish_outcomes), spark.createDataFrame(
+        [("backup", "u", 2, "refused", 1), ("primary", "t", 0, "delivered", 5),
+         ("primary", "t", 1, "no_subscriber", 1000)],
+        "node string, topic string, qos int, outcome string, messages long"), checkRowOrder=True)
+
+
+def test_redundancy_down_runs_from_the_first_down_decision_to_the_catch_up(spark):
+    down = lambda node, ts: decision(node, ts, "sync", 1, f"{node}: x fell behind → redundancy down, x out of sync")  # noqa
+    df = frame(spark, down("primary", 5.0), down("primary", 6.0),
+               decision("primary", 9.5, "sync", 1, "primary: backup caught up on the mate link → in sync, epoch 1"),
+               decision("backup", 9.6, "sync", 1, "backup: in sync until 12.0"),  # the standby's own: not a period
+               down("primary", 20.0))
+    assertDataFrameEqual(df.transform(t.redundancy_down), spark.createDataFrame(
+        [("primary", 5.0, 9.5, 4500), ("primary", 20.0, None, None)],
+        "node string, start double, end double, down_ms long"), checkRowOrder=True)
+
+
+def test_a_late_replication_is_its_own_latency_stage(spark):
+    df = frame(spark, pub("primary", 10.0, 1), stage("primary", 10.002, "replicated", [1]),
+               pub("primary", 11.0, 2), ev("primary", 40.0, "message_replicated", msg_ids=[2], epoch=1,
+                                           after_resync=True))
+    hist = partials.latency_histogram(df.transform(partials.per_message))
+    assertDataFrameEqual(hist.select("stage", "latency_ms", "messages"),
+                         [("replicated", 2, 1), ("replicated_late", 29000, 1)])
 
 
 def test_event_counts_and_unlogged(spark):

@@ -149,6 +149,24 @@ def test_message_events_follow_a_message_through_its_stages(tmp_path):
                                                                                                      3, 5)
 
 
+def test_a_commit_made_while_the_standby_was_out_of_sync_is_replicated_after_resync(tmp_path):
+    """Acks did not wait for the standby when commit 2 was made (it was out of sync): the standby got it when it
+    caught up, and its `message_replicated` says so; commit 1, made while it was in sync, does not."""
+    log = EventLog(tmp_path, "primary")
+    acked, mate_needed = [0], [True]
+    events = MessageEvents(log, 1.0, acked_seq=lambda: acked[0], mate_needed=lambda: mate_needed[0])
+    for msg_id, seq in ((1, 3), (2, 6)):
+        commit = concurrent.futures.Future()
+        events.submitted([stored(msg_id)], 3, commit)
+        commit.set_result((make_commit(GENESIS, 3, [b"op"] * seq),))  # durable through op `seq`
+        mate_needed[0] = False  # the standby dropped out of sync after the first commit
+    acked[0] = 6
+    events.check_replicated()
+    log.close()
+    got = [(e["msg_ids"], e.get("after_resync")) for e in read_events(tmp_path) if e["event"] == "message_replicated"]
+    assert got == [([1], None), ([2], True)]
+
+
 def test_sampling_keeps_whole_messages_and_counts_what_it_skips(tmp_path):
     log = EventLog(tmp_path, "primary")
     events = MessageEvents(log, 0.25)
