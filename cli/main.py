@@ -16,6 +16,7 @@ from pairmq.appliance.config import DEFAULT_GROUP_PATH, load_group
 from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.roles import Role
 
+from .extras import MissingExtra
 from .options import add_group, examples, group_path
 from .terminal import Terminal
 
@@ -330,7 +331,7 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
 def _cmd_install(args: argparse.Namespace, term: Terminal) -> int:
     from .install import run
 
-    run(args, say=term.print_text)
+    run(args, say=term.print_text, say_json=term.print_json)
     return 0
 
 
@@ -414,6 +415,9 @@ def main(argv: list[str] | None = None, term: Terminal | None = None) -> int:
     except UsageError as exc:
         term.error(f"{exc} (see `{exc.prog} --help`)")
         return EXIT_USAGE
+    except MissingExtra as exc:  # an optional part not installed: setup, not failure (cli/extras.py)
+        term.error(str(exc))
+        return exc.exit_code
     except PairMQError as exc:
         term.error(str(exc))
         return EXIT_ERROR

@@ -3,7 +3,9 @@
 The root gets a real /etc/passwd (useradd --root writes it), real files with modes and owners, units
 enabled with `systemctl --root` (symlinks). The software is the venv these tests run in, linked into the
 root at /opt/pairmq/venv and passed with --venv (building a venv with pip would need the network).
-systemd is not PID 1 here, so nothing is started: see docs/operations.md.
+systemd is not PID 1 here, so nothing is started: see docs/operations.md. What systemd would do with
+LoadCredential= (hand the node a copy of the admin file in $CREDENTIALS_DIRECTORY) is done by hand for a
+real node at the end.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pairmq.appliance.api.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.api.admin_credential import admin_path, new_credential, read_admin, write_admin
 from pairmq.appliance.roles import Role
 from pairmq.cli import install
-from tests.harness.group import LOOPBACK, REPO
+from tests.harness.group import LOOPBACK, REPO, Group
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
 ADMIN_PASSWORD = "an admin password of some length"
@@ -69,11 +71,12 @@ def source(tmp_path) -> Path:
 
 
 def pairmq_install(root: Path, source: Path, *extra: str, via: str = "pairmq", role: str = "primary",
-                   user: list[str] | None = None) -> subprocess.CompletedProcess:
+                   user: list[str] | None = None, env: dict | None = None,
+                   group: bool = True) -> subprocess.CompletedProcess:
     command = [str(REPO / "systemd/install.sh")] if via == "install.sh" else [sys.executable, "-m", "pairmq.cli.main", "install"]
-    argv = [*(user or []), *command, "--role", role, "--group", str(source / "group.toml"),
+    argv = [*(user or []), *command, "--role", role, *(["--group", str(source / "group.toml")] if group else []),
             "--root", str(root), "--venv", "/opt/pairmq/venv", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60, env=env)
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -117,7 +120,7 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     assert mode_owner(root / "etc/pairmq") == ("0o750", 0, gid)
     assert mode_owner(root / "etc/pairmq/group.toml") == ("0o640", 0, gid)
     assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
-    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o600", 0, 0)  # the node's copy is a systemd credential
     assert (root / "etc/pairmq/admin").read_bytes() == (source / "admin").read_bytes()
     assert mode_owner(root / "var/lib/pairmq") == ("0o750", uid, gid)
     assert mode_owner(root / "var/log/pairmq") == ("0o750", uid, gid)
@@ -127,7 +130,11 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     unit = "pairmq-monitor.service" if role == "monitor" else f"pairmq@{role}.service"
     installed = root / "etc/systemd/system" / unit_file
     assert mode_owner(installed) == ("0o644", 0, 0)
-    assert installed.read_text() == (REPO / "systemd" / unit_file).read_text()
+    # the shipped unit, pointed at the docs this venv (an editable install: the work tree's) really holds
+    shipped = (REPO / "systemd" / unit_file).read_text()
+    assert installed.read_text() == install.render_unit(shipped, Path("/opt/pairmq/venv"), REPO / "docs/operations.md")
+    assert f"Documentation=file://{REPO}/docs/operations.md\n" in installed.read_text()
+    assert "LoadCredential=pairmq-admin:/etc/pairmq/admin\n" in installed.read_text()
     wants = root / "etc/systemd/system/multi-user.target.wants" / unit
     assert os.readlink(wants) == f"/etc/systemd/system/{unit_file}"
     assert not (root / f"etc/systemd/system/{unit}.d").exists()  # no [vip]: no capabilities
@@ -184,10 +191,10 @@ def packet_sockets_allowed(unit_dir: Path) -> str:
     return line.split()[0]
 
 
-def _refused(root, source, *extra, role="primary", user=None) -> str:
+def _refused(root, source, *extra, role="primary", user=None, code=1, env=None) -> str:
     before = snapshot(root)
-    done = pairmq_install(root, source, *extra, role=role, user=user)
-    assert done.returncode != 0, done.stdout
+    done = pairmq_install(root, source, *extra, role=role, user=user, env=env)
+    assert done.returncode == code, (done.stdout, done.stderr)
     assert snapshot(root) == before, "a refused install changed the root"
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -195,7 +202,7 @@ def _refused(root, source, *extra, role="primary", user=None) -> str:
 
 
 def test_refusals_are_one_sentence_and_change_nothing(root, source):
-    assert "unknown role 'mirror': choose primary, backup or monitor" in _refused(root, source, role="mirror")
+    assert "argument --role: invalid choice: 'mirror'" in _refused(root, source, role="mirror", code=2)
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     assert "pairmq install must run as root" in _refused(root, source, user=nobody)
 
@@ -250,27 +257,31 @@ def test_the_roles_address_must_be_this_hosts():
 LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine's local package mirror (file://, no network)
 
 
-def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_path):
+def test_venv_is_built_with_pip_after_pip_said_it_could(root, source, tmp_path):
     """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
-    Without any index pip cannot get the build requirements (setuptools, wheel): one sentence naming pip's
-    reason, no units installed. The next run, given the local mirror, builds it (dependencies left out:
-    the mirror need not hold them all) rather than taking the half-built venv for done."""
+    Before anything changes pip resolves it (--dry-run, in a scratch venv): without any index it cannot
+    get the build requirements (setuptools, wheel), which is one sentence naming pip's reason and a root
+    left exactly as it was. Given the local mirror (dependencies left out: the mirror need not hold them
+    all), it builds the venv, and a second run takes it for done."""
     if not (LOCAL_INDEX / "setuptools").is_dir() or not (LOCAL_INDEX / "wheel").is_dir():
         pytest.fail(f"{LOCAL_INDEX} has no setuptools or wheel: this test needs the machine's local package mirror")
     (root / "opt/pairmq/venv").unlink()
     # pip builds a local tree in place (build/, *.egg-info): give it a copy, not this work tree
     tree = tmp_path / "pairmq-src"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
-                                                              ".pytest_cache", ".hypothesis", "local"))
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local", "node_modules",
+                                                              "*.so"))
     command = [sys.executable, "-m", "pairmq.cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
                "--root", str(root), "--package", str(tree)]
+    before = snapshot(root)
     failed = subprocess.run([*command, "--pip-option=--no-index"], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1, failed.stdout
     [line] = failed.stderr.strip().splitlines()
-    assert line == (f"error: pip could not install {tree} into /opt/pairmq/venv: "
+    assert line == (f"error: pip would not install {tree} into /opt/pairmq/venv: "
                     "ERROR: No matching distribution found for setuptools>=68"), line
-    assert (root / "opt/pairmq/venv/bin/python").exists() and not (root / "opt/pairmq/venv/bin/pairmq").exists()
-    assert not (root / "etc/systemd/system/pairmq@.service").exists(), "units installed without the software"
+    assert snapshot(root) == before, "a refused install changed the root"
+    assert not (root / "opt/pairmq/venv").exists() and not (root / "etc/pairmq").exists()
+    assert "pairmq:" not in (root / "etc/passwd").read_text()
 
     # Uncompiled (docs/build.md): the mirror need not hold the compiler either.
     built = subprocess.run([*command, "--pip-option=--no-deps", f"--pip-option=--index-url=file://{LOCAL_INDEX}"],
@@ -282,7 +293,11 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
                                capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert installed.stdout.startswith(str(venv / "lib")), installed  # a copy in the venv, not this work tree
     assert os.access(venv / "bin/pairmq", os.X_OK)
-    checked = verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "v")
+    unit = (root / "etc/systemd/system/pairmq@.service").read_text()
+    [docs] = [line.removeprefix("Documentation=file://") for line in unit.splitlines() if line.startswith("Documentation=")]
+    assert docs.startswith("/opt/pairmq/venv/lib/python3.") and docs.endswith("/site-packages/pairmq/docs/operations.md")
+    assert (root / docs.lstrip("/")).read_text() == (REPO / "docs/operations.md").read_text()  # where it really lands
+    checked = verify(unit, "pairmq@.service", root, tmp_path / "v")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.stdout.splitlines()[-1] == "nothing changed: this host was already installed as the primary"
@@ -301,18 +316,46 @@ def read_as_service_user(root: Path, name: str) -> subprocess.CompletedProcess:
         os.close(fd)
 
 
-def test_the_admin_credential_is_installed_readable_by_the_node_and_passwd_keeps_it_so(root, source):
+def test_the_admin_credential_is_root_only_and_reaches_the_node_as_a_systemd_credential(root, source):
     assert pairmq_install(root, source, role="backup").returncode == 0
-    done = read_as_service_user(root, "admin")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == (source / "admin").read_bytes()
-    assert read_as_service_user(root, "secret").returncode != 0  # the secret stays root's (a credential)
-    # `pairmq admin passwd` run by root over the installed file: still the node's to read.
+    assert read_as_service_user(root, "admin").returncode != 0  # root's file, like the secret
+    assert read_as_service_user(root, "secret").returncode != 0
+    for name in ("pairmq@.service", ):
+        unit = (root / "etc/systemd/system" / name).read_text()
+        assert "LoadCredential=pairmq-admin:/etc/pairmq/admin\n" in unit
+    # `pairmq admin passwd` run by root over the installed file keeps it root's
     write_admin(root / "etc/pairmq/admin", new_credential("admin", "a new admin password here"))
-    uid, gid = ids(root)
-    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
-    assert read_as_service_user(root, "admin").returncode == 0
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o600", 0, 0)
     assert read_admin(root / "etc/pairmq/admin").username == "admin"
+
+
+def test_a_node_reads_the_admin_credential_from_credentials_directory(tmp_path):
+    """What systemd does for LoadCredential=pairmq-admin: a copy in $CREDENTIALS_DIRECTORY, which the node
+    reads instead of the file beside the secret (that one may be root's only)."""
+    with Group(tmp_path / "group") as g:
+        write_admin(admin_path(g.config), new_credential("admin", "the file beside the secret"))
+        creds = tmp_path / "credentials"
+        creds.mkdir()
+        write_admin(creds / "pairmq-admin", new_credential("admin", "the credential systemd passed"))
+        g.start(Role.MONITOR, wrap=("env", f"CREDENTIALS_DIRECTORY={creds}"))
+        url = f"http://{g.address(Role.MONITOR)}:{g.config.ports.management}/api/v1/redundancy"
+        g.wait_for("the monitor's API", lambda: basic_status(url, "the credential systemd passed") == 200, timeout_s=20)
+        assert basic_status(url, "the file beside the secret") == 401
+
+
+def basic_status(url: str, password: str) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    auth = "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": auth}), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:  # not listening yet
+        return 0
 
 
 def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, source):
