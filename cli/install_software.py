@@ -6,8 +6,9 @@ Rules:
   pairmq from the index) with the extras the group file needs (cli/extras.py).
 - Checked before anything changes: `pip install --dry-run` in a scratch venv made the way the service
   venv will be made (so a host whose Python cannot make one is refused here too), deleted after.
-- An existing venv is asked, by its own python, which extras' modules it lacks and where its docs are:
-  the units' Documentation= names the docs that venv really holds.
+- An existing venv is asked, by its own python in isolated mode (not this process's PYTHONPATH, which
+  systemd/install.sh sets), which extras' modules it lacks and where its docs are: the units'
+  Documentation= names the docs that venv really holds.
 - Standard library only, like cli/install.py (systemd/install.sh runs it before any venv exists).
 """
 
@@ -74,7 +75,7 @@ def missing_extras(python: Path, extras: tuple[str, ...]) -> tuple[str, ...]:
     code = ("import importlib.util, json, sys; "
             "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
     try:
-        done = subprocess.run([str(python), "-c", code, *modules], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([str(python), "-I", "-c", code, *modules], capture_output=True, text=True, timeout=60)
         absent = set(json.loads(done.stdout)) if done.returncode == 0 else set(modules)
     except (OSError, ValueError, subprocess.TimeoutExpired):
         absent = set(modules)
@@ -86,7 +87,7 @@ def docs_location(python: Path, root: Path) -> Path | None:
     code = ("import importlib.resources as r; p = r.files('pairmq.docs').joinpath('operations.md'); "
             "print(p if p.is_file() else '')")
     try:
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = done.stdout.strip()

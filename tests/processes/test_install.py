@@ -11,6 +11,7 @@ real node at the end.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -191,9 +192,9 @@ def packet_sockets_allowed(unit_dir: Path) -> str:
     return line.split()[0]
 
 
-def _refused(root, source, *extra, role="primary", user=None, code=1, env=None) -> str:
+def _refused(root, source, *extra, role="primary", user=None, code=1, env=None, group=True) -> str:
     before = snapshot(root)
-    done = pairmq_install(root, source, *extra, role=role, user=user, env=env)
+    done = pairmq_install(root, source, *extra, role=role, user=user, env=env, group=group)
     assert done.returncode == code, (done.stdout, done.stderr)
     assert snapshot(root) == before, "a refused install changed the root"
     lines = done.stderr.strip().splitlines()
@@ -296,7 +297,7 @@ def test_venv_is_built_with_pip_after_pip_said_it_could(root, source, tmp_path):
     unit = (root / "etc/systemd/system/pairmq@.service").read_text()
     [docs] = [line.removeprefix("Documentation=file://") for line in unit.splitlines() if line.startswith("Documentation=")]
     assert docs.startswith("/opt/pairmq/venv/lib/python3.") and docs.endswith("/site-packages/pairmq/docs/operations.md")
-    assert (root / docs.lstrip("/")).read_text() == (REPO / "docs/operations.md").read_text()  # where it really lands
+    assert (root / docs.lstrip("/")).read_text() == (tree / "docs/operations.md").read_text()  # where it really lands
     checked = verify(unit, "pairmq@.service", root, tmp_path / "v")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
@@ -374,3 +375,69 @@ def test_the_management_certificate_and_key_are_installed_beside_the_group_file(
     assert mode_owner(root / "etc/pairmq/management.pem") == ("0o644", 0, 0)
     assert mode_owner(root / "etc/pairmq/management.key") == ("0o640", 0, gid)
     assert read_as_service_user(root, "management.key").stdout == (source / "management.key").read_bytes()
+
+
+def test_json_reports_each_step_and_whether_anything_changed(root, source):
+    first = pairmq_install(root, source, "--json", role="monitor")
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert (doc["role"], doc["unit"], doc["venv"], doc["changed"]) == (
+        "monitor", "pairmq-monitor.service", "/opt/pairmq/venv", True)
+    assert {"outcome": "created", "detail": "/etc/pairmq/admin (0600, root:root)"} in doc["steps"]
+    again = json.loads(pairmq_install(root, source, "--json", role="monitor").stdout)
+    assert again["changed"] is False
+    assert again["steps"][-1] == {"outcome": "nothing changed",
+                                  "detail": "this host was already installed as the monitor"}
+
+
+def test_the_group_file_comes_from_pairmq_group_as_for_every_command(root, source):
+    env = {**os.environ, "PAIRMQ_GROUP": str(source / "group.toml")}
+    done = pairmq_install(root, source, role="backup", env=env, group=False)
+    assert done.returncode == 0, done.stderr
+    assert (root / "etc/pairmq/group.toml").read_text() == GROUP
+    # without either, /etc/pairmq/group.toml of this host (none here): refused, nothing changed
+    env.pop("PAIRMQ_GROUP")
+    assert "group file /etc/pairmq/group.toml does not exist" in _refused(
+        root, source, role="backup", env=env, group=False)
+
+
+def test_a_venv_without_the_vip_extra_is_refused_for_a_vip_group(root, source, tmp_path):
+    """A routing node of a group with [vip] needs pyroute2 and scapy in the venv that runs it; the monitor
+    never holds the address, so it does not."""
+    prefix = root / "opt/novip"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/pairmq").write_text("#!/bin/sh\n")
+    (prefix / "bin/pairmq").chmod(0o755)
+    (prefix / "bin/python").symlink_to(shutil.which("python3", path="/usr/bin:/bin"))  # the system's: no pyroute2
+    assert subprocess.run([str(prefix / "bin/python"), "-c", "import pyroute2"], capture_output=True).returncode != 0
+    (source / "group.toml").write_text(GROUP + '[vip]\naddress = "10.0.0.100/24"\ninterface = "eth0"\n')
+    assert _refused(root, source, "--venv", "/opt/novip", role="backup") == (
+        "error: --venv /opt/novip lacks the vip extra the group file's [vip] needs: "
+        "run /opt/novip/bin/pip install 'pairmq[vip]'")
+    done = pairmq_install(root, source, "--venv", "/opt/novip", role="monitor")
+    assert done.returncode == 0, done.stderr
+
+
+def test_paths_that_cannot_be_written_are_refused_before_anything_changes(root, source):
+    (root / "var/log").mkdir(parents=True)
+    (root / "var/log/pairmq").write_text("a file where the log directory goes\n")
+    assert _refused(root, source) == "error: /var/log/pairmq exists and is not a directory"
+
+
+def test_a_pairmq_without_its_unit_files_is_refused_before_anything_changes(root, source, tmp_path):
+    """As systemd/install.sh runs it (the packages linked under pairmq/), but with no systemd/ beside them:
+    a broken installation is found by the checks, not half-way through."""
+    shim = tmp_path / "shim"
+    (shim / "pairmq").mkdir(parents=True)
+    for part in ("appliance", "mate_link", "configsync", "monitor", "cli", "analytics", "docs"):
+        (shim / "pairmq" / part).symlink_to(REPO / part)
+    before = snapshot(root)
+    system_python = shutil.which("python3", path="/usr/bin:/bin")  # install.sh's: no pairmq of its own
+    done = subprocess.run([system_python, "-m", "pairmq.cli.install", "--role", "monitor", "--group",
+                           str(source / "group.toml"), "--root", str(root), "--venv", "/opt/pairmq/venv"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(shim)})
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.strip() == ("error: the unit file pairmq-monitor.service is missing from this installation "
+                                   "of pairmq (package pairmq.systemd): reinstall pairmq")
+    assert snapshot(root) == before
