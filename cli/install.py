@@ -99,7 +99,7 @@ class Plan:
 
     @property
     def unit_file(self) -> str:
-        return "pairmq-monitor.service" if self.role is Role.MONITOR else "pairmq@.service"
+        return _unit_file(self.role)
 
 
 def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None = None, venv: Path | None = None,
@@ -134,13 +134,21 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
     admin_text = _admin_text(admin or config.secret_file.parent / ADMIN_FILE, group)
     extra_files = _management_files(raw, group)
     vip = "vip" in raw
-    unit_file = "pairmq-monitor.service" if the_role is Role.MONITOR else "pairmq@.service"
-    unit_text = unit_source(unit_file)
+    unit_text = unit_source(_unit_file(the_role))
     _check_tools(root)
     extras = ("vip",) if vip and the_role.routes_messages else ()
     spec = software.with_extras(package or software.default_package(), extras)
-    add_extras: tuple[str, ...] = ()
-    target_venv = venv or VENV
+    _check_writable(root, [ETC, STATE, LOGS, UNIT_DIR, *([] if venv else [VENV])])
+    add_extras = _check_software(root, venv, spec, extras, tuple(pip_options))
+    return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", admin_text, extra_files,
+                vip, venv or VENV, venv is None, spec, tuple(pip_options), start and root == Path("/"),
+                unit_text, add_extras)
+
+
+def _check_software(root: Path, venv: Path | None, spec: str, extras: tuple[str, ...],
+                    pip_options: tuple[str, ...]) -> tuple[str, ...]:
+    """A --venv must already hold pairmq and the extras; /opt/pairmq/venv must be one pip would build (or
+    complete). Returns the extras an existing /opt/pairmq/venv lacks."""
     if venv is not None:
         if not venv.is_absolute():
             raise InstallError(f"--venv {venv} must be an absolute path")
@@ -150,16 +158,17 @@ def plan(role: str, group: Path, *, root: Path = Path("/"), secret: Path | None 
         if lacking:
             raise InstallError(f"--venv {venv} lacks the {', '.join(lacking)} extra the group file's [vip] needs: "
                                f"run {venv}/bin/pip install 'pairmq[{','.join(lacking)}]'")
-    _check_writable(root, [ETC, STATE, LOGS, UNIT_DIR, *([] if venv else [VENV])])
-    if venv is None:
-        existing = root / VENV.relative_to("/")
-        if os.access(existing / "bin" / "pairmq", os.X_OK):
-            add_extras = software.missing_extras(existing / "bin" / "python", extras)
-        if add_extras or not os.access(existing / "bin" / "pairmq", os.X_OK):
-            software.check_resolvable(spec, tuple(pip_options), VENV)
-    return Plan(the_role, root, group.read_bytes(), secret_bytes.hex().encode() + b"\n", admin_text, extra_files,
-                vip, target_venv, venv is None, spec, tuple(pip_options), start and root == Path("/"),
-                unit_text, add_extras)
+        return ()
+    existing = root / VENV.relative_to("/")
+    built = os.access(existing / "bin" / "pairmq", os.X_OK)
+    lacking = software.missing_extras(existing / "bin" / "python", extras) if built else ()
+    if lacking or not built:
+        software.check_resolvable(spec, pip_options, VENV)
+    return lacking
+
+
+def _unit_file(role: Role) -> str:
+    return "pairmq-monitor.service" if role is Role.MONITOR else "pairmq@.service"
 
 
 def unit_source(name: str) -> str:
@@ -197,7 +206,7 @@ def _check_writable(root: Path, paths: list[Path]) -> None:
 
 def _admin_text(path: Path, group: Path) -> bytes:
     """The admin credential file's bytes, checked as a node checks it: without one the node's API has no
-    browser login, and a copy only root can read would stop the node at start."""
+    browser login, and a malformed one would stop the node at start."""
     from pairmq.appliance.api.admin_credential import read_admin
 
     if read_admin(path) is None:

@@ -46,14 +46,13 @@ def venv(tmp_path_factory, wheel) -> Path:
     """A fresh venv with the wheel and its base dependencies only."""
     v = tmp_path_factory.mktemp("clean") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(v)], check=True, timeout=120)
-    done = pip(v, "install", str(wheel))
+    done = pip(v, "install", "--quiet", str(wheel))
     assert done.returncode == 0, done.stderr[-3000:]
     return v
 
 
 def pip(v: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(v / "bin/python"), "-m", "pip", "--quiet", *args], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([str(v / "bin/python"), "-m", "pip", *args], capture_output=True, text=True, timeout=900)
 
 
 def pairmq(v: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -118,16 +117,22 @@ def test_the_base_install_runs_pub_and_sub_and_names_the_extras_it_lacks(venv, t
 
 
 def test_the_analytics_extra_makes_summarize_work(venv, wheel, tmp_path):
-    done = pip(venv, "install", f"{wheel}[analytics]")
+    done = pip(venv, "install", "--quiet", f"{wheel}[analytics]")
     assert done.returncode == 0, done.stderr[-3000:]
     assert {"pyspark", "pyarrow", "matplotlib"} <= installed(venv)
     with active_group(tmp_path / "group") as g:
         host = g.address(Role.PRIMARY)
+        # a persistent session that then goes away: the three QoS 1 messages are queued for it, then delivered
+        fleet = ("sub", "--hosts", host, "-c", "-i", "fleet", "-t", "plant/#", "-v")
+        pairmq(venv, *fleet, "-W", "1", cwd=tmp_path)
         for i in range(3):
             sent = pairmq(venv, "pub", "--hosts", host, "-t", f"plant/{i}", "-m", "x" * 16, cwd=tmp_path)
             assert sent.returncode == 0, sent.stderr
+        got = pairmq(venv, *fleet, "-C", "3", "-W", "20", cwd=tmp_path)
+        assert sorted(got.stdout.splitlines()) == [f"plant/{i} {'x' * 16}" for i in range(3)], got.stderr
     view = pairmq(venv, "analytics", "summarize", str(g.dir / "data"), "--json", cwd=tmp_path, timeout=600)
     assert view.returncode == 0, view.stderr[-3000:]
     summary = json.loads(view.stdout)
     assert summary["malformed_lines"] == 0
-    assert sum(summary["messages"]["published_per_node"].values()) == 3
+    assert summary["messages"]["published_per_node"]["primary"] == 3
+    assert {r["topic"]: r["messages"] for r in summary["top_topics"]} == {f"plant/{i}": 1 for i in range(3)}
