@@ -264,7 +264,7 @@ def install(p: Plan, say=print) -> list[str]:
     inputs.append(_ensure_venv(p))
     step(inputs[-1])
     unit_changed = _ensure_units(p, step)
-    # A running node reads its group file, secret and software only at start: any change means a restart.
+    # A running node reads its group file, secret, admin credential and software only at start: a change restarts it.
     step(_enable(p, unit_changed, restart=unit_changed or any(not s.startswith("unchanged") for s in inputs)))
     if all(s.startswith("unchanged") for s in said):
         step(f"nothing changed: this host was already installed as the {p.role.value}")

@@ -441,3 +441,24 @@ def test_a_pairmq_without_its_unit_files_is_refused_before_anything_changes(root
     assert done.stderr.strip() == ("error: the unit file pairmq-monitor.service is missing from this installation "
                                    "of pairmq (package pairmq.systemd): reinstall pairmq")
     assert snapshot(root) == before
+
+
+def test_a_routing_host_of_a_vip_group_gets_the_vip_extra_in_its_venv(root, source, tmp_path):
+    """The venv is built with `pairmq[vip]` (pyroute2, scapy) when the group file has [vip]: the
+    dependencies come from pip's configured index and cache, as on a host."""
+    (root / "opt/pairmq/venv").unlink()
+    tree = tmp_path / "pairmq-src"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local", "node_modules",
+                                                              "*.so"))
+    (source / "group.toml").write_text(GROUP + '[vip]\naddress = "10.0.0.100/24"\ninterface = "eth0"\n')
+    built = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "install", "--role", "backup", "--group",
+                            str(source / "group.toml"), "--root", str(root), "--package", str(tree)],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "PAIRMQ_PURE_PYTHON": "1"})
+    assert built.returncode == 0, built.stderr
+    assert f"built: /opt/pairmq/venv with {tree}[vip]" in built.stdout.splitlines()
+    venv = root / "opt/pairmq/venv"
+    imported = subprocess.run([str(venv / "bin/python"), "-c", "import pyroute2, scapy, paho.mqtt"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert (root / "etc/systemd/system/pairmq@backup.service.d/vip.conf").is_file()
