@@ -2,7 +2,8 @@
 
 The root gets a real /etc/passwd (useradd --root writes it), real files with modes and owners, units
 enabled with `systemctl --root` (symlinks). The software is the venv these tests run in, linked into the
-root at /opt/pairmq/venv and passed with --venv (building a venv with pip would need the network).
+root at /opt/pairmq/venv and passed with --venv, except in the two tests that let the installer build the
+venv with pip (from the machine's local mirror, and from pip's configured index and cache).
 systemd is not PID 1 here, so nothing is started: see docs/operations.md. What systemd would do with
 LoadCredential= (hand the node a copy of the admin file in $CREDENTIALS_DIRECTORY) is done by hand for a
 real node at the end.
