@@ -22,7 +22,9 @@ import pytest
 from pairmq.appliance.roles import Role
 from tests.harness.group import REPO, active_group
 
-pytestmark = pytest.mark.processes
+# Building the wheel, resolving the venvs and a first Spark session take minutes on a loaded machine: the
+# default per-test timeout is for tests that only start nodes.
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(1200)]
 
 EXTRA_PACKAGES = {"pyspark", "pyarrow", "pandas", "matplotlib", "pyroute2", "scapy", "pytest", "mypy"}
 COPY_IGNORE = shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache",

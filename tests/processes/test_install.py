@@ -259,6 +259,7 @@ def test_the_roles_address_must_be_this_hosts():
 LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine's local package mirror (file://, no network)
 
 
+@pytest.mark.timeout(900)  # pip builds and installs: minutes on a loaded machine
 def test_venv_is_built_with_pip_after_pip_said_it_could(root, source, tmp_path):
     """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
     Before anything changes pip resolves it (--dry-run, in a scratch venv): without any index it cannot
@@ -444,6 +445,7 @@ def test_a_pairmq_without_its_unit_files_is_refused_before_anything_changes(root
     assert snapshot(root) == before
 
 
+@pytest.mark.timeout(900)  # pip builds and installs: minutes on a loaded machine
 def test_a_routing_host_of_a_vip_group_gets_the_vip_extra_in_its_venv(root, source, tmp_path):
     """The venv is built with `pairmq[vip]` (pyroute2, scapy) when the group file has [vip]: the
     dependencies come from pip's configured index and cache, as on a host."""
