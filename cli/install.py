@@ -22,8 +22,8 @@ Rules:
   root:root (the node reads it only as the systemd credential `pairmq-secret`), the admin credential
   (appliance/api/admin_credential.py, default: `admin` beside the secret) 0600 root:root (the node reads it
   only as the systemd credential `pairmq-admin`, copied at each start), the management API's certificate
-  0644 and key 0640 root:pairmq when the
-  group file's [management] names them (relative to the group file, so they land in /etc/pairmq),
+  0644 and key 0640 root:pairmq when the group file's [management] names them (relative to the group
+  file, so they land in /etc/pairmq),
   /var/lib/pairmq and /var/log/pairmq 0750 pairmq:pairmq, unit files 0644 root:root.
 - The unit files are package data (pairmq.systemd); their Documentation= names the docs where the service
   venv's own pairmq has them (pairmq.docs).
@@ -71,6 +71,7 @@ CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW
 RestrictAddressFamilies=AF_PACKET
 """
 ROLES = tuple(r.value for r in Role)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
