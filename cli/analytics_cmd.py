@@ -44,6 +44,9 @@ def _help(parser, term: Terminal) -> int:
 
 
 def _cmd_summarize(args, term: Terminal) -> int:
+    from .extras import require
+
+    require("analytics")
     from pairmq.analytics.ingest import AnalyticsError
 
     if not 1 <= args.top <= 1000:

@@ -18,6 +18,7 @@ from pairmq.appliance.config import DEFAULT_GROUP_PATH, load_group
 from pairmq.appliance.errors import PairMQError
 from pairmq.appliance.roles import Role
 
+from .extras import MissingExtra
 from .options import add_group, examples, group_path
 from .terminal import Terminal
 
@@ -403,7 +404,7 @@ def _cmd_init(args: argparse.Namespace, term: Terminal) -> int:
 def _cmd_install(args: argparse.Namespace, term: Terminal) -> int:
     from .install import run
 
-    run(args, say=term.print_text)
+    run(args, say=term.print_text, say_json=term.print_json)
     return 0
 
 
@@ -497,6 +498,9 @@ def _run(parser: Parser, argv: list[str], term: Terminal) -> int:
     except UsageError as exc:
         term.fail(f"{exc} (see `{exc.prog} --help`)")
         return EXIT_USAGE
+    except MissingExtra as exc:  # an optional part not installed: setup, not failure (cli/extras.py)
+        term.error(str(exc))
+        return exc.exit_code
     except PairMQError as exc:
         term.fail(str(exc))
         return EXIT_ERROR

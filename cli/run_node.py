@@ -43,6 +43,10 @@ def configure_logging(level: int = logging.INFO) -> None:
 def run(group_path: Path, role: Role) -> int:
     os.umask(PRIVATE_UMASK)  # before anything is created: spool, events and secrets are nobody else's business
     config = load_group(group_path)
+    if role.routes_messages and config.vip is not None:
+        from .extras import require
+
+        require("vip")
     load_secret(config)  # a bad group file, secret, access file or config store is one sentence, before any log line
     if role.routes_messages:
         from pairmq.appliance.access_file import access_path, load_access

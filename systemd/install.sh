@@ -8,5 +8,5 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 mkdir "$shim/pairmq"
-for part in appliance mate_link configsync monitor cli analytics; do ln -s "$here/$part" "$shim/pairmq/$part"; done
+for part in appliance mate_link configsync monitor cli analytics systemd docs; do ln -s "$here/$part" "$shim/pairmq/$part"; done
 env PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m pairmq.cli.install "$@"

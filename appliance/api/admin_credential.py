@@ -3,17 +3,19 @@
 Rules:
 - It is a group setting, like the group secret, not replicated configuration:
   the file `admin` beside the secret file (mode 0600), identical on all three
-  hosts. Installed under systemd it is 0640 root:pairmq (cli/install.py): the
-  node reads it but cannot change it; a new file written over an existing one
-  keeps that owner and mode (never more than 0640), so the node still reads
-  it. Every node checks it, the monitor too (it holds no replicated
+  hosts. Installed under systemd it is 0600 root:root and reaches the node,
+  which runs as another user, as the systemd credential `pairmq-admin`
+  (LoadCredential=, cli/install.py): the node reads that copy and can change
+  neither; a new file written over an existing one keeps its owner and mode
+  (never more than 0640). Every node checks it, the monitor too (it holds no replicated
   configuration), and it works while no node is active (config-sync changes
   need an active node, so a group without one would lock its operator out of
   the very API that diagnoses it).
 - Only the scrypt record is stored (appliance/broker/access.py's helpers and
   record format), never the password.
 - A node re-reads the file when its size, mtime or inode change, so
-  `pairmq admin passwd` takes effect without a restart; a file that became
+  `pairmq admin passwd` takes effect without a restart (under systemd, where
+  the credential is copied at start, at the node's next start); a file that became
   unreadable or malformed keeps the last good record in force and says why.
 - No file: HTTP Basic is refused (signed requests still work); a malformed
   file at start-up stops the node with one sentence.
@@ -51,6 +53,18 @@ class AdminCredential:
 
 def admin_path(config: GroupConfig) -> Path:
     return config.secret_file.parent / ADMIN_FILE
+
+
+CREDENTIAL_NAME = "pairmq-admin"  # the units' LoadCredential= (systemd/)
+
+
+def node_admin_path(config: GroupConfig) -> Path:
+    """Where a node reads its admin credential: the systemd credential when the unit passes one (the file
+    itself stays root's), else the file beside the secret."""
+    cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
+    if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).exists():
+        return Path(cred_dir) / CREDENTIAL_NAME
+    return admin_path(config)
 
 
 def new_credential(username: str, password: str) -> AdminCredential:

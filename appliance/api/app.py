@@ -27,7 +27,7 @@ import logging
 from aiohttp import http_exceptions, web
 
 from ..errors import LocalProtocolError
-from .admin_credential import AdminFile, admin_path
+from .admin_credential import AdminFile, node_admin_path
 from .auth import ApiAuth, auth_middleware, require_key
 from .listener import ConnectionCaps, GuardedRunner, GuardedSite
 from .ports import AUTH, CAPS, PORTS, ApiPorts
@@ -57,7 +57,7 @@ def new_auth(ports: ApiPorts) -> ApiAuth:
     host = f"[{address}]" if ":" in address else address
     hosts = {f"{host}:{port}".lower()} | ({host.lower()} if port in (80, 443) else set())
     return ApiAuth(lambda: [management_key(s) for s in ports.keys.keys.values()],
-                   AdminFile(admin_path(ports.config)),
+                   AdminFile(node_admin_path(ports.config)),
                    hosts=hosts, body_timeout_s=ports.config.management.body_timeout_ms / 1000)
 
 

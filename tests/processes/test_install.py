@@ -2,13 +2,17 @@
 
 The root gets a real /etc/passwd (useradd --root writes it), real files with modes and owners, units
 enabled with `systemctl --root` (symlinks). The software is the venv these tests run in, linked into the
-root at /opt/pairmq/venv and passed with --venv (building a venv with pip would need the network).
-systemd is not PID 1 here, so nothing is started: see docs/operations.md.
+root at /opt/pairmq/venv and passed with --venv, except in the two tests that let the installer build the
+venv with pip (from the machine's local mirror, and from pip's configured index and cache).
+systemd is not PID 1 here, so nothing is started: see docs/operations.md. What systemd would do with
+LoadCredential= (hand the node a copy of the admin file in $CREDENTIALS_DIRECTORY) is done by hand for a
+real node at the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -17,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pairmq.appliance.api.admin_credential import new_credential, read_admin, write_admin
+from pairmq.appliance.api.admin_credential import admin_path, new_credential, read_admin, write_admin
 from pairmq.appliance.roles import Role
 from pairmq.cli import install
-from tests.harness.group import LOOPBACK, REPO
+from tests.harness.group import LOOPBACK, REPO, Group
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
 ADMIN_PASSWORD = "an admin password of some length"
@@ -69,11 +73,12 @@ def source(tmp_path) -> Path:
 
 
 def pairmq_install(root: Path, source: Path, *extra: str, via: str = "pairmq", role: str = "primary",
-                   user: list[str] | None = None) -> subprocess.CompletedProcess:
+                   user: list[str] | None = None, env: dict | None = None,
+                   group: bool = True) -> subprocess.CompletedProcess:
     command = [str(REPO / "systemd/install.sh")] if via == "install.sh" else [sys.executable, "-m", "pairmq.cli.main", "install"]
-    argv = [*(user or []), *command, "--role", role, "--group", str(source / "group.toml"),
+    argv = [*(user or []), *command, "--role", role, *(["--group", str(source / "group.toml")] if group else []),
             "--root", str(root), "--venv", "/opt/pairmq/venv", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=source, timeout=60, env=env)
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -117,7 +122,7 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     assert mode_owner(root / "etc/pairmq") == ("0o750", 0, gid)
     assert mode_owner(root / "etc/pairmq/group.toml") == ("0o640", 0, gid)
     assert mode_owner(root / "etc/pairmq/secret") == ("0o600", 0, 0)
-    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o600", 0, 0)  # the node's copy is a systemd credential
     assert (root / "etc/pairmq/admin").read_bytes() == (source / "admin").read_bytes()
     assert mode_owner(root / "var/lib/pairmq") == ("0o750", uid, gid)
     assert mode_owner(root / "var/log/pairmq") == ("0o750", uid, gid)
@@ -127,7 +132,11 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     unit = "pairmq-monitor.service" if role == "monitor" else f"pairmq@{role}.service"
     installed = root / "etc/systemd/system" / unit_file
     assert mode_owner(installed) == ("0o644", 0, 0)
-    assert installed.read_text() == (REPO / "systemd" / unit_file).read_text()
+    # the shipped unit, pointed at the docs this venv (an editable install: the work tree's) really holds
+    shipped = (REPO / "systemd" / unit_file).read_text()
+    assert installed.read_text() == install.render_unit(shipped, Path("/opt/pairmq/venv"), REPO / "docs/operations.md")
+    assert f"Documentation=file://{REPO}/docs/operations.md\n" in installed.read_text()
+    assert "LoadCredential=pairmq-admin:/etc/pairmq/admin\n" in installed.read_text()
     wants = root / "etc/systemd/system/multi-user.target.wants" / unit
     assert os.readlink(wants) == f"/etc/systemd/system/{unit_file}"
     assert not (root / f"etc/systemd/system/{unit}.d").exists()  # no [vip]: no capabilities
@@ -184,10 +193,10 @@ def packet_sockets_allowed(unit_dir: Path) -> str:
     return line.split()[0]
 
 
-def _refused(root, source, *extra, role="primary", user=None) -> str:
+def _refused(root, source, *extra, role="primary", user=None, code=1, env=None, group=True) -> str:
     before = snapshot(root)
-    done = pairmq_install(root, source, *extra, role=role, user=user)
-    assert done.returncode != 0, done.stdout
+    done = pairmq_install(root, source, *extra, role=role, user=user, env=env, group=group)
+    assert done.returncode == code, (done.stdout, done.stderr)
     assert snapshot(root) == before, "a refused install changed the root"
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -195,7 +204,7 @@ def _refused(root, source, *extra, role="primary", user=None) -> str:
 
 
 def test_refusals_are_one_sentence_and_change_nothing(root, source):
-    assert "unknown role 'mirror': choose primary, backup or monitor" in _refused(root, source, role="mirror")
+    assert "argument --role: invalid choice: 'mirror'" in _refused(root, source, role="mirror", code=2)
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     assert "pairmq install must run as root" in _refused(root, source, user=nobody)
 
@@ -250,27 +259,32 @@ def test_the_roles_address_must_be_this_hosts():
 LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine's local package mirror (file://, no network)
 
 
-def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_path):
+@pytest.mark.timeout(900)  # pip builds and installs: minutes on a loaded machine
+def test_venv_is_built_with_pip_after_pip_said_it_could(root, source, tmp_path):
     """The default software step: `python -m venv /opt/pairmq/venv`, then pip installs this source tree.
-    Without any index pip cannot get the build requirements (setuptools, wheel): one sentence naming pip's
-    reason, no units installed. The next run, given the local mirror, builds it (dependencies left out:
-    the mirror need not hold them all) rather than taking the half-built venv for done."""
+    Before anything changes pip resolves it (--dry-run, in a scratch venv): without any index it cannot
+    get the build requirements (setuptools, wheel), which is one sentence naming pip's reason and a root
+    left exactly as it was. Given the local mirror (dependencies left out: the mirror need not hold them
+    all), it builds the venv, and a second run takes it for done."""
     if not (LOCAL_INDEX / "setuptools").is_dir() or not (LOCAL_INDEX / "wheel").is_dir():
         pytest.fail(f"{LOCAL_INDEX} has no setuptools or wheel: this test needs the machine's local package mirror")
     (root / "opt/pairmq/venv").unlink()
     # pip builds a local tree in place (build/, *.egg-info): give it a copy, not this work tree
     tree = tmp_path / "pairmq-src"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
-                                                              ".pytest_cache", ".hypothesis", "local"))
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local", "node_modules",
+                                                              "*.so"))
     command = [sys.executable, "-m", "pairmq.cli.main", "install", "--role", "primary", "--group", str(source / "group.toml"),
                "--root", str(root), "--package", str(tree)]
+    before = snapshot(root)
     failed = subprocess.run([*command, "--pip-option=--no-index"], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1, failed.stdout
     [line] = failed.stderr.strip().splitlines()
-    assert line == (f"error: pip could not install {tree} into /opt/pairmq/venv: "
+    assert line == (f"error: pip would not install {tree} into /opt/pairmq/venv: "
                     "ERROR: No matching distribution found for setuptools>=68"), line
-    assert (root / "opt/pairmq/venv/bin/python").exists() and not (root / "opt/pairmq/venv/bin/pairmq").exists()
-    assert not (root / "etc/systemd/system/pairmq@.service").exists(), "units installed without the software"
+    assert snapshot(root) == before, "a refused install changed the root"
+    assert not (root / "opt/pairmq/venv").exists() and not (root / "etc/pairmq").exists()
+    assert "pairmq:" not in (root / "etc/passwd").read_text()
 
     # Uncompiled (docs/build.md): the mirror need not hold the compiler either.
     built = subprocess.run([*command, "--pip-option=--no-deps", f"--pip-option=--index-url=file://{LOCAL_INDEX}"],
@@ -282,7 +296,11 @@ def test_venv_is_built_with_pip_and_a_failed_build_is_retried(root, source, tmp_
                                capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert installed.stdout.startswith(str(venv / "lib")), installed  # a copy in the venv, not this work tree
     assert os.access(venv / "bin/pairmq", os.X_OK)
-    checked = verify((root / "etc/systemd/system/pairmq@.service").read_text(), "pairmq@.service", root, tmp_path / "v")
+    unit = (root / "etc/systemd/system/pairmq@.service").read_text()
+    [docs] = [line.removeprefix("Documentation=file://") for line in unit.splitlines() if line.startswith("Documentation=")]
+    assert docs.startswith("/opt/pairmq/venv/lib/python3.") and docs.endswith("/site-packages/pairmq/docs/operations.md")
+    assert (root / docs.lstrip("/")).read_text() == (tree / "docs/operations.md").read_text()  # where it really lands
+    checked = verify(unit, "pairmq@.service", root, tmp_path / "v")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.stdout.splitlines()[-1] == "nothing changed: this host was already installed as the primary"
@@ -301,18 +319,46 @@ def read_as_service_user(root: Path, name: str) -> subprocess.CompletedProcess:
         os.close(fd)
 
 
-def test_the_admin_credential_is_installed_readable_by_the_node_and_passwd_keeps_it_so(root, source):
+def test_the_admin_credential_is_root_only_and_reaches_the_node_as_a_systemd_credential(root, source):
     assert pairmq_install(root, source, role="backup").returncode == 0
-    done = read_as_service_user(root, "admin")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == (source / "admin").read_bytes()
-    assert read_as_service_user(root, "secret").returncode != 0  # the secret stays root's (a credential)
-    # `pairmq admin passwd` run by root over the installed file: still the node's to read.
+    assert read_as_service_user(root, "admin").returncode != 0  # root's file, like the secret
+    assert read_as_service_user(root, "secret").returncode != 0
+    for name in ("pairmq@.service", ):
+        unit = (root / "etc/systemd/system" / name).read_text()
+        assert "LoadCredential=pairmq-admin:/etc/pairmq/admin\n" in unit
+    # `pairmq admin passwd` run by root over the installed file keeps it root's
     write_admin(root / "etc/pairmq/admin", new_credential("admin", "a new admin password here"))
-    uid, gid = ids(root)
-    assert mode_owner(root / "etc/pairmq/admin") == ("0o640", 0, gid)
-    assert read_as_service_user(root, "admin").returncode == 0
+    assert mode_owner(root / "etc/pairmq/admin") == ("0o600", 0, 0)
     assert read_admin(root / "etc/pairmq/admin").username == "admin"
+
+
+def test_a_node_reads_the_admin_credential_from_credentials_directory(tmp_path):
+    """What systemd does for LoadCredential=pairmq-admin: a copy in $CREDENTIALS_DIRECTORY, which the node
+    reads instead of the file beside the secret (that one may be root's only)."""
+    with Group(tmp_path / "group") as g:
+        write_admin(admin_path(g.config), new_credential("admin", "the file beside the secret"))
+        creds = tmp_path / "credentials"
+        creds.mkdir()
+        write_admin(creds / "pairmq-admin", new_credential("admin", "the credential systemd passed"))
+        g.start(Role.MONITOR, wrap=("env", f"CREDENTIALS_DIRECTORY={creds}"))
+        url = f"http://{g.address(Role.MONITOR)}:{g.config.ports.management}/api/v1/redundancy"
+        g.wait_for("the monitor's API", lambda: basic_status(url, "the credential systemd passed") == 200, timeout_s=20)
+        assert basic_status(url, "the file beside the secret") == 401
+
+
+def basic_status(url: str, password: str) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    auth = "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": auth}), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:  # not listening yet
+        return 0
 
 
 def test_without_an_admin_credential_install_refuses_and_changes_nothing(root, source):
@@ -331,3 +377,91 @@ def test_the_management_certificate_and_key_are_installed_beside_the_group_file(
     assert mode_owner(root / "etc/pairmq/management.pem") == ("0o644", 0, 0)
     assert mode_owner(root / "etc/pairmq/management.key") == ("0o640", 0, gid)
     assert read_as_service_user(root, "management.key").stdout == (source / "management.key").read_bytes()
+
+
+def test_json_reports_each_step_and_whether_anything_changed(root, source):
+    first = pairmq_install(root, source, "--json", role="monitor")
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert (doc["role"], doc["unit"], doc["venv"], doc["changed"]) == (
+        "monitor", "pairmq-monitor.service", "/opt/pairmq/venv", True)
+    assert {"outcome": "created", "detail": "/etc/pairmq/admin (0600, root:root)"} in doc["steps"]
+    again = json.loads(pairmq_install(root, source, "--json", role="monitor").stdout)
+    assert again["changed"] is False
+    assert again["steps"][-1] == {"outcome": "nothing changed",
+                                  "detail": "this host was already installed as the monitor"}
+
+
+def test_the_group_file_comes_from_pairmq_group_as_for_every_command(root, source):
+    env = {**os.environ, "PAIRMQ_GROUP": str(source / "group.toml")}
+    done = pairmq_install(root, source, role="backup", env=env, group=False)
+    assert done.returncode == 0, done.stderr
+    assert (root / "etc/pairmq/group.toml").read_text() == GROUP
+    # without either, /etc/pairmq/group.toml of this host (none here): refused, nothing changed
+    env.pop("PAIRMQ_GROUP")
+    assert "group file /etc/pairmq/group.toml does not exist" in _refused(
+        root, source, role="backup", env=env, group=False)
+
+
+def test_a_venv_without_the_vip_extra_is_refused_for_a_vip_group(root, source, tmp_path):
+    """A routing node of a group with [vip] needs pyroute2 and scapy in the venv that runs it; the monitor
+    never holds the address, so it does not."""
+    prefix = root / "opt/novip"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/pairmq").write_text("#!/bin/sh\n")
+    (prefix / "bin/pairmq").chmod(0o755)
+    (prefix / "bin/python").symlink_to(shutil.which("python3", path="/usr/bin:/bin"))  # the system's: no pyroute2
+    assert subprocess.run([str(prefix / "bin/python"), "-c", "import pyroute2"], capture_output=True).returncode != 0
+    (source / "group.toml").write_text(GROUP + '[vip]\naddress = "10.0.0.100/24"\ninterface = "eth0"\n')
+    assert _refused(root, source, "--venv", "/opt/novip", role="backup") == (
+        "error: --venv /opt/novip lacks the vip extra the group file's [vip] needs: "
+        "run /opt/novip/bin/pip install 'pairmq[vip]'")
+    done = pairmq_install(root, source, "--venv", "/opt/novip", role="monitor")
+    assert done.returncode == 0, done.stderr
+
+
+def test_paths_that_cannot_be_written_are_refused_before_anything_changes(root, source):
+    (root / "var/log").mkdir(parents=True)
+    (root / "var/log/pairmq").write_text("a file where the log directory goes\n")
+    assert _refused(root, source) == "error: /var/log/pairmq exists and is not a directory"
+
+
+def test_a_pairmq_without_its_unit_files_is_refused_before_anything_changes(root, source, tmp_path):
+    """As systemd/install.sh runs it (the packages linked under pairmq/), but with no systemd/ beside them:
+    a broken installation is found by the checks, not half-way through."""
+    shim = tmp_path / "shim"
+    (shim / "pairmq").mkdir(parents=True)
+    for part in ("appliance", "mate_link", "configsync", "monitor", "cli", "analytics", "docs"):
+        (shim / "pairmq" / part).symlink_to(REPO / part)
+    before = snapshot(root)
+    system_python = shutil.which("python3", path="/usr/bin:/bin")  # install.sh's: no pairmq of its own
+    done = subprocess.run([system_python, "-m", "pairmq.cli.install", "--role", "monitor", "--group",
+                           str(source / "group.toml"), "--root", str(root), "--venv", "/opt/pairmq/venv"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(shim)})
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.strip() == ("error: the unit file pairmq-monitor.service is missing from this installation "
+                                   "of pairmq (package pairmq.systemd): reinstall pairmq")
+    assert snapshot(root) == before
+
+
+@pytest.mark.timeout(900)  # pip builds and installs: minutes on a loaded machine
+def test_a_routing_host_of_a_vip_group_gets_the_vip_extra_in_its_venv(root, source, tmp_path):
+    """The venv is built with `pairmq[vip]` (pyroute2, scapy) when the group file has [vip]: the
+    dependencies come from pip's configured index and cache, as on a host."""
+    (root / "opt/pairmq/venv").unlink()
+    tree = tmp_path / "pairmq-src"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis", "local", "node_modules",
+                                                              "*.so"))
+    (source / "group.toml").write_text(GROUP + '[vip]\naddress = "10.0.0.100/24"\ninterface = "eth0"\n')
+    built = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "install", "--role", "backup", "--group",
+                            str(source / "group.toml"), "--root", str(root), "--package", str(tree)],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "PAIRMQ_PURE_PYTHON": "1"})
+    assert built.returncode == 0, built.stderr
+    assert f"built: /opt/pairmq/venv with {tree}[vip]" in built.stdout.splitlines()
+    venv = root / "opt/pairmq/venv"
+    imported = subprocess.run([str(venv / "bin/python"), "-c", "import pyroute2, scapy, paho.mqtt"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert (root / "etc/systemd/system/pairmq@backup.service.d/vip.conf").is_file()

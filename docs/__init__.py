@@ -1,0 +1,1 @@
+"""The documentation, shipped as package data: the installed units' Documentation= names operations.md here."""

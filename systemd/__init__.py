@@ -1,0 +1,1 @@
+"""The unit files, shipped as package data: `pairmq install` reads them with importlib.resources."""
