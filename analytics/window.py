@@ -7,8 +7,8 @@ Rules:
 - A segment is one node's log from its first event to the next segment's
   first event (the node writes in time order and rotates): a segment that
   ends before `since` or starts at or after `until` is never read. The
-  active segment has no end. A segment whose first line gives no time is
-  read.
+  active segment has no end. A segment whose first line gives no time has
+  no known start, and the one before it ends at the next known start.
 """
 
 from __future__ import annotations
