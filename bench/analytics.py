@@ -30,6 +30,15 @@ Steps 2-4 and DuckDB's are repeated `--rounds` times (3), the two sides
 alternated, and the report shows each measure's median and every round's
 ratios: a single run's ratio moved by 30% with the shared machine's load.
 Goals: first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
+
+Small logs (`--small`): the time an operator waits for a first summary of a
+few MB (goal ≤ 15 s, whole process, on Spark) and for a re-run, at two sizes
+(~450 KB and ~9 MB), `--rounds` times each, medians, with the load average
+before and after; and once with no class-data archive yet (an empty cache:
+the first run on a host, analytics/spark.py). With `--peer-python`, the same
+command by another install (e.g. the main branch's venv) alternated with
+this one, for a ratio measured under the same load.
+    python bench/analytics.py --small [--rounds 3] [--peer-python OTHER/.venv/bin/python] [--write-docs]
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ from tests.harness.synthetic_logs import BATCH, generate  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DOC_BEGIN, DOC_END = "<!-- analytics:begin -->", "<!-- analytics:end -->"
+SMALL_BEGIN, SMALL_END = "<!-- analytics-small:begin -->", "<!-- analytics-small:end -->"
+SMALL_SIZES = (4_000, 80_000)  # events: ~450 KB and ~9 MB of JSON Lines
+GOAL_SMALL_S = 15.0
 GOAL_FIRST, GOAL_RERUN = 4.0, 2.0
 
 
@@ -116,10 +128,10 @@ def spark_floor(logs: Path) -> float:
     return time.monotonic() - started
 
 
-def spark_run(logs: Path, out: Path) -> tuple[float, dict]:
+def spark_run(logs: Path, out: Path, python: str = sys.executable, env: dict | None = None) -> tuple[float, dict]:
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
-                          "--json"], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run([python, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
+                          "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     whole = time.monotonic() - started
     if run.returncode:
         raise SystemExit(f"spark job failed: {run.stderr[-3000:]}")
@@ -173,6 +185,55 @@ def _generated(directory: Path, events: int) -> dict:
     return got
 
 
+def small(directory: Path, rounds: int, peer: str | None) -> dict:
+    """First summary and re-run of small logs, whole processes (see the module's docstring)."""
+    import tempfile
+
+    r = {"load_before": os.getloadavg()[0], "sizes": []}
+    pythons = {"this": sys.executable, **({"peer": peer} if peer else {})}
+    for events in SMALL_SIZES:
+        logs = directory / f"logs-{events}"
+        generate(logs, events)
+        size = sum(p.stat().st_size for p in logs.rglob("*.jsonl"))
+        got = {name: {"first": [], "rerun": []} for name in pythons}
+        for k in range(rounds):
+            for name, python in pythons.items():  # alternated: a slow minute hits both
+                out = directory / f"out-{events}-{name}-{k}"
+                got[name]["first"].append(spark_run(logs, out, python)[0])
+                got[name]["rerun"].append(spark_run(logs, out, python)[0])
+        with tempfile.TemporaryDirectory() as cache:  # no class-data archive: a host's first run
+            cold = spark_run(logs, directory / f"out-{events}-cold", env={**os.environ, "XDG_CACHE_HOME": cache})[0]
+        r["sizes"].append({"events": events, "bytes": size, "cold_first_s": cold, **{
+            f"{name}_{what}_s": statistics.median(v) for name, runs in got.items() for what, v in runs.items()},
+            "rounds": got})
+    r["load_after"] = os.getloadavg()[0]
+    return r
+
+
+def small_report(r: dict, peer: bool) -> str:
+    rows = []
+    for x in r["sizes"]:
+        ok = "**met**" if x["this_first_s"] <= GOAL_SMALL_S else "**not met**"
+        peer_cells = (f" | {x['peer_first_s']:.1f} s | {x['peer_rerun_s']:.1f} s" if peer else "")
+        rows.append(f"| {x['events']:,} events, {x['bytes'] / 1e6:.2f} MB | {x['this_first_s']:.1f} s "
+                    f"| {x['this_rerun_s']:.1f} s | {x['cold_first_s']:.1f} s{peer_cells} | ≤ 15 s: {ok} |")
+    head = "| logs | first summary | re-run | first, no class archive yet |"
+    head += " before: first | before: re-run |" if peer else ""
+    return "\n".join([
+        "## Analytics: a small log set (whole process)",
+        "",
+        f"`python bench/analytics.py --small --rounds {len(r['sizes'][0]['rounds']['this']['first'])}"
+        f"{' --peer-python …' if peer else ''} --write-docs` ({os.cpu_count()} CPUs shared with other work; load "
+        f"{r['load_before']:.1f} before, {r['load_after']:.1f} after). `pairmq analytics summarize LOGS --out DIR "
+        "--json` as a process; medians of the rounds." + (" \"before\": the same command by the peer install, "
+                                                         "alternated with this one." if peer else ""),
+        "",
+        head + " goal |",
+        "|---" * (head.count("|") - 1) + "|---|",
+        *rows,
+    ])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
@@ -183,9 +244,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-logs", type=Path, metavar="DIR",
                     help="read the synthetic logs of an earlier run's --dir (same --events) instead of generating "
                          "them again: they are the same files every time (fixed seed); --dir gets only the output")
+    ap.add_argument("--small", action="store_true", help="time a first summary and a re-run of small logs")
+    ap.add_argument("--peer-python", metavar="PYTHON", help="with --small: also time this interpreter's pairmq")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 20:
         ap.error(f"--rounds must be from 1 to 20, not {args.rounds}")
+    if args.small:
+        subprocess.run(["rm", "-rf", str(args.dir)], check=True)
+        r = small(args.dir, args.rounds, args.peer_python)
+        print(json.dumps(r, indent=2))
+        text = small_report(r, bool(args.peer_python))
+        print(text)
+        if args.write_docs:
+            write_section(SMALL_BEGIN, SMALL_END, text)
+        return 0
     if args.reuse_logs is not None and args.reuse_logs.resolve() == args.dir.resolve():
         ap.error("--reuse-logs must be another directory than --dir (--dir is emptied first)")
     logs, out = args.dir / "logs", args.dir / "out"
@@ -242,15 +314,19 @@ def main(argv=None) -> int:
     text = report(r, args.events)
     print(text)
     if args.write_docs:
-        doc = REPO / "docs" / "benchmarks.md"
-        body = doc.read_text()
-        section = f"{DOC_BEGIN}\n{text}\n{DOC_END}"
-        if DOC_BEGIN in body:
-            body = re.sub(re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: section, body, flags=re.S)
-        else:
-            body = body.rstrip() + "\n\n" + section + "\n"
-        doc.write_text(body)
+        write_section(DOC_BEGIN, DOC_END, text)
     return 0
+
+
+def write_section(begin: str, end: str, text: str) -> None:
+    doc = REPO / "docs" / "benchmarks.md"
+    body = doc.read_text()
+    section = f"{begin}\n{text}\n{end}"
+    if begin in body:
+        body = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, body, flags=re.S)
+    else:
+        body = body.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(body)
 
 
 def report(r: dict, events: int) -> str:
