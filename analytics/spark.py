@@ -7,7 +7,8 @@ Rules:
   variable); local[2] (this machine's two cores) only when none is set.
 - Spark's own output (the JVM's stdout and stderr: log4j, py4j, the JVM's
   warnings, the Python workers' stderr) goes to a log file, never to the
-  terminal, whose stdout may be the job's JSON. A failure names the file.
+  terminal, whose stdout may be the job's JSON. A failure names the file; a
+  run that succeeded removes it.
   Under spark-submit the JVM is spark-submit's, and so is its output.
 - Java is looked up before anything starts ($JAVA_HOME/bin/java, else on
   PATH): without it the job is one sentence, not a gateway traceback.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -54,8 +56,9 @@ class SparkSetupError(PairMQError):
 
 
 def log_path() -> Path:
-    """Where the JVM's own output goes: one file per user, replaced by each run."""
-    return Path(tempfile.gettempdir()) / f"pairmq-analytics-{os.getuid()}.log"
+    """Where the JVM's own output goes: one file per run (concurrent runs do not share one), which the CLI removes
+    after a run that succeeded and names after one that failed."""
+    return Path(tempfile.gettempdir()) / f"pairmq-analytics-{os.getuid()}-{os.getpid()}.log"
 
 
 def java() -> str:
@@ -198,7 +201,13 @@ def last_error(log: Path) -> str:
     except OSError:
         return ""
     marks = ("Error", "ERROR", "Exception", "error:")
-    return next((line.strip() for line in reversed(lines) if any(m in line for m in marks)), "")
+    return next((exception_message(line) for line in reversed(lines) if any(m in line for m in marks)), "")
+
+
+def exception_message(line: str) -> str:
+    """`...SparkException: what went wrong` -> `what went wrong`: the sentence, not the class."""
+    got = re.search(r"(?:Exception|Error): (.*)$", line)
+    return (got.group(1) if got else line).strip()
 
 
 @contextlib.contextmanager

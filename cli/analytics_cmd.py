@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -117,6 +118,16 @@ def _cmd_summarize(args, term: Terminal) -> int:
     except spark.SparkSetupError as exc:
         term.error(str(exc))
         return EXIT_SETUP
+    except Exception as exc:  # Spark's (a JVM or task error): one sentence, the details in the kept log
+        if not _from_spark(exc):
+            raise
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        first = next((spark.exception_message(line) for line in lines if re.search(r"(Exception|Error): ", line)),
+                     lines[0] if lines else type(exc).__name__)
+        kept = f"; Spark's output is in {spark.log_path()}" if spark.log_path().exists() else ""
+        term.error(f"the Spark job failed: {first[:300]}{kept}")
+        return 1
+    spark.log_path().unlink(missing_ok=True)
     if args.json:
         term.print_json(view)
     else:
@@ -145,7 +156,7 @@ def _run(args, term: Terminal, out: str | None, window, small: bool) -> dict:
         progress("starting Spark")
         session = spark.session(args.master, small=small)
         try:
-            progress(f"Spark on {session.sparkContext.master}; its own output is in {spark.log_path()}")
+            progress(f"Spark on {session.sparkContext.master}")
             view = summary.summarize(session, [_uri(log) for log in args.logs], out, top_n=args.top, window=window,
                                      progress=progress)
             if out is not None and "://" in out:  # written here, then copied through Hadoop's FileSystem API
@@ -161,6 +172,13 @@ def _run(args, term: Terminal, out: str | None, window, small: bool) -> dict:
     if out is not None:
         progress(f"wrote {out}/summary.json, {out}/reports/ and {len(charts)} charts in {out}/charts/")
     return view
+
+
+def _from_spark(exc: BaseException) -> bool:
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, (Py4JError, PySparkException))
 
 
 def _write_files(view: dict, where: Path) -> list:
