@@ -4,7 +4,6 @@ schema.py     the event log's schema as Spark types (explicit: never inferred)
 spark.py      the SparkSession: the master given or configured (else local[2]), Java checked, the JVM's output in a log
 worker_daemon.py  pyspark's worker daemon with the tasks' imports done once, before it forks
 window.py     --since/--until: the bounds, and which segments can hold events of the period
-__main__.py   `python -m pairmq.analytics`, spark-submit's application file
 ingest.py     closed segments -> a Parquet table partitioned by day and node, once each
 segment_task.py  one segment -> its table rows and partials (pyarrow in a Spark task)
 keys_task.py  the per-delivery keys merged a bucket per Spark task (pyarrow)

@@ -66,7 +66,7 @@ def _help(parser, term: Terminal) -> int:
 
 
 def _cmd_submit_file(args, term: Terminal) -> int:
-    spec = importlib.util.find_spec("pairmq.analytics.__main__")
+    spec = importlib.util.find_spec("pairmq.cli.analytics_submit")
     term.print_text(str(Path(spec.origin).resolve()))
     return 0
 
@@ -81,6 +81,11 @@ def missing_extra() -> str | None:
 
 
 def _cmd_summarize(args, term: Terminal) -> int:
+    sentence = missing_extra()
+    if sentence is not None:
+        term.error(sentence)
+        return EXIT_SETUP
+    from pairmq.analytics import spark
     from pairmq.analytics.ingest import AnalyticsError
     from pairmq.analytics.window import WindowError, parse
 
@@ -98,16 +103,10 @@ def _cmd_summarize(args, term: Terminal) -> int:
              if p.name.startswith("events") and p.suffix == ".jsonl"]
     if local and len(local) == len(args.logs) and not found:
         raise AnalyticsError(f"no event log segments (events*.jsonl) under {', '.join(map(str, local))}")
-    sentence = missing_extra()
-    if sentence is None:
-        from pairmq.analytics import spark
-
-        try:
-            spark.under_spark_submit() or spark.java()
-        except spark.SparkSetupError as exc:
-            sentence = str(exc)
-    if sentence is not None:
-        term.error(sentence)
+    try:
+        spark.under_spark_submit() or spark.java()
+    except spark.SparkSetupError as exc:
+        term.error(str(exc))
         return EXIT_SETUP
     small = len(local) == len(args.logs) and sum(p.stat().st_size for p in found) <= spark.SMALL_BYTES
     out = args.out

@@ -78,7 +78,7 @@ def test_spark_submit_runs_the_job_from_the_submit_file(tmp_path):
     submit_file = pairmq("analytics", "submit-file")
     assert submit_file.returncode == 0
     app = Path(submit_file.stdout.strip())
-    assert app.is_file() and app.name == "__main__.py"
+    assert app.is_file() and app.name == "analytics_submit.py"
     from pyspark.find_spark_home import _find_spark_home
 
     run = subprocess.run([str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--master", "local[1]",

@@ -1,9 +1,9 @@
-"""`python -m pairmq.analytics ARGS`, and spark-submit's application file: `pairmq analytics ARGS`.
+"""spark-submit's application file for the analytics job: `pairmq analytics ARGS`, with spark-submit's master.
 
     spark-submit --master spark://head:7077 $(pairmq analytics submit-file) summarize hdfs:///pairmq/logs --out hdfs:///pairmq/report
 
 spark-submit runs this file as a script, outside the package: its imports are absolute. The master, and every
-other setting, is then spark-submit's (analytics/spark.py).
+other setting, is then spark-submit's (analytics/spark.py). `python -m pairmq.cli.analytics_submit ARGS` is the same.
 """
 
 import sys
