@@ -33,7 +33,7 @@ Goals: first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
 
 Small logs (`--small`): the time an operator waits for a first summary of a
 few MB (goal ≤ 15 s, whole process, on Spark) and for a re-run, at two sizes
-(~450 KB and ~9 MB), `--rounds` times each, medians, with the load average
+(~0.4 MB and ~9 MB), `--rounds` times each, medians, with the load average
 before and after; and once with no class-data archive yet (an empty cache:
 the first run on a host, analytics/spark.py). With `--peer-python`, the same
 command by another install (e.g. the main branch's venv) alternated with
@@ -59,7 +59,7 @@ from tests.harness.synthetic_logs import BATCH, generate  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 DOC_BEGIN, DOC_END = "<!-- analytics:begin -->", "<!-- analytics:end -->"
 SMALL_BEGIN, SMALL_END = "<!-- analytics-small:begin -->", "<!-- analytics-small:end -->"
-SMALL_SIZES = (4_000, 80_000)  # events: ~450 KB and ~9 MB of JSON Lines
+SMALL_SIZES = (4_000, 50_000)  # events: ~0.4 MB and ~9 MB of JSON Lines
 GOAL_SMALL_S = 15.0
 GOAL_FIRST, GOAL_RERUN = 4.0, 2.0
 
