@@ -1,7 +1,9 @@
 """Spark summaries of the nodes' spooled event logs (docs/events.md).
 
 schema.py     the event log's schema as Spark types (explicit: never inferred)
-spark.py      the SparkSession: local[2] by default, UI off, quiet
+spark.py      the SparkSession: the master given or configured (else local[2]), Java checked, the JVM's output in a log
+worker_daemon.py  pyspark's worker daemon with the tasks' imports done once, before it forks
+window.py     --since/--until: the bounds, and which segments can hold events of the period
 ingest.py     closed segments -> a Parquet table partitioned by day and node, once each
 segment_task.py  one segment -> its table rows and partials (pyarrow in a Spark task)
 keys_task.py  the per-delivery keys merged a bucket per Spark task (pyarrow)

@@ -27,6 +27,12 @@ Rules:
   files in a scratch directory (`<out>/tables/_keys`), merged into the state
   by tasks per bucket (keys_task.py), emptied before an ingest and removed
   after it: a crashed run's keys are never counted.
+- With a window (--since/--until, window.py), closed segments are still
+  ingested whole (the table and the state hold every event), but the
+  reports read only the window's events: from the table, its day partitions
+  pruned and `ts` filtered in the Parquet scan, and from the active segments
+  (or, without --out, from every segment) filtered in the tasks. A segment
+  that cannot hold an event of the window is not read at all.
 - JSON is read with the explicit schema; a line that does not parse, or lacks
   ts, node or event, becomes a row with `malformed` set, counted by the
   summary and ignored by every report (segment_task.py says exactly when).
@@ -36,7 +42,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import posixpath
 import re
+from collections.abc import Callable
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -46,7 +54,9 @@ from pyspark.sql import types as T
 from pairmq.appliance.errors import PairMQError
 
 from . import driver_merge, keys_task, manifest, partials, schema, segment_task
+from .arrow_io import filesystem
 from .partials import Partials
+from .window import FIRST_LINE_BYTES, Window, first_ts, overlapping
 
 CLOSED = re.compile(r"events-[a-z]+-\d{8}\.jsonl$")
 ACTIVE = re.compile(r"events\.jsonl$")
@@ -113,9 +123,11 @@ class TaskRows:
     kinds: dict[str, T.StructType]
 
 
-def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, keys: str | None = None) -> TaskRows:
+def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, keys: str | None = None,
+              window: Window | None = None) -> TaskRows:
     """One task per segment of `paths` (segment_task.py), run now. With `table`, each task also writes its segment's
-    rows there; with `keys` (an empty scratch directory), its per-delivery keys there."""
+    rows there; with `keys` (an empty scratch directory), its per-delivery keys there; with `window`, the partials
+    are of the rows in it."""
     # Parsed, not made into empty DataFrames: those cost a cold session seconds.
     kinds = {kind: T.DataType.fromDDL(ddl) if isinstance(ddl, str) else ddl
              for kind, ddl in segment_task_schemas().items()}
@@ -123,7 +135,8 @@ def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, k
     if keys is not None:
         _mkdirs(spark, keys)  # read as no keys if no segment has any
     reducer = segment_task.Reducer(arrow_schema(schema.EVENT), arrow, table and qualified(spark, table),
-                                   keys and qualified(spark, keys), tuple(paths))
+                                   keys and qualified(spark, keys), tuple(paths),
+                                   window and (window.since, window.until))
     sql_type = {"s": T.StringType(), "l": T.LongType(), "d": T.DoubleType()}
     out = T.StructType([T.StructField(f.name, sql_type.get(f.name[0], T.StringType())) for f in reducer.out])
     rows = _numbered(spark, len(paths)).mapInArrow(reducer, out).cache()
@@ -132,10 +145,10 @@ def run_tasks(spark: SparkSession, paths: list[str], table: str | None = None, k
 
 
 def reduce_segments(spark: SparkSession, paths: list[str], table: str | None = None,
-                    keys: str | None = None) -> Partials:
+                    keys: str | None = None, window: Window | None = None) -> Partials:
     """The partials of every line of `paths`, one task per segment, not yet merged across segments
-    (partials.merge with `regroup`); `table` and `keys` as run_tasks."""
-    return partials_of(spark, run_tasks(spark, paths, table, keys), keys)
+    (partials.merge with `regroup`); `table`, `keys` and `window` as run_tasks."""
+    return partials_of(spark, run_tasks(spark, paths, table, keys, window), keys)
 
 
 def partials_of(spark: SparkSession, tasks: TaskRows, keys: str | None) -> Partials:
@@ -186,16 +199,28 @@ class Loaded:
     state: dict[str, pa.Table] | None = None  # the same partials on the driver, when small (driver_merge.py)
 
 
-def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int = 0) -> Loaded:
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int = 0, window: Window | None = None,
+         progress: Progress = _quiet) -> Loaded:
     """Every event under `roots`, reduced to partials. With `out`, closed segments go through the Parquet table and
     the state is stored beside it (ingested once); a re-run reads only that and parses what is new. A state of at
     most `max_rows` rows (the tasks' and the previous state's; 0: never) is merged on the driver, and returned as
-    tables too when there is no active segment to add."""
+    tables too when there is no active segment to add. With `window`, the partials are of its events only (the
+    rules). `progress` is told each stage as it starts."""
+    progress("listing the event log segments")
     found = list_segments(spark, roots)
     closed = [s.path for s in found if s.closed]
     active = [s.path for s in found if not s.closed]
     if out is None:
-        return Loaded(partials.merge([reduce_segments(spark, closed + active)], regroup=True), len(closed), 0,
+        paths = closed + active if window is None else in_window(spark, found, window)
+        progress(f"parsing {len(paths)} segment(s), {_mb(found, paths)}")
+        return Loaded(partials.merge([reduce_segments(spark, paths, window=window)], regroup=True), len(closed), 0,
                       len(active))
     tables = f"{out}/tables"
     table, batches = f"{tables}/events", f"{tables}/_batches"
@@ -211,10 +236,12 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
     state = None
     new = [p for p in closed if p not in done]
     if new:
+        progress(f"ingesting {len(new)} new closed segment(s), {_mb(found, new)}")
         batch = f"{int(last or 0) + 1:06d}"  # an orphan of a crash before the manifest is overwritten, never read
         where, keys = f"{tables}/state/{batch}", f"{tables}/_keys"
         _delete(spark, keys)  # a crashed run's scratch
         tasks = run_tasks(spark, new, table, keys)
+        progress("merging the stored state")
         if 0 < max_rows and tasks.count + (_stored_rows(spark, previous) if previous else 0) <= max_rows:
             state = _store_on_driver(spark, tasks, where, keys, previous)
         else:
@@ -227,15 +254,73 @@ def load(spark: SparkSession, roots: list[str], out: str | None, max_rows: int =
         if previous:
             _delete(spark, previous)  # superseded: every row of it is in the new batch's state
         previous = where
-    elif previous and 0 < max_rows and _stored_rows(spark, previous) <= max_rows:
+    elif previous and 0 < max_rows and _stored_rows(spark, previous) <= max_rows and window is None:
         state = driver_merge.read(qualified(spark, previous), _state_schemas(), (*driver_merge.MERGED, "redelivered"))
+    if window is not None:
+        return _windowed(spark, found, table, previous is not None, window, len(new), len(closed) - len(new),
+                         progress)
     parts = [_read_state(spark, previous)] if previous else []
     if active:
+        progress(f"parsing {len(active)} active segment(s), {_mb(found, active)}")
         parts.append(reduce_segments(spark, active))
         state = None  # the reports read the merge with the active segments' partials, in Spark
     assert parts, "list_segments found a segment, so there is a batch or an active segment"
     return Loaded(partials.merge(parts, regroup=bool(active)), len(new), len(closed) - len(new), len(active),
                   state)
+
+
+def _windowed(spark: SparkSession, found: list[Segment], table: str, ingested: bool, window: Window, now: int,
+              before: int, progress: Progress) -> Loaded:
+    """The partials of the window's events: the table's rows in it (day partitions pruned, `ts` filtered in the
+    scan) and the active segments' that can hold any."""
+    parts = []
+    if ingested:
+        progress("reading the window's events from the table")
+        rows = spark.read.schema(schema.TABLE).parquet(table)
+        first_day, last_day = window.days()
+        if first_day is not None:
+            rows = rows.filter((F.col("day") >= first_day) & (F.col("ts") >= window.since))
+        if last_day is not None:
+            rows = rows.filter((F.col("day") <= last_day) & (F.col("ts") < window.until))
+        if window.since is not None or window.until is not None:
+            rows = rows.filter(F.col("ts").isNotNull())
+        parts.append(partials.reduce(rows))
+    active = in_window(spark, [s for s in found if not s.closed], window)
+    if active:
+        progress(f"parsing {len(active)} active segment(s) in the window")
+        parts.append(reduce_segments(spark, active, window=window))
+    if not parts:  # nothing ingested, no active segment in the window: the partials of no row
+        parts.append(partials.reduce(spark.createDataFrame([], schema.TABLE)))
+    return Loaded(partials.merge(parts, regroup=True), now, before,
+                  sum(1 for s in found if not s.closed))
+
+
+def in_window(spark: SparkSession, found: list[Segment], window: Window) -> list[str]:
+    """The paths of `found` that can hold an event of `window` (window.py), each node's in the order written: the
+    first bytes of each segment give its first time."""
+    by_log: dict[str, list[Segment]] = {}
+    for seg in found:
+        by_log.setdefault(posixpath.dirname(seg.path), []).append(seg)
+    logs, order = [], []
+    for log, segs in by_log.items():
+        segs = sorted(segs, key=lambda s: (not s.closed, s.path))  # closed by sequence number, the active one last
+        logs.append((log, [_first_ts(spark, s.path) for s in segs]))
+        order.extend(segs)
+    return [order[i].path for i in overlapping(logs, window)]
+
+
+def _first_ts(spark: SparkSession, path: str) -> float | None:
+    fs, where = filesystem(qualified(spark, path))
+    try:
+        with fs.open_input_stream(where) as f:
+            return first_ts(f.read(FIRST_LINE_BYTES))
+    except FileNotFoundError:
+        return None
+
+
+def _mb(found: list[Segment], paths: list[str]) -> str:
+    chosen = set(paths)
+    return f"{sum(s.size for s in found if s.path in chosen) / 1e6:,.1f} MB"
 
 
 def _state_schemas() -> dict[str, pa.Schema]:

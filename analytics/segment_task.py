@@ -78,7 +78,8 @@ class Reducer:
     """Picklable: the Arrow schemas are made on the driver (from the Spark ones) and shipped to the tasks."""
 
     def __init__(self, event: pa.Schema, kinds: dict[str, pa.Schema], table_dir: str | None,
-                 keys_dir: str | None = None, paths: tuple[str, ...] = ()) -> None:
+                 keys_dir: str | None = None, paths: tuple[str, ...] = (),
+                 window: tuple[float | None, float | None] | None = None) -> None:
         self.event = event  # schema.EVENT
         self.json_schema = pa.schema([f for f in event if not pa.types.is_map(f.type)])
         self.kinds = kinds
@@ -87,6 +88,7 @@ class Reducer:
         self.table_dir = table_dir
         self.keys_dir = keys_dir  # None: the per-delivery keys are returned with the other kinds
         self.paths = paths  # the segments, by the index Spark's `range` gives each task
+        self.window = window  # (since, until) in seconds: the partials of those rows only (the table gets all)
 
     # --- the task -----------------------------------------------------------------------------------------------
     def __call__(self, batches):
@@ -105,6 +107,8 @@ class Reducer:
         rows = self.rows(data, path)
         if self.table_dir is not None:
             self.write_table(rows, path)
+        if self.window is not None:
+            rows = rows.filter(in_window(rows["ts"], *self.window))
         for kind, table in reduce_rows(rows).items():
             if kind == "deliveries" and self.keys_dir is not None:
                 self.write_keys(table, path)
@@ -233,6 +237,16 @@ class Reducer:
 # What Spark's partitioned writer escapes in a partition's directory name (ExternalCatalogUtils.escapePathName), so
 # that a node named "../x" in a log line stays inside the table and Spark reads the name back as it was.
 _ESCAPED = set('"#%\'*/:=?\\{[]^') | {chr(c) for c in range(0x20)} | {"\x7f"}
+
+
+def in_window(ts, since: float | None, until: float | None):
+    """since <= ts < until (either bound may be open); a row without a time is in no window."""
+    keep = pc.is_valid(ts)
+    if since is not None:
+        keep = pc.and_(keep, pc.greater_equal(ts, since))
+    if until is not None:
+        keep = pc.and_(keep, pc.less(ts, until))
+    return pc.fill_null(keep, False)
 
 
 def partition_name(value: str) -> str:

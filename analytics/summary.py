@@ -31,14 +31,19 @@ REPORT_VERSION = 1
 
 
 def summarize(spark, roots: list[str], out: str | None = None, top_n: int = 10,
-              max_rows: int = driver.MAX_ROWS) -> dict:
+              max_rows: int = driver.MAX_ROWS, window=None, progress=ingest._quiet) -> dict:
     """The view model. The state is merged and the reports are computed on the driver when the partials they read
-    have at most `max_rows` rows in all (0: never), by Spark's jobs otherwise: the same rows either way."""
+    have at most `max_rows` rows in all (0: never), by Spark's jobs otherwise: the same rows either way. `window`
+    and `progress` as ingest.load."""
     started = time.monotonic()
-    loaded = ingest.load(spark, roots, out, max_rows)
+    loaded = ingest.load(spark, roots, out, max_rows, window, progress)
+    progress("computing the reports")
     # Without --out nothing is stored: the reports read every row parsed, for which generated code pays.
     with _interpreted(spark) if out is not None else contextlib.nullcontext():
-        return _report(spark, loaded, roots, out, top_n, max_rows, started)
+        view = _report(spark, loaded, roots, out, top_n, max_rows, started)
+    if window is not None:
+        view["inputs"]["window"] = window.describe()
+    return view
 
 
 def _interpreted(spark):

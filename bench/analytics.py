@@ -30,6 +30,15 @@ Steps 2-4 and DuckDB's are repeated `--rounds` times (3), the two sides
 alternated, and the report shows each measure's median and every round's
 ratios: a single run's ratio moved by 30% with the shared machine's load.
 Goals: first summary ≤ 4× DuckDB; re-run ≤ 2× DuckDB's query time.
+
+Small logs (`--small`): the time an operator waits for a first summary of a
+few MB (goal ≤ 15 s, whole process, on Spark) and for a re-run, at two sizes
+(~0.4 MB and ~9 MB), `--rounds` times each, medians, with the load average
+before and after; and once with no class-data archive yet (an empty cache:
+the first run on a host, analytics/spark.py). With `--peer-python`, the same
+command by another install (e.g. the main branch's venv) alternated with
+this one, for a ratio measured under the same load.
+    python bench/analytics.py --small [--rounds 3] [--peer-python OTHER/.venv/bin/python] [--write-docs]
 """
 
 from __future__ import annotations
@@ -37,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -45,107 +53,15 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.harness.synthetic_logs import BATCH, generate  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DOC_BEGIN, DOC_END = "<!-- analytics:begin -->", "<!-- analytics:end -->"
-SEGMENT_BYTES = 64 * 1024 * 1024
-T0 = 1_780_000_000.0  # 2026-05-28, a fixed start: the same files every run
-RATE = 5000  # messages per second
-BATCH = 8  # messages per batched stage event
+SMALL_BEGIN, SMALL_END = "<!-- analytics-small:begin -->", "<!-- analytics-small:end -->"
+SMALL_SIZES = (4_000, 50_000)  # events: ~0.4 MB and ~9 MB of JSON Lines
+GOAL_SMALL_S = 15.0
 GOAL_FIRST, GOAL_RERUN = 4.0, 2.0
-
-
-class Segments:
-    """Closed segments of one node, rotated at SEGMENT_BYTES like the node's own log."""
-
-    def __init__(self, directory: Path, node: str) -> None:
-        self.dir, self.node, self.seq, self.size, self.f = directory / node / "events", node, 0, 0, None
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._next()
-
-    def _next(self) -> None:
-        if self.f:
-            self.f.close()
-        self.seq += 1
-        self.f, self.size = open(self.dir / f"events-{self.node}-{self.seq:08d}.jsonl", "w"), 0
-
-    def write(self, text: str) -> None:
-        self.f.write(text)
-        self.size += len(text)
-        if self.size >= SEGMENT_BYTES:
-            self._next()
-
-    def close(self) -> None:
-        self.f.close()
-
-
-def line(node: str, ts: float, event: str, body: str) -> str:
-    return f'{{"v":2,"ts":{ts:.6f},"mono_ms":{int(ts * 1000) - 1_779_000_000_000},"node":"{node}","event":"{event}"{body}}}\n'
-
-
-def generate(directory: Path, total_events: int) -> dict:
-    rnd = random.Random(7)
-    nodes = {n: Segments(directory, n) for n in ("primary", "backup", "monitor")}
-    per_batch = BATCH + 4  # published lines + 4 stage lines
-    messages = total_events // per_batch * BATCH
-    fail_at = messages // 2
-    written = 0
-    expected = {"published": {"primary": 0, "backup": 0}}
-
-    def decision(node, ts, kind, epoch, reason):
-        nonlocal written
-        nodes[node].write(line(node, ts, "redundancy_decision",
-                               f',"kind":"{kind}","epoch":{epoch},"reason":"{reason}","core_ms":{int(ts * 1000)}'))
-        written += 1
-
-    decision("primary", T0 - 1, "bid", 1, "primary: bidding")
-    decision("monitor", T0 - 0.99, "vote", 1, "monitor: votes primary")
-    decision("primary", T0 - 0.98, "activate", 1, "primary: activating")
-    node, epoch, msg_id, second = "primary", 1, 0, -1
-    i = 0
-    while i < messages:
-        if i >= fail_at and node == "primary":
-            dead = T0 + i / RATE
-            decision("backup", dead + 1.2, "bid", 2, "backup: primary silent")
-            decision("monitor", dead + 1.22, "vote", 2, "monitor: votes backup")
-            decision("backup", dead + 1.25, "activate", 2, "backup: activating")
-            node, epoch, msg_id = "backup", 2, 0
-            i += int(1.25 * RATE)  # nothing is served during the outage
-            continue
-        ts = T0 + i / RATE
-        if int(ts) != second:
-            second = int(ts)
-            for n in nodes:
-                serving = "true" if n == node else "false"
-                nodes[n].write(line(n, ts, "node_alive", f',"serving":{serving},"epoch":{epoch}'))
-                written += 1
-            if rnd.random() < 0.01:
-                nodes[node].write(line(node, ts, "client_refused",
-                                       ',"client_id":"c","reason_code":137,"reason":"busy","protocol_version":5'))
-                written += 1
-        out, ids = nodes[node], []
-        for k in range(BATCH):
-            msg_id += 1
-            ids.append(msg_id)
-            t = ts + k / RATE
-            out.write(line(node, t, "message_published",
-                           f',"msg_id":{msg_id},"topic":"site/{msg_id % 50}/sensor","qos":1,"bytes":{100 + msg_id % 200},'
-                           f'"client":"pub-{msg_id % 20}","epoch":{epoch},"retain":false,"created_ms":{int(t * 1000) - 1}'))
-        id_list = ",".join(map(str, ids))
-        sub = f"sub-{i // BATCH % 5}"
-        for stage, lag in (("spooled", 0.002), ("replicated", 0.004 + rnd.random() * 0.003),
-                           ("delivered", 0.005 + rnd.random() * 0.02), ("acknowledged", 0.03)):
-            client = f',"client":"{sub}"' if stage in ("delivered", "acknowledged") else ""
-            out.write(line(node, ts + lag, f"message_{stage}", f'{client},"msg_ids":[{id_list}],"epoch":{epoch}'))
-        expected["published"][node] += BATCH
-        written += per_batch
-        i += BATCH
-    for n in nodes:
-        for k in range(10 if n == "backup" else 0):
-            nodes[n].write('{"v":2,"ts":broken\n')
-            written += 1
-    for s in nodes.values():
-        s.close()
-    return {"events": written, "messages": sum(expected["published"].values()), **expected}
 
 
 DUCK_REPORTS = """
@@ -212,10 +128,10 @@ def spark_floor(logs: Path) -> float:
     return time.monotonic() - started
 
 
-def spark_run(logs: Path, out: Path) -> tuple[float, dict]:
+def spark_run(logs: Path, out: Path, python: str = sys.executable, env: dict | None = None) -> tuple[float, dict]:
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
-                          "--json"], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run([python, "-m", "pairmq.cli.main", "analytics", "summarize", str(logs), "--out", str(out),
+                          "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     whole = time.monotonic() - started
     if run.returncode:
         raise SystemExit(f"spark job failed: {run.stderr[-3000:]}")
@@ -269,6 +185,55 @@ def _generated(directory: Path, events: int) -> dict:
     return got
 
 
+def small(directory: Path, rounds: int, peer: str | None) -> dict:
+    """First summary and re-run of small logs, whole processes (see the module's docstring)."""
+    import tempfile
+
+    r = {"load_before": os.getloadavg()[0], "sizes": []}
+    pythons = {"this": sys.executable, **({"peer": peer} if peer else {})}
+    for events in SMALL_SIZES:
+        logs = directory / f"logs-{events}"
+        generate(logs, events)
+        size = sum(p.stat().st_size for p in logs.rglob("*.jsonl"))
+        got = {name: {"first": [], "rerun": []} for name in pythons}
+        for k in range(rounds):
+            for name, python in pythons.items():  # alternated: a slow minute hits both
+                out = directory / f"out-{events}-{name}-{k}"
+                got[name]["first"].append(spark_run(logs, out, python)[0])
+                got[name]["rerun"].append(spark_run(logs, out, python)[0])
+        with tempfile.TemporaryDirectory() as cache:  # no class-data archive: a host's first run
+            cold = spark_run(logs, directory / f"out-{events}-cold", env={**os.environ, "XDG_CACHE_HOME": cache})[0]
+        r["sizes"].append({"events": events, "bytes": size, "cold_first_s": cold, **{
+            f"{name}_{what}_s": statistics.median(v) for name, runs in got.items() for what, v in runs.items()},
+            "rounds": got})
+    r["load_after"] = os.getloadavg()[0]
+    return r
+
+
+def small_report(r: dict, peer: bool) -> str:
+    rows = []
+    for x in r["sizes"]:
+        ok = "**met**" if x["this_first_s"] <= GOAL_SMALL_S else "**not met**"
+        peer_cells = (f" | {x['peer_first_s']:.1f} s | {x['peer_rerun_s']:.1f} s" if peer else "")
+        rows.append(f"| {x['events']:,} events, {x['bytes'] / 1e6:.2f} MB | {x['this_first_s']:.1f} s "
+                    f"| {x['this_rerun_s']:.1f} s | {x['cold_first_s']:.1f} s{peer_cells} | ≤ 15 s: {ok} |")
+    head = "| logs | first summary | re-run | first, no class archive yet |"
+    head += " before: first | before: re-run |" if peer else ""
+    return "\n".join([
+        "## Analytics: a small log set (whole process)",
+        "",
+        f"`python bench/analytics.py --small --rounds {len(r['sizes'][0]['rounds']['this']['first'])}"
+        f"{' --peer-python …' if peer else ''} --write-docs` ({os.cpu_count()} CPUs shared with other work; load "
+        f"{r['load_before']:.1f} before, {r['load_after']:.1f} after). `pairmq analytics summarize LOGS --out DIR "
+        "--json` as a process; medians of the rounds." + (" \"before\": the same command by the peer install, "
+                                                         "alternated with this one." if peer else ""),
+        "",
+        head + " goal |",
+        "|---" * (head.count("|") - 1) + "|---|",
+        *rows,
+    ])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
@@ -279,9 +244,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-logs", type=Path, metavar="DIR",
                     help="read the synthetic logs of an earlier run's --dir (same --events) instead of generating "
                          "them again: they are the same files every time (fixed seed); --dir gets only the output")
+    ap.add_argument("--small", action="store_true", help="time a first summary and a re-run of small logs")
+    ap.add_argument("--peer-python", metavar="PYTHON", help="with --small: also time this interpreter's pairmq")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 20:
         ap.error(f"--rounds must be from 1 to 20, not {args.rounds}")
+    if args.small:
+        subprocess.run(["rm", "-rf", str(args.dir)], check=True)
+        r = small(args.dir, args.rounds, args.peer_python)
+        print(json.dumps(r, indent=2))
+        text = small_report(r, bool(args.peer_python))
+        print(text)
+        if args.write_docs:
+            write_section(SMALL_BEGIN, SMALL_END, text)
+        return 0
     if args.reuse_logs is not None and args.reuse_logs.resolve() == args.dir.resolve():
         ap.error("--reuse-logs must be another directory than --dir (--dir is emptied first)")
     logs, out = args.dir / "logs", args.dir / "out"
@@ -338,15 +314,19 @@ def main(argv=None) -> int:
     text = report(r, args.events)
     print(text)
     if args.write_docs:
-        doc = REPO / "docs" / "benchmarks.md"
-        body = doc.read_text()
-        section = f"{DOC_BEGIN}\n{text}\n{DOC_END}"
-        if DOC_BEGIN in body:
-            body = re.sub(re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END), lambda _: section, body, flags=re.S)
-        else:
-            body = body.rstrip() + "\n\n" + section + "\n"
-        doc.write_text(body)
+        write_section(DOC_BEGIN, DOC_END, text)
     return 0
+
+
+def write_section(begin: str, end: str, text: str) -> None:
+    doc = REPO / "docs" / "benchmarks.md"
+    body = doc.read_text()
+    section = f"{begin}\n{text}\n{end}"
+    if begin in body:
+        body = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, body, flags=re.S)
+    else:
+        body = body.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(body)
 
 
 def report(r: dict, events: int) -> str:

@@ -33,7 +33,7 @@ WORKERS = 2  # 4 starved the nodes of handover and failover tests on a loaded 2-
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
-    "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_e2e.py"),  # one JVM's memory at a time
+    "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_"),  # one JVM's memory at a time
 }
 SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
 # - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the

@@ -27,10 +27,11 @@ TEST_SETTINGS = {
 def spark():
     if shutil.which("java") is None:
         pytest.fail("the analytics tests need Java (bash .ci/setup installs default-jre-headless)")
-    from pairmq.analytics.spark import session
+    from pairmq.analytics.spark import log_path, session
 
     s = session(app="pairmq-tests", shuffle_partitions=1)
     for key, value in TEST_SETTINGS.items():
         s.conf.set(key, value)
     yield s
     s.stop()
+    log_path().unlink(missing_ok=True)  # the JVM's output: the tests' failures say what they need
