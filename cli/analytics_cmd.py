@@ -54,7 +54,8 @@ def add_parsers(commands) -> None:
     s = verbs.add_parser("submit-file", help="print the application file for spark-submit",
                          description="The path of the job's application file, for spark-submit: every argument "
                                      "after it is `pairmq analytics`'s.",
-                         epilog=examples("spark-submit --master spark://head:7077 $(pairmq analytics submit-file) "
+                         epilog=examples("pairmq analytics submit-file",
+                                         "spark-submit --master spark://head:7077 $(pairmq analytics submit-file) "
                                          "summarize hdfs:///pairmq/logs --out hdfs:///pairmq/report"))
     s.set_defaults(handler=_cmd_submit_file)
 

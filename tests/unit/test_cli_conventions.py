@@ -41,7 +41,6 @@ def test_bash_completion_is_generated_from_the_tree_and_is_valid_bash(tmp_path):
     assert probe.stdout.split() == ["check"], probe
 
 
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_completion_is_valid_zsh(tmp_path):
     script = tmp_path / "_pairmq"
     script.write_text(pairmq("completion", "zsh").stdout)
