@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import shutil
 import subprocess
 from importlib.metadata import version
 from types import SimpleNamespace
