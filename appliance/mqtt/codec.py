@@ -33,6 +33,8 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
   sends (CONNACK, SUBACK, UNSUBACK, PINGRESP). Its PUBLISHes are decoded
   `from_client`. After an error the reader is dead and raises the same error
   again.
+- Compiled (docs/build.md): each packet class's `packet_type` is a property,
+  not a ClassVar (a compiled dataclass makes a ClassVar a field).
 - `encode_packet` to a peer with a Maximum Packet Size drops Reason String
   and User Property from the packets that may lose them (§3.1.2.11.4:
   CONNACK, the acks, DISCONNECT, AUTH), never from a PUBLISH, whose User
@@ -51,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import ClassVar
 
 from pairmq.appliance.mqtt.packets import (
     ACK_CLASSES, Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
@@ -126,7 +127,9 @@ class Will:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    packet_type: ClassVar[PacketType] = PacketType.CONNECT
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNECT
 
     protocol_version: int
     client_id: str
@@ -166,7 +169,9 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Connack:
-    packet_type: ClassVar[PacketType] = PacketType.CONNACK
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNACK
 
     reason_code: int = ReasonCode.SUCCESS
     session_present: bool = False
@@ -190,7 +195,9 @@ class Connack:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
-    packet_type: ClassVar[PacketType] = PacketType.DISCONNECT
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.DISCONNECT
 
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = field(default_factory=dict)
@@ -213,7 +220,9 @@ class Disconnect:
 
 @dataclass(frozen=True, slots=True)
 class PingReq:
-    packet_type: ClassVar[PacketType] = PacketType.PINGREQ
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGREQ
 
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGREQ, 0, 0)
@@ -221,7 +230,9 @@ class PingReq:
 
 @dataclass(frozen=True, slots=True)
 class PingResp:
-    packet_type: ClassVar[PacketType] = PacketType.PINGRESP
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGRESP
 
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGRESP, 0, 0)
