@@ -205,3 +205,27 @@ def test_a_value_of_the_wrong_type_or_a_non_op_is_an_op_codec_error_not_a_type_e
         encode_op(o.MessagesAcked("c", ("1",)))
     with pytest.raises(OpCodecError, match="str is not an op"):
         encode_op("MessageAcked")
+
+
+@pytest.mark.parametrize("op, message", [
+    (o.MessageRouted(1, "t", b"", 1, False, b"", 0, "p", 0, "c", 3, False), "MessageRouted.queue_qos 3 is outside 0..2"),
+    (o.Subscribed("c", "f", 1, retain_handling=3), "Subscribed.retain_handling 3 is outside 0..2"),
+    (o.SessionOpened("c", 6, 0, 0), "SessionOpened.protocol_version 6 is outside 3..5"),
+    (o.InboundQos2Received("c", 0), "InboundQos2Received.packet_id 0 is outside 1..65535"),
+    (o.MessagesInflight("c", (1, 2), (1,)), "has 2 msg_ids but 1 packet_ids"),
+    (o.MessagesInflight("c", (1,), (65536,)), "item 65536 is outside 1..65535"),
+    (o.MessagesAcked("c", tuple(range(65536))), "MessagesAcked of 65536 messages"),
+    (o.MessageInflight("c", 1, "7"), "MessageInflight.packet_id '7' is outside 1..65535"),  # a value, not a TypeError
+])
+def test_an_op_outside_its_domains_is_a_value_error(op, message):
+    from pairmq.appliance.spool.domains import check_op
+    with pytest.raises(ValueError, match=message):
+        check_op(op)
+
+
+def test_ops_inside_their_domains_pass_the_checks():
+    from pairmq.appliance.spool.domains import check_op
+    for op in (o.MessageRouted(1, "t", b"", 2, False, b"", 0, "p", 0, "c", 0, False), o.SessionOpened("c", 3, 0, 0),
+               o.MessagesInflight("c", (1, 2), (1, 65535)), o.MessagesAcked("c", tuple(range(65535))),
+               o.Subscribed("c", "f", 0, retain_handling=2), o.SessionDeleted("c")):
+        check_op(op)
