@@ -66,7 +66,7 @@ def test_defaults_of_publish_and_the_acks():
     assert Publish("t") == Publish("t", b"", 0, False, False, None, {})
     assert Publish("t").properties is not Publish("t").properties  # each its own, as a default factory gave
     assert Puback(1) == Puback(1, 0, {}) and Puback(1) != Pubrec(1) and Puback(1).properties is not Puback(1).properties
-    assert repr(Pubrel(2)) == "Pubrel(packet_id=2, reason_code=0, properties={})"
+    assert repr(Pubrel(2, 0)) == "Pubrel(packet_id=2, reason_code=0, properties={})"
     assert [a(1).packet_type.name for a in (Puback, Pubrec, Pubrel, Pubcomp)] == ["PUBACK", "PUBREC", "PUBREL", "PUBCOMP"]
 
 
