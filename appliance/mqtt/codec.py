@@ -127,10 +127,6 @@ class Will:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.CONNECT
-
     protocol_version: int
     client_id: str
     clean_start: bool = True
@@ -139,6 +135,10 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNECT
 
     def encode(self, protocol_version: int | None = None) -> bytes:
         v = self.protocol_version
@@ -169,13 +169,13 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Connack:
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.CONNACK
-
     reason_code: int = ReasonCode.SUCCESS
     session_present: bool = False
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNACK
 
     def encode(self, protocol_version: int) -> bytes:
         if self.session_present and self.reason_code != ReasonCode.SUCCESS:
@@ -195,12 +195,12 @@ class Connack:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = field(default_factory=dict)
+
     @property
     def packet_type(self) -> PacketType:
         return PacketType.DISCONNECT
-
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=dict)
 
     def encode(self, protocol_version: int) -> bytes:
         if protocol_version == MQTT_3_1_1:

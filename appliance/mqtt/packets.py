@@ -186,13 +186,13 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.SUBSCRIBE
-
     packet_id: int
     subscriptions: tuple[Subscription, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBSCRIBE
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -248,13 +248,13 @@ def _decode_options(topic_filter: str, options: int, protocol_version: int) -> S
 class Suback:
     """`reason_codes` are v5 codes, one per filter, whatever the version."""
 
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.SUBACK
-
     packet_id: int
     reason_codes: tuple[int, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBACK
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -297,13 +297,13 @@ def decode_suback(body: bytes, protocol_version: int) -> Suback:
 
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.UNSUBSCRIBE
-
     packet_id: int
     topic_filters: tuple[str, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBSCRIBE
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -330,13 +330,13 @@ def decode_unsubscribe(body: bytes, protocol_version: int) -> Unsubscribe:
 class Unsuback:
     """5.0: one reason code per filter. 3.1.1: none, and no properties."""
 
-    @property
-    def packet_type(self) -> PacketType:
-        return PacketType.UNSUBACK
-
     packet_id: int
     reason_codes: tuple[int, ...] = ()
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBACK
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -366,12 +366,12 @@ def decode_unsuback(body: bytes, protocol_version: int) -> Unsuback:
 
 @dataclass(frozen=True, slots=True)
 class Auth:
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = field(default_factory=dict)
+
     @property
     def packet_type(self) -> PacketType:
         return PacketType.AUTH
-
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=dict)
 
     def encode(self, protocol_version: int) -> bytes:
         if protocol_version != MQTT_5:
