@@ -8,3 +8,7 @@ standby.py    the standby's end, sans-I/O
 transport.py  one connection
 service.py    the active's server and the standby's dialler on real spools
 """
+
+from pairmq.appliance.native import check_installed as _check_installed
+
+_check_installed()  # before any compiled module can be imported: docs/build.md

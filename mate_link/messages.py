@@ -10,6 +10,7 @@ Rules:
   a commit whose last record is not a sound commit record, or a body over its limit raises
   `MalformedMessage`; nothing is half-decoded. (The op records inside a commit are checked where
   they are applied: spool/writer.py `submit_commits`.)
+- Compiled (docs/build.md): the standby decodes every frame of a catch-up here.
 
 Messages:
   JOIN       standby → active  its spool head (epoch, seq, checksum) and boot incarnation
@@ -32,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from pairmq.appliance.errors import RemoteProtocolError
 from pairmq.appliance.spool import records
@@ -173,7 +176,7 @@ def encode(m: Message) -> bytes:
     raise TypeError(f"not a mate link message: {m!r}")
 
 
-def _bodies(items, encode_one) -> bytes:
+def _bodies(items: tuple[Any, ...], encode_one: Callable[[Any], bytes]) -> bytes:
     if len(items) > MAX_BATCH_OPS:
         raise ValueError(f"{len(items)} ops in one message (at most {MAX_BATCH_OPS})")
     return _U32.pack(len(items)) + b"".join(encode_one(i) for i in items)
@@ -190,14 +193,14 @@ class _Reader:
         self.pos += n
         return out
 
-    def unpack(self, s: struct.Struct) -> tuple:
+    def unpack(self, s: struct.Struct) -> tuple[Any, ...]:
         return s.unpack(self.take(s.size))
 
     def point(self) -> ChainPoint:
         return ChainPoint(*self.unpack(_POINT))
 
     def count(self) -> int:
-        (n,) = self.unpack(_U32)
+        n: int = self.unpack(_U32)[0]
         if n > MAX_BATCH_OPS:
             raise MalformedMessage(f"{n} ops in one message (at most {MAX_BATCH_OPS})")
         return n

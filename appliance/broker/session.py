@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+from typing import Any
 
 NEVER = 0xFFFFFFFF  # session expiry interval meaning "never expires"
 
@@ -32,7 +33,7 @@ class Message:
     payload: bytes
     qos: int
     retain: bool
-    properties: dict  # MQTT 5 properties to forward (PropertyId -> value); never Topic Alias / Subscription Id
+    properties: dict[Any, Any]  # MQTT 5 properties to forward (PropertyId -> value); never Topic Alias / Subscription Id
     expiry_at_ms: int  # 0: never
     publisher: str
     created_at_ms: int

@@ -33,6 +33,8 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
   sends (CONNACK, SUBACK, UNSUBACK, PINGRESP). Its PUBLISHes are decoded
   `from_client`. After an error the reader is dead and raises the same error
   again.
+- Compiled (docs/build.md): each packet class's `packet_type` is a property,
+  not a ClassVar (a compiled dataclass makes a ClassVar a field).
 - `encode_packet` to a peer with a Maximum Packet Size drops Reason String
   and User Property from the packets that may lose them (§3.1.2.11.4:
   CONNACK, the acks, DISCONNECT, AUTH), never from a PUBLISH, whose User
@@ -51,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import ClassVar
 
 from pairmq.appliance.mqtt.packets import (
     ACK_CLASSES, Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
@@ -126,8 +127,6 @@ class Will:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    packet_type: ClassVar[PacketType] = PacketType.CONNECT
-
     protocol_version: int
     client_id: str
     clean_start: bool = True
@@ -136,6 +135,10 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNECT
 
     def encode(self, protocol_version: int | None = None) -> bytes:
         v = self.protocol_version
@@ -166,11 +169,13 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Connack:
-    packet_type: ClassVar[PacketType] = PacketType.CONNACK
-
     reason_code: int = ReasonCode.SUCCESS
     session_present: bool = False
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNACK
 
     def encode(self, protocol_version: int) -> bytes:
         if self.session_present and self.reason_code != ReasonCode.SUCCESS:
@@ -190,10 +195,12 @@ class Connack:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
-    packet_type: ClassVar[PacketType] = PacketType.DISCONNECT
-
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.DISCONNECT
 
     def encode(self, protocol_version: int) -> bytes:
         if protocol_version == MQTT_3_1_1:
@@ -213,7 +220,9 @@ class Disconnect:
 
 @dataclass(frozen=True, slots=True)
 class PingReq:
-    packet_type: ClassVar[PacketType] = PacketType.PINGREQ
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGREQ
 
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGREQ, 0, 0)
@@ -221,7 +230,9 @@ class PingReq:
 
 @dataclass(frozen=True, slots=True)
 class PingResp:
-    packet_type: ClassVar[PacketType] = PacketType.PINGRESP
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGRESP
 
     def encode(self, protocol_version: int) -> bytes:
         return fixed_header(PacketType.PINGRESP, 0, 0)

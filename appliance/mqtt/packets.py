@@ -26,14 +26,16 @@ Rules (each a Malformed Packet 0x81 unless another code is named):
   longer AUTH must carry an Authentication Method (0x82, §3.15.2.2.2).
 - A reason code outside its packet's table is malformed, as are bytes left
   over after the last field.
+- Compiled (docs/build.md): each class's `packet_type` is a property, not a
+  ClassVar (a compiled dataclass makes a ClassVar a field). The acks, one per
+  QoS 1/2 message each way, have explicit `__init__`s and `Final` fields
+  instead of a runtime `frozen=True`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
-
-from pairmq.appliance.frozen import fast_init
+from typing import Final
 from pairmq.appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties,
 )
@@ -75,14 +77,21 @@ def _end(c: Cursor, name: str) -> None:
 
 # --- PUBACK, PUBREC, PUBREL, PUBCOMP -----------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class _PubAck:
-    packet_type: ClassVar[PacketType]
-    reason_codes: ClassVar[frozenset[ReasonCode]]
+    packet_id: Final[int]
+    reason_code: Final[int]
+    properties: Final[Properties]
 
-    packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=dict)
+    def __init__(self, packet_id: int, reason_code: int = ReasonCode.SUCCESS,
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> PacketType:
+        raise NotImplementedError
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -92,7 +101,7 @@ class _PubAck:
             if self.reason_code or self.properties:
                 raise ValueError(f"a 3.1.1 {t.name} has no reason code or properties")
         else:
-            if self.reason_code not in self.reason_codes:
+            if self.reason_code not in ACK_REASON_CODES[t]:
                 raise ValueError(f"0x{self.reason_code:02X} is not a {t.name} reason code")
             if self.properties:
                 body += bytes([self.reason_code]) + encode_properties(self.properties, t)
@@ -102,37 +111,36 @@ class _PubAck:
         return fixed_header(t, flags, len(body)) + body
 
 
-@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
-@dataclass(frozen=True, slots=True)
 class Puback(_PubAck):
-    packet_type: ClassVar[PacketType] = PacketType.PUBACK
-    reason_codes: ClassVar[frozenset[ReasonCode]] = PUBACK_REASON_CODES
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBACK
 
 
-@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
-@dataclass(frozen=True, slots=True)
 class Pubrec(_PubAck):
-    packet_type: ClassVar[PacketType] = PacketType.PUBREC
-    reason_codes: ClassVar[frozenset[ReasonCode]] = PUBREC_REASON_CODES
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBREC
 
 
-@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
-@dataclass(frozen=True, slots=True)
 class Pubrel(_PubAck):
-    packet_type: ClassVar[PacketType] = PacketType.PUBREL
-    reason_codes: ClassVar[frozenset[ReasonCode]] = PUBREL_REASON_CODES
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBREL
 
 
-@fast_init  # one per QoS 1/2 ack in and out: appliance/frozen.py
-@dataclass(frozen=True, slots=True)
 class Pubcomp(_PubAck):
-    packet_type: ClassVar[PacketType] = PacketType.PUBCOMP
-    reason_codes: ClassVar[frozenset[ReasonCode]] = PUBCOMP_REASON_CODES
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBCOMP
 
 
 PubAckPacket = Puback | Pubrec | Pubrel | Pubcomp
 ACK_CLASSES: dict[PacketType, type[PubAckPacket]] = {
-    cls.packet_type: cls for cls in (Puback, Pubrec, Pubrel, Pubcomp)}
+    PacketType.PUBACK: Puback, PacketType.PUBREC: Pubrec, PacketType.PUBREL: Pubrel, PacketType.PUBCOMP: Pubcomp}
+ACK_REASON_CODES: dict[PacketType, frozenset[ReasonCode]] = {
+    PacketType.PUBACK: PUBACK_REASON_CODES, PacketType.PUBREC: PUBREC_REASON_CODES,
+    PacketType.PUBREL: PUBREL_REASON_CODES, PacketType.PUBCOMP: PUBCOMP_REASON_CODES}
 
 
 def decode_ack(packet_type: PacketType, body: bytes, protocol_version: int) -> PubAckPacket:
@@ -146,7 +154,7 @@ def decode_ack(packet_type: PacketType, body: bytes, protocol_version: int) -> P
         raise malformed("packet identifier 0")
     if n == 2:
         return cls(packet_id)
-    reason = _v5_reason(body[2], cls.reason_codes, packet_type.name)
+    reason = _v5_reason(body[2], ACK_REASON_CODES[packet_type], packet_type.name)
     if n == 3:
         return cls(packet_id, reason)
     c = Cursor(body, 3)
@@ -178,11 +186,13 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    packet_type: ClassVar[PacketType] = PacketType.SUBSCRIBE
-
     packet_id: int
     subscriptions: tuple[Subscription, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBSCRIBE
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -238,11 +248,13 @@ def _decode_options(topic_filter: str, options: int, protocol_version: int) -> S
 class Suback:
     """`reason_codes` are v5 codes, one per filter, whatever the version."""
 
-    packet_type: ClassVar[PacketType] = PacketType.SUBACK
-
     packet_id: int
     reason_codes: tuple[int, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBACK
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -285,11 +297,13 @@ def decode_suback(body: bytes, protocol_version: int) -> Suback:
 
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
-    packet_type: ClassVar[PacketType] = PacketType.UNSUBSCRIBE
-
     packet_id: int
     topic_filters: tuple[str, ...]
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBSCRIBE
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -316,11 +330,13 @@ def decode_unsubscribe(body: bytes, protocol_version: int) -> Unsubscribe:
 class Unsuback:
     """5.0: one reason code per filter. 3.1.1: none, and no properties."""
 
-    packet_type: ClassVar[PacketType] = PacketType.UNSUBACK
-
     packet_id: int
     reason_codes: tuple[int, ...] = ()
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBACK
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -350,10 +366,12 @@ def decode_unsuback(body: bytes, protocol_version: int) -> Unsuback:
 
 @dataclass(frozen=True, slots=True)
 class Auth:
-    packet_type: ClassVar[PacketType] = PacketType.AUTH
-
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = field(default_factory=dict)
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.AUTH
 
     def encode(self, protocol_version: int) -> bytes:
         if protocol_version != MQTT_5:

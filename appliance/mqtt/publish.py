@@ -26,10 +26,8 @@ re-encoded: send `header() + payload`, or both buffers to `writelines`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import ClassVar
-
-from pairmq.appliance.frozen import fast_init
+from dataclasses import dataclass
+from typing import Final
 from pairmq.appliance.mqtt.properties import (
     Properties, PropertyId, decode_properties, encode_properties, encode_property,
 )
@@ -57,18 +55,32 @@ class _Keep(enum.Enum):
 KEEP = _Keep.KEEP  # "send the Message Expiry Interval the publisher sent"
 
 
-@fast_init  # one per PUBLISH in and out: appliance/frozen.py
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Publish:
-    packet_type: ClassVar[PacketType] = PacketType.PUBLISH
+    """One per PUBLISH in and out: an explicit `__init__` and `Final` fields, not a runtime `frozen=True`
+    (docs/build.md)."""
 
-    topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: Properties = field(default_factory=dict)
+    topic: Final[str]
+    payload: Final[bytes]
+    qos: Final[int]
+    retain: Final[bool]
+    dup: Final[bool]
+    packet_id: Final[int | None]
+    properties: Final[Properties]
+
+    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False, dup: bool = False,
+                 packet_id: int | None = None, properties: Properties | None = None) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBLISH
 
     def encode(self, protocol_version: int) -> bytes:
         check_version(protocol_version)
@@ -209,7 +221,7 @@ class PublishTemplate:
         self._topic_field = encode_utf8(topic)
         props = properties or {}
         expiry = props.get(_EXPIRY)
-        self.message_expiry_interval: int | None = expiry  # type: ignore[assignment]
+        self.message_expiry_interval: int | None = expiry
         # Identifier order: PFI 0x01 | expiry 0x02 | 0x03-0x09 | sub ids 0x0B | alias 0x23
         # | user 0x26; the stamped ones go between these pre-encoded runs.
         runs: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])

@@ -32,7 +32,7 @@ Rules (the SQLite store implements exactly these; tests compare the two):
   present: what the spool's byte limit counts.
 - Domains (`check_op`, enforced when ops are submitted and verified when the
   state is loaded, so a damaged row is noticed): QoS and retain handling are
-  0..2, protocol versions 3..5, packet ids 1..65535.
+  0..2, protocol versions 3..5, packet ids 1..65535 (domains.py).
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ import dataclasses
 from . import ops as o
 from .chain import GENESIS, ChainPoint
 from .codec import encode_op, encode_uints
+from .domains import MAX_BATCH_ITEMS, PACKET_IDS, PROTOCOL_VERSIONS, QOS, RETAIN_HANDLING, check_op
+
+__all__ = ["DEFAULT_MAX_MESSAGE_IDS", "MAX_BATCH_ITEMS", "PACKET_IDS", "PROTOCOL_VERSIONS", "QOS", "RETAIN_HANDLING",
+           "QueueEntry", "Session", "SpoolState", "StateModel", "check_op", "stored_size", "stored_size_of"]
 
 DEFAULT_MAX_MESSAGE_IDS = 100_000
 
@@ -86,45 +90,6 @@ class SpoolState:
     @property
     def position(self) -> tuple[int, int]:
         return self.head.epoch, self.head.seq
-
-
-QOS = range(3)
-RETAIN_HANDLING = range(3)
-PROTOCOL_VERSIONS = range(3, 6)
-PACKET_IDS = range(1, 0x10000)
-_DOMAINS: dict[type, tuple[tuple[str, range], ...]] = {
-    o.MessageStored: (("qos", QOS),),
-    o.MessageQueued: (("qos", QOS),),
-    o.MessageRouted: (("qos", QOS), ("queue_qos", QOS)),
-    o.MessageInflight: (("packet_id", PACKET_IDS),),
-    o.SessionOpened: (("protocol_version", PROTOCOL_VERSIONS),),
-    o.Subscribed: (("qos", QOS), ("retain_handling", RETAIN_HANDLING)),
-    o.InboundQos2Received: (("packet_id", PACKET_IDS),),
-    o.InboundQos2Released: (("packet_id", PACKET_IDS),),
-}
-
-
-MAX_BATCH_ITEMS = 65535  # messages in one MessagesInflight / MessagesAcked (a window is at most 65535)
-
-
-def check_op(op: o.Op) -> None:
-    """ValueError if a field is outside its domain (see the rules)."""
-    kind = type(op)
-    if kind is o.MessagesInflight or kind is o.MessagesAcked:
-        if len(op.msg_ids) > MAX_BATCH_ITEMS:
-            raise ValueError(f"{kind.__name__} of {len(op.msg_ids)} messages (at most {MAX_BATCH_ITEMS})")
-        if kind is o.MessagesInflight:
-            if len(op.packet_ids) != len(op.msg_ids):
-                raise ValueError(f"MessagesInflight has {len(op.msg_ids)} msg_ids but {len(op.packet_ids)} "
-                                 "packet_ids")
-            bad = [p for p in op.packet_ids if p not in PACKET_IDS]
-            if bad:
-                raise ValueError(f"MessagesInflight.packet_ids item {bad[0]!r} is outside 1..65535")
-        return
-    for name, domain in _DOMAINS.get(kind, ()):
-        if getattr(op, name) not in domain:
-            raise ValueError(f"{type(op).__name__}.{name} {getattr(op, name)!r} is outside "
-                             f"{domain.start}..{domain.stop - 1}")
 
 
 def stored_size(body: bytes) -> int:

@@ -139,7 +139,7 @@ def _codes(table, version):
 def acks(draw, version):
     cls = draw(st.sampled_from([Puback, Pubrec, Pubrel, Pubcomp]))
     table = PUBREL_REASON_CODES if cls in (Pubrel, Pubcomp) else PUBACK_REASON_CODES
-    props = draw(properties(cls.packet_type)) if version == MQTT_5 else {}
+    props = draw(properties(cls(1).packet_type)) if version == MQTT_5 else {}
     return cls(draw(packet_ids), draw(_codes(table, version)), props)
 
 

@@ -340,10 +340,14 @@ def test_will_rules_shared_with_publish():
 
 def test_every_packet_class_names_its_type():
     import pairmq.appliance.mqtt as mqtt
-    for name in mqtt.__all__:
-        cls = getattr(mqtt, name)
-        if isinstance(cls, type) and hasattr(cls, "encode") and name != "PublishTemplate":
-            assert cls.packet_type.name == name.upper(), name
+    samples = {"Connect": (MQTT_5, "c"), "Publish": ("t",), "Subscribe": (1, (Subscription("f"),)),
+               "Suback": (1, (0,)), "Unsubscribe": (1, ("f",))}
+    named = [name for name in mqtt.__all__ if isinstance(getattr(mqtt, name), type)
+             and hasattr(getattr(mqtt, name), "encode") and name != "PublishTemplate"]
+    assert len(named) == 15  # every MQTT packet type but the reserved 0
+    for name in named:
+        args = samples.get(name, (1,) if name.startswith(("Pub", "Unsuback")) else ())
+        assert getattr(mqtt, name)(*args).packet_type.name == name.upper(), name
 
 
 def test_v5_password_without_user_name_is_allowed():

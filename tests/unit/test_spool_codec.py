@@ -169,13 +169,13 @@ def test_a_chain_verified_from_the_wrong_predecessor_is_refused():
 
 @given(st.lists(st.integers(0, (1 << 63) - 1), max_size=20))
 def test_a_value_encoded_again_gives_the_same_bytes(values):
-    # codec._put_varint keeps the last large value's bytes (a read's PUBLISHes share one timestamp): a repeat, an
+    # varints.put_varint keeps the last large value's bytes (a read's PUBLISHes share one timestamp): a repeat, an
     # alternation and a run must all encode as the first time, and decode back.
-    from pairmq.appliance.spool.codec import _put_varint, _varint
+    from pairmq.appliance.spool.varints import put_varint, varint
     for value in [v for v in values for _ in range(2)] + values:
         out = bytearray(b"\x01")
-        _put_varint(out, value)
-        assert _varint(bytes(out), 1) == (value, len(out))
+        put_varint(out, value)
+        assert varint(bytes(out), 1) == (value, len(out))
         fresh = bytearray(b"\x01")
         rest = value
         while rest >= 0x80:
@@ -183,3 +183,49 @@ def test_a_value_encoded_again_gives_the_same_bytes(values):
             rest >>= 7
         fresh.append(rest)
         assert out == fresh
+
+
+def test_the_checked_in_op_codec_is_what_the_generator_writes_from_the_op_classes():
+    import pathlib
+
+    from pairmq.appliance.spool import codegen
+    checked_in = pathlib.Path(codegen.__file__).with_name("_opcodec.py").read_text()
+    assert checked_in == codegen.module_source(), \
+        "rewrite it: python -m pairmq.appliance.spool.codegen > appliance/spool/_opcodec.py"
+    for cls in o.OP_TYPES.values():  # each op type has its own encoder and decoder in it
+        assert codegen.generated_source(cls) in checked_in
+
+
+def test_a_value_of_the_wrong_type_or_a_non_op_is_an_op_codec_error_not_a_type_error():
+    with pytest.raises(OpCodecError, match="MessageAcked.msg_id is str, not int"):
+        encode_op(o.MessageAcked("c", "7"))
+    with pytest.raises(OpCodecError, match="MessageQueued.subscription_ids is list, not tuple"):
+        encode_op(o.MessageQueued("c", 1, 1, False, [1]))
+    with pytest.raises(OpCodecError, match="tuple item '1' is not an int"):
+        encode_op(o.MessagesAcked("c", ("1",)))
+    with pytest.raises(OpCodecError, match="str is not an op"):
+        encode_op("MessageAcked")
+
+
+@pytest.mark.parametrize("op, message", [
+    (o.MessageRouted(1, "t", b"", 1, False, b"", 0, "p", 0, "c", 3, False), "MessageRouted.queue_qos 3 is outside 0..2"),
+    (o.Subscribed("c", "f", 1, retain_handling=3), "Subscribed.retain_handling 3 is outside 0..2"),
+    (o.SessionOpened("c", 6, 0, 0), "SessionOpened.protocol_version 6 is outside 3..5"),
+    (o.InboundQos2Received("c", 0), "InboundQos2Received.packet_id 0 is outside 1..65535"),
+    (o.MessagesInflight("c", (1, 2), (1,)), "has 2 msg_ids but 1 packet_ids"),
+    (o.MessagesInflight("c", (1,), (65536,)), "item 65536 is outside 1..65535"),
+    (o.MessagesAcked("c", tuple(range(65536))), "MessagesAcked of 65536 messages"),
+    (o.MessageInflight("c", 1, "7"), "MessageInflight.packet_id '7' is outside 1..65535"),  # a value, not a TypeError
+])
+def test_an_op_outside_its_domains_is_a_value_error(op, message):
+    from pairmq.appliance.spool.domains import check_op
+    with pytest.raises(ValueError, match=message):
+        check_op(op)
+
+
+def test_ops_inside_their_domains_pass_the_checks():
+    from pairmq.appliance.spool.domains import check_op
+    for op in (o.MessageRouted(1, "t", b"", 2, False, b"", 0, "p", 0, "c", 0, False), o.SessionOpened("c", 3, 0, 0),
+               o.MessagesInflight("c", (1, 2), (1, 65535)), o.MessagesAcked("c", tuple(range(65535))),
+               o.Subscribed("c", "f", 0, retain_handling=2), o.SessionDeleted("c")):
+        check_op(op)
