@@ -386,11 +386,13 @@ class HostListClient:
         self._answer.set()
         if code == 0:
             self.history.append(f"{self._here()}: connected (session present: {bool(flags.session_present)})")
-            if not flags.session_present:
-                with self._lock:
-                    subscriptions = list(self._subscriptions.items())
-                for topic_filter, (qos, _callback, _whole) in subscriptions:
-                    self._send_subscribe([topic_filter], qos)
+            # A present session holds the filters it acknowledged; one never acknowledged (registered before the
+            # first connection, or its SUBACK lost with a connection) is sent again either way.
+            with self._lock:
+                subscriptions = [(f, qos) for f, (qos, _callback, _whole) in self._subscriptions.items()
+                                 if not flags.session_present or f not in self.suback_codes]
+            for topic_filter, qos in subscriptions:
+                self._send_subscribe([topic_filter], qos)
             self.connected.set()
             self._settled.set()
             return

@@ -80,7 +80,9 @@ def _hosts(args, tls: bool) -> tuple[list[str], int]:
     return [config.mqtt_reference(Role.PRIMARY), config.mqtt_reference(Role.BACKUP)], port
 
 
-def _client(args, term: Terminal, prefix: str, **kwargs) -> HostListClient:
+def _client(args, term: Terminal, prefix: str, subscriptions=(), **kwargs) -> HostListClient:
+    """A started client; `subscriptions` (filter, qos, on_message) are registered before it connects, because
+    a present session's queued messages arrive right after CONNACK and one without a callback would be lost."""
     from .hostlist import ClientError, HostListClient
 
     client_id = args.id or f"{prefix}-{secrets.token_hex(4)}"
@@ -89,6 +91,8 @@ def _client(args, term: Terminal, prefix: str, **kwargs) -> HostListClient:
     client = HostListClient(hosts, client_id, username=args.username, password=args.password,
                             keepalive_s=args.keepalive, protocol=VERSIONS[args.protocol_version], tls=tls,
                             fail_fast=True, default_port=port, **kwargs)
+    for topic_filter, qos, on_message in subscriptions:
+        client.subscribe(topic_filter, qos, on_message, whole_message=True)
     try:
         client.start(timeout_s=args.timeout)
     except ClientError as exc:
@@ -190,12 +194,11 @@ def _check_subscriptions(client: HostListClient, timeout_s: float) -> None:
 def sub(args, term: Terminal) -> int:
     got: queue.Queue = queue.Queue()
     expiry = 3600 if args.persistent else 0
-    client = _client(args, term, "pairmq-sub", session_expiry_s=expiry, message_ids=False)
+    client = _client(args, term, "pairmq-sub", [(f, args.qos, got.put) for f in args.topic],
+                     session_expiry_s=expiry, message_ids=False)
     count = 0
     deadline = time.monotonic() + args.wait if args.wait else None
     try:
-        for topic_filter in args.topic:
-            client.subscribe(topic_filter, args.qos, got.put, whole_message=True)
         _check_subscriptions(client, args.timeout)
         while args.count is None or count < args.count:
             try:

@@ -121,6 +121,21 @@ def test_mosquitto_flags_against_a_real_node(group, tmp_path):
     assert out == "cli/f|12|from a file\n\ncli/f|0|\n"
 
 
+def test_a_persistent_sub_prints_every_message_queued_while_it_was_away(group):
+    # The queued messages arrive right after CONNACK, before any SUBSCRIBE could: a subscriber that registered
+    # its filters only after connecting acknowledged them and printed none or some.
+    host = group.address(P)
+    made = run(group, "sub", "-h", host, "-c", "-i", "cli-away", *alice("-t", "cli/away", "-q", "1", "-W", "1"))
+    assert made.returncode == 0, made.stderr
+    lines = [f"m{n}" for n in range(200)]
+    sent = run(group, "pub", "-h", host, *alice("-t", "cli/away", "-q", "1", "-l"), stdin="\n".join(lines) + "\n")
+    assert sent.returncode == 0, sent.stderr
+    back = run(group, "sub", "-h", host, "-c", "-i", "cli-away", *alice("-t", "cli/away", "-q", "1", "-C", "200",
+                                                                      "-W", "30"))
+    assert back.returncode == 0, back.stderr
+    assert back.stdout.splitlines() == lines
+
+
 def test_tls_with_the_test_ca_on_8883(group, pki, tmp_path):
     ok = run(group, "pub", "-h", group.address(P), "--cafile", str(pki.ca_file),
              *alice("-t", "cli/tls", "-m", "over TLS"))
