@@ -8,6 +8,8 @@ import json
 import subprocess
 
 from pairmq.appliance.roles import Role
+from pairmq.cli import api
+from pairmq.cli.local import _redundant
 from tests.harness.group import active_group
 from tests.processes.test_cli_conventions import run
 
@@ -31,9 +33,11 @@ def test_check_exit_codes_as_the_group_loses_its_nodes(tmp_path):
         assert handed.returncode == 0, handed.stderr
         document = json.loads(handed.stdout)
         assert document["ok"] and document["result"] == "handed over" and document["node"] == "primary"
-        g.wait_for("the primary to be in sync again", g.backup_in_sync, timeout_s=30)
-        reverted = json.loads(run(g, "redundancy", "revert-activity", "--json").stdout)
-        assert reverted["result"] == "handed over" and reverted["node"] == "backup"
+        g.wait_for("the primary to be the backup's in-sync standby",
+                   lambda: _redundant(api.fetch_redundancy(g.config)), timeout_s=30)
+        result = run(g, "redundancy", "revert-activity", "--json")
+        reverted = json.loads(result.stdout)
+        assert reverted.get("result") == "handed over" and reverted["node"] == "backup", result.stdout
         g.wait_for("the primary to serve", lambda: g.serving(P), timeout_s=30)
 
         g.kill(B)
