@@ -3,13 +3,14 @@ core and the broker what the link knows (docs/mate_link.md).
 
 Rules:
 - The release rule (`MateRelease`, given to the broker at construction): the effects behind a commit
-  (a PUBACK, a PUBREC) run once the mate acknowledged its last op, or once acknowledgements no longer
-  need the mate (`QuorumCore.acks_need_mate`: the mate is out of sync and its lease has surely ended).
-  Each acknowledgement releases at once (the mate link's `on_acked`, on the broker loop); the end of a
-  lease is time, and is learnt by the sync below.
+  (a PUBACK, a PUBREC) run once the mate acknowledged its last op, or once its last op is within the
+  quorum core's `release_bound`: the mate is out of sync, its lease has surely ended, and a peer has
+  echoed back a heartbeat advertising that position, so a survivor can never count as more up to date
+  than what we acknowledged alone (core.py R9). Each acknowledgement releases at once (the mate link's
+  `on_acked`, on the broker loop); the end of a lease and an echo are learnt by the sync below.
 - Every 50 ms, on the broker loop (the sync): the quorum core hears whether the mate is caught up (the
-  link is live and the mate acknowledged every op whose effects were released) and says whether
-  acknowledgements still need the mate.
+  link is live and the mate acknowledged every op whose effects were released) and our released and
+  durable positions, and says how far effects may be released without the mate.
 - Standby: dial the active and apply what it ships; a catch-up voids our in-sync lease at once.
 - Taking activity: the standby link is closed first, then the broker core is rebuilt from the spool
   the link kept, and only then does the node serve (`ready`). A node serves the epoch it rebuilt for.
@@ -21,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -55,10 +57,33 @@ class MateRelease:
 
     def __init__(self, active: ActiveReplication) -> None:
         self._active = active
-        self.need_mate = True  # until the quorum core says otherwise: the safe side
+        self.alone_bound = -1  # the quorum core's release_bound; until it speaks: none (the safe side)
+
+    @property
+    def need_mate(self) -> bool:
+        return self.alone_bound < 0
 
     def allows(self, seq: int) -> bool:
-        return seq <= self._active.acked_seq or not self.need_mate
+        return seq <= self._active.acked_seq or seq <= self.alone_bound
+
+
+class AdvertLag:
+    """Test knob (PAIRMQ_TEST_ADVERTISE_DELAY_MS, read at start): the quorum core hears our positions that
+    many ms late, holding open the window between a release and the heartbeat that advertises it."""
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+        self._seen: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=1000)
+        self._told = (0, 0)
+
+    def positions(self, now: int, released: int, durable: int) -> tuple[int, int]:
+        if self.delay_ms <= 0:
+            return released, durable
+        self._seen.append((now, released, durable))
+        while self._seen and self._seen[0][0] <= now - self.delay_ms:
+            _, *told = self._seen.popleft()
+            self._told = (told[0], told[1])
+        return self._told
 
 
 class Replication:
@@ -77,6 +102,7 @@ class Replication:
         self.ready_epoch = 0  # the epoch the broker core was rebuilt for
         self._task: asyncio.Task | None = None
         self._syncing = asyncio.Lock()  # one sync at a time: a take-over awaits the standby link's stop
+        self._advert = AdvertLag(int(os.environ.get("PAIRMQ_TEST_ADVERTISE_DELAY_MS", "0")))
 
     def refusals(self) -> dict[str, int]:
         """Mate-link connections refused or dropped, by reason: as the listener and as the dialler."""
@@ -129,16 +155,17 @@ class Replication:
             behind = "has not joined our configuration"
         resyncing = self.standby is not None and self.standby.link is not None and self.standby.link.resyncing
         mate = self._role.mate()
+        released, durable = self._advert.positions(now, broker.released_seq, broker.writer.durable.seq)
 
         def tell(core, _now):
             core.mate_link(now, not behind, behind)
-            core.released_position(now, broker.released_seq)
-            need_mate = core.acks_need_mate(now)
+            core.released_position(now, released, durable)
+            bound = core.release_bound(now)
             if resyncing:
                 core.void_insync_lease(now, "catching up on the mate link")
-            return need_mate, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
+            return bound, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
 
-        self._release.need_mate, serving, epoch, mate_active = self._quorum.call(tell)
+        self._release.alone_bound, serving, epoch, mate_active = self._quorum.call(tell)
         broker.release_held()  # the mate's lease may have ended since the last sync
         if serving and not self.ready(epoch):
             await self._take_over(epoch)

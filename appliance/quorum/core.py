@@ -58,6 +58,15 @@ R8 a state that cannot be saved is not acted on. The store raises OSError when
    copying a position) goes on in memory. One "storage" decision reports the
    failure and one its end; the node keeps running and retries on every turn.
 
+R9 advertise before acknowledging alone. While the mate is out of sync and its in-sync lease has
+   surely ended, the active acknowledges on local durability alone, so the survivor of its death must
+   know how far it got. The active then advertises its durable position in its heartbeats (on disk
+   first) and releases an acknowledgement only up to a position a peer echoed back in its view of us
+   (`release_bound`). A peer that echoed it holds it: the mate then counts itself less up to date
+   (R4 reads the higher of the mate's heartbeat and the monitor's view), and the monitor refuses its
+   vote to a candidate behind it; a tie left for the primary can only be a true tie. Costs one
+   heartbeat round trip per acknowledgement while redundancy is down, nothing while in sync.
+
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
    serving nobody. The adapter reports when the broker loop last proved it was
@@ -126,6 +135,7 @@ class QuorumCore(HandoverRules):
         self.handover = HandoverState()
         self.auto_revert = False  # group.auto_revert (H7)
         self._position_saved_at = 0
+        self._echoed_seq = -1  # R9: our highest position at this epoch a peer echoed back
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -208,18 +218,33 @@ class QuorumCore(HandoverRules):
             self._decide(now_ms, DecisionKind.SYNC,
                          f"{self.role.value}: {why} → out of sync until the active grants again")
 
-    def released_position(self, now_ms: int, seq: int) -> None:
-        """Active side: the highest op whose effects were released (acknowledged to clients). Heartbeats carry
-        it and an in-sync mate copies it; a mate out of sync keeps an older copy, so it can never count as
-        most up to date (R4) holding less than we acknowledged. On disk at once while the mate is out of
-        sync (we acknowledge on local durability alone), else at most once a second."""
-        if self.activity is not Activity.ACTIVE or self.state.spool_epoch != self.active_epoch \
-                or seq <= self.state.spool_seq:
+    def released_position(self, now_ms: int, seq: int, durable_seq: int = 0) -> None:
+        """Active side: `seq` is the highest op whose effects were released (acknowledged to clients),
+        `durable_seq` the highest op durable here. Heartbeats carry our position and an in-sync mate copies
+        it; a mate out of sync keeps an older copy, so it can never count as most up to date (R4) holding
+        less than we acknowledged. While acknowledgements need the mate we advertise what was released; once
+        they do not (R9) we advertise what is durable here, on disk first, and release only what a peer
+        echoed back (`release_bound`). Else on disk at most once a second."""
+        if self.activity is not Activity.ACTIVE or self.state.spool_epoch != self.active_epoch:
             return
-        self.state.spool_seq = seq
-        if not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
+        alone = not self.acks_need_mate(now_ms)
+        target = max(seq, durable_seq) if alone else seq
+        if target <= self.state.spool_seq:
+            return
+        before = self.state.spool_seq
+        self.state.spool_seq = target
+        if alone or not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
             if self._save(now_ms):
                 self._position_saved_at = now_ms
+            elif alone:  # R8: a position not on disk is not advertised, so nothing is released on it
+                self.state.spool_seq = before
+
+    def release_bound(self, now_ms: int) -> int:
+        """R9: the highest op whose effects may be released without the mate's ack (-1: none may). While
+        acknowledgements need the mate, none; after, only up to a position of ours a peer has echoed."""
+        if not self.acks_need_mate(now_ms) and self.state.spool_epoch == self.active_epoch:
+            return self._echoed_seq
+        return -1
 
     def set_spool_position(self, epoch: int, seq: int) -> None:
         if (epoch, seq) != (self.state.spool_epoch, self.state.spool_seq):
@@ -349,6 +374,8 @@ class QuorumCore(HandoverRules):
                 self._step_down(now_ms, f"{hb.sender.value} also claims epoch {hb.epoch} → stepping down")
             elif echo_at is not None and mine.seq >= self._activation_seq and hb.epoch <= self.active_epoch:
                 self.lease_expiry = max(self.lease_expiry, echo_at + self.timing.lease_ms)
+                if mine.spool_epoch == self.active_epoch:  # R9: this peer holds our position for the survivor
+                    self._echoed_seq = max(self._echoed_seq, mine.spool_seq)
         elif self.bid_epoch and hb.vote_for is self.role and hb.vote_epoch == self.bid_epoch:
             if echo_at is not None:
                 self._activate(hb, echo_at, now_ms)
@@ -438,16 +465,18 @@ class QuorumCore(HandoverRules):
         return False, f"{self.role.mate().value} is more up to date"
 
     def _mate_position(self, now_ms: int) -> tuple[int, int, bool] | None:
-        """The mate's (spool epoch, seq, is-primary): from the mate, or via the monitor's view."""
+        """The mate's (spool epoch, seq, is-primary): the higher of its own latest heartbeat and the
+        monitor's view of it (R9: the position it advertised last may have reached only the monitor)."""
         mate = self.role.mate()
+        known = []
         hb = self.peers[mate].hb
         if hb is not None:
-            return hb.spool_epoch, hb.spool_seq, mate is Role.PRIMARY
+            known.append((hb.spool_epoch, hb.spool_seq, mate is Role.PRIMARY))
         mon = self.peers[Role.MONITOR].hb
         view = mon.view_of(mate) if mon else None
         if view is not None and view.heard_ago_ms != NEVER_MS:
-            return view.spool_epoch, view.spool_seq, mate is Role.PRIMARY
-        return None
+            known.append((view.spool_epoch, view.spool_seq, mate is Role.PRIMARY))
+        return max(known) if known else None
 
     def _consider_votes(self, now_ms: int) -> None:
         for peer in self.peers.values():
@@ -529,6 +558,7 @@ class QuorumCore(HandoverRules):
             return
         self.active_epoch = epoch
         self.lease_expiry = lease_expiry
+        self._echoed_seq = -1
         self._activation_seq = self._seq + 1
         self.mate_sync.activate(now_ms, self.peers[mate].hb, self.sees(mate, now_ms), position_before)
         self.bid_epoch = 0
