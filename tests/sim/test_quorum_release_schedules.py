@@ -102,7 +102,7 @@ class ReleaseSimulation(Simulation):
     def _on_mate_ack(self, payload: tuple[Role, int, int]) -> None:
         active, link, seq = payload
         data, standby = self.data[active], self.data[active.mate()]
-        if data.link != link or not data.resynced:
+        if data.link != link or not data.resynced or self.mate_cut:  # a cut link carries nothing more
             return
         if seq > len(standby.log):  # acks may arrive out of order: the standby's log only grows
             standby.log = list(data.log[:seq])
@@ -112,13 +112,13 @@ class ReleaseSimulation(Simulation):
     def _on_resynced(self, payload: tuple[Role, int]) -> None:
         active, link = payload
         data = self.data[active]
-        if data.link != link:
+        if data.link != link or self.mate_cut:
             return
         self.data[active.mate()].log = list(data.log)  # a divergent unacknowledged tail is discarded
         data.mate_acked, data.resynced = len(data.log), True
 
     def _on_sync(self, role: Role) -> None:
-        self._app_push(self.t + SYNC_MS + self.rng.choice((0, 0, 0, 5, 30, 120)), "sync", role)
+        self._app_push(self.t + SYNC_MS + self.rng.choice((0, 0, 0, 5, 30, 120, 300)), "sync", role)
         node, data = self.nodes[role], self.data[role]
         if node.core is None or node.paused:
             return
@@ -172,7 +172,7 @@ def release_schedule(seed: int, *, trace: bool = True) -> ReleaseSimulation:
     sim = ReleaseSimulation(seed, trace=trace)
     rng = sim.rng
     sim.run_until(rng.randint(1500, 2500))
-    if rng.random() < 0.5:  # the netns test's shape: the backup active, the primary back in sync
+    if rng.random() < 0.75:  # the netns test's shape: the backup active, the primary back in sync
         sim.crash(P)
         sim.run_for(1500)
         sim.restart(P)
@@ -192,7 +192,15 @@ def release_schedule(seed: int, *, trace: bool = True) -> ReleaseSimulation:
             sim.heal()
         sim.run_for(rng.choice((100, 400, 900)))
     sim.mate_cut = True
-    sim.run_for(sim.timing.insync_ms + rng.randint(0, 400))  # past the mate's in-sync lease: alone
+    for data in sim.data.values():
+        data.alone = 0  # count from the cut on
+    if rng.random() < 0.8:  # kill it within a few heartbeats of its first acknowledgement alone
+        deadline = sim.t + 3 * sim.timing.insync_ms
+        while sim.t < deadline and not any(sim.data[r].alone and sim._serving(r) for r in (P, B)):
+            sim.run_for(5)
+        sim.run_for(rng.randint(0, 3 * SYNC_MS))
+    else:
+        sim.run_for(sim.timing.insync_ms + rng.randint(0, 400))  # past the mate's in-sync lease: alone
     active = [r for r in (P, B) if sim._serving(r)]
     if active:
         sim.died_alone = sim.data[active[0]].alone > 0
