@@ -256,6 +256,26 @@ def test_mate_link_cut_while_the_backup_is_active_then_kill_9_of_the_backup(grou
     Here the backup is active (epoch 2) and the primary stands by in sync; only TCP 8301 is cut, the
     backup acknowledges alone, then it is killed: the primary, out of sync and missing those messages,
     must not take activity."""
+    backup_acks_alone_then_dies(group, hosts, alone=100)
+
+
+@pytest.fixture
+def advert_lag(monkeypatch):
+    """Every node hears its own positions 3 s late (appliance/node/replication.py `AdvertLag`): the window
+    between releasing an acknowledgement and advertising its position, held open."""
+    monkeypatch.setenv("PAIRMQ_TEST_ADVERTISE_DELAY_MS", "3000")
+
+
+def test_kill_9_of_the_active_inside_the_window_between_acking_alone_and_advertising(advert_lag, group, hosts):  # noqa: F811
+    """The same incident with the window forced open: the backup is killed as soon as 20 acknowledgements
+    alone reached the publishers, well inside the 3 s its positions lag. Acknowledging before the position
+    was advertised would leave the primary a tie it wins (it lost those messages every time); the
+    release rule (appliance/quorum/core.py R9) waits for a peer's echo of the advertised position, so the
+    primary knows the backup got further and stays out."""
+    backup_acks_alone_then_dies(group, hosts, alone=20)
+
+
+def backup_acks_alone_then_dies(group, hosts, *, alone: int) -> None:  # noqa: F811
     group.kill(P)
     group.wait_for("the backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=10)
     group.start(P)
@@ -269,7 +289,7 @@ def test_mate_link_cut_while_the_backup_is_active_then_kill_9_of_the_backup(grou
                    lambda: "out of sync" in group.decisions(P, "sync")[-1]["reason"], timeout_s=10)
     acked_at_cut = sum(len(p.acked_now()) for p in pubs)
     wait_until("acknowledgements on local durability while the mate link is cut",
-               lambda: sum(len(p.acked_now()) for p in pubs) > acked_at_cut + 100, timeout_s=20,
+               lambda: sum(len(p.acked_now()) for p in pubs) > acked_at_cut + alone, timeout_s=20,
                on_timeout=group.logs_tail)
     group.kill(B)
     time.sleep(4 * LEASE_S)  # several chances to take over wrongly
@@ -281,5 +301,5 @@ def test_mate_link_cut_while_the_backup_is_active_then_kill_9_of_the_backup(grou
     for client in (*pubs, live, parked):
         client.stop()
     assert took == [], (f"the primary took activity without the messages the backup acknowledged alone "
-                        f"(appliance/quorum/core.py: its spool position is the active's, copied while it was in "
-                        f"sync, and on the tie the primary counts as most up to date): {took}\n{report}")
+                        f"(appliance/quorum/core.py R9: the backup released them before a peer echoed their "
+                        f"position, and on the tie the primary counts as most up to date): {took}\n{report}")
