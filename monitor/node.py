@@ -76,7 +76,8 @@ class MonitorNode:
             self.core, (self.spec.address, config.ports.heartbeat),
             [(config.node(r).address, config.ports.heartbeat) for r in role.peers()],
             on_decision=self._act_on, on_ready=lambda: self._post(self._quorum_ready), on_lag=self._on_lag,
-            on_crash=self._on_heartbeat_crash, before_send=self._before_heartbeats_leave)
+            on_crash=self._on_heartbeat_crash, before_send=self._before_heartbeats_leave,
+            on_position_echoed=lambda: self._post(self._position_echoed))
         self.quorum = QuorumHandle(self.core, self.heartbeats.lock, self.heartbeats.wake)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -284,6 +285,9 @@ class MonitorNode:
 
     def _before_heartbeats_leave(self, decisions) -> None:
         """On the heartbeat thread, before a step-down's heartbeat leaves (a routing node: its virtual IP)."""
+
+    def _position_echoed(self) -> None:
+        """On the loop: a peer echoed the position we advertised alone (a routing node: release up to it)."""
 
     def _quorum_ready(self) -> None:
         self._mark_ready("quorum")

@@ -22,6 +22,9 @@ Rules:
 - Decisions go to `on_decision` on this thread, outside the lock. Whatever
   must touch the broker is posted to its loop by the callback; safety never
   waits for that hand-off, because the MQTT gate asks the core on every packet.
+- When a peer's echo raises how far the active may acknowledge alone (the core's `position_echoes`,
+  rule R9), `on_position_echoed` is called on this thread, outside the lock, so the broker releases
+  at once rather than at its next sync.
 - A bug on this thread goes to `on_crash` (the node stops and is restarted):
   without heartbeats the lease ends anyway, and a half-alive node helps nobody.
 """
@@ -51,9 +54,11 @@ class HeartbeatThread:
     def __init__(self, core: QuorumCore, bind: tuple[str, int], peers: list[tuple[str, int]], *,
                  on_decision: Callable[[Decision], None], on_ready: Callable[[], None],
                  on_lag: Callable[[int, int], None], on_crash: Callable[[BaseException], None],
-                 before_send: Callable[[list[Decision]], None] | None = None) -> None:
+                 before_send: Callable[[list[Decision]], None] | None = None,
+                 on_position_echoed: Callable[[], None] = lambda: None) -> None:
         self.core = core
         self._before_send = before_send
+        self._on_position_echoed = on_position_echoed
         self.lock = threading.Lock()
         self.broker_alive_at = now_ms()  # written by the broker loop; an int store is atomic under the GIL
         self.send_errors = 0
@@ -134,8 +139,10 @@ class HeartbeatThread:
         late = 0
         with self.lock:
             self.core.broker_alive(self.broker_alive_at)
+            echoes = self.core.position_echoes
             for data in datagrams:
                 self.core.receive(data, now_ms())
+            echoed = self.core.position_echoes != echoes
             now = now_ms()
             due = self.core.get_timer()
             if now >= due:
@@ -143,6 +150,8 @@ class HeartbeatThread:
                 self.core.handle_timer(now)
         self.max_timer_late_ms = max(self.max_timer_late_ms, late)
         self._flush()
+        if echoed:
+            self._on_position_echoed()
         self._track_lag(late)
 
     def _read_batch(self) -> list[bytes]:

@@ -7,7 +7,9 @@ Rules:
   quorum core's `release_bound`: the mate is out of sync, its lease has surely ended, and a peer has
   echoed back a heartbeat advertising that position, so a survivor can never count as more up to date
   than what we acknowledged alone (core.py R9). Each acknowledgement releases at once (the mate link's
-  `on_acked`, on the broker loop); the end of a lease and an echo are learnt by the sync below.
+  `on_acked`, on the broker loop); so does each echo (`echoed`, posted by the heartbeat thread); an op
+  held alone asks for its position to be advertised at once (`advertise_soon`); the end of a lease is
+  learnt by the sync below.
 - Every 50 ms, on the broker loop (the sync): the quorum core hears whether the mate is caught up (the
   link is live and the mate acknowledged every op whose effects were released) and our released and
   durable positions, and says how far effects may be released without the mate.
@@ -55,16 +57,23 @@ def active_end(config: GroupConfig, role: Role, spool: LocalSpool, secret: bytes
 class MateRelease:
     """The broker's release rule with a mate (see the rules)."""
 
-    def __init__(self, active: ActiveReplication) -> None:
+    def __init__(self, active: ActiveReplication, ask: Callable[[], None] = lambda: None) -> None:
         self._active = active
+        self._ask = ask  # have the quorum core advertise our position now (R9), on the broker loop
         self.alone_bound = -1  # the quorum core's release_bound; until it speaks: none (the safe side)
+        self._asked = 0  # the highest op we asked an advertisement for: one ask per new op, not per look
 
     @property
     def need_mate(self) -> bool:
         return self.alone_bound < 0
 
     def allows(self, seq: int) -> bool:
-        return seq <= self._active.acked_seq or seq <= self.alone_bound
+        if seq <= self._active.acked_seq or seq <= self.alone_bound:
+            return True
+        if self.alone_bound >= 0 and seq > self._asked:
+            self._asked = seq
+            self._ask()
+        return False
 
 
 class AdvertLag:
@@ -103,6 +112,7 @@ class Replication:
         self._task: asyncio.Task | None = None
         self._syncing = asyncio.Lock()  # one sync at a time: a take-over awaits the standby link's stop
         self._advert = AdvertLag(int(os.environ.get("PAIRMQ_TEST_ADVERTISE_DELAY_MS", "0")))
+        self._advertising = False  # an advertisement is scheduled on the loop
 
     def refusals(self) -> dict[str, int]:
         """Mate-link connections refused or dropped, by reason: as the listener and as the dialler."""
@@ -134,6 +144,30 @@ class Replication:
         """Sync now (on the broker loop): e.g. right after an activation, so serving starts at once."""
         asyncio.get_running_loop().create_task(self._sync_once())
 
+    def advertise_soon(self) -> None:
+        """Alone, an op waits for a peer's echo of its position (R9): advertise it now, not at the next sync."""
+        if not self._advertising:
+            self._advertising = True
+            asyncio.get_running_loop().call_soon(self._advertise)
+
+    def _advertise(self) -> None:
+        self._advertising = False
+        broker = self._broker
+        released, durable = self._advert.positions(now_ms(), broker.released_seq, broker.writer.durable.seq)
+
+        def tell(core, now):
+            return core.released_position(now, released, durable), core.release_bound(now)
+
+        sent, self._release.alone_bound = self._quorum.call(tell)
+        if sent:
+            self._quorum.wake()  # the heartbeat that advertises it leaves now
+        broker.release_held()
+
+    def echoed(self) -> None:
+        """A peer echoed a position we advertised alone: release what it now allows."""
+        self._release.alone_bound = self._quorum.call(lambda core, now: core.release_bound(now))
+        self._broker.release_held()
+
     async def _sync_once(self) -> None:
         async with self._syncing:
             try:
@@ -159,13 +193,15 @@ class Replication:
 
         def tell(core, _now):
             core.mate_link(now, not behind, behind)
-            core.released_position(now, released, durable)
+            sent = core.released_position(now, released, durable)
             bound = core.release_bound(now)
             if resyncing:
                 core.void_insync_lease(now, "catching up on the mate link")
-            return bound, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
+            return sent, bound, core.may_serve(now), core.active_epoch, core.active_role(now) is mate
 
-        self._release.alone_bound, serving, epoch, mate_active = self._quorum.call(tell)
+        sent, self._release.alone_bound, serving, epoch, mate_active = self._quorum.call(tell)
+        if sent:
+            self._quorum.wake()
         broker.release_held()  # the mate's lease may have ended since the last sync
         if serving and not self.ready(epoch):
             await self._take_over(epoch)

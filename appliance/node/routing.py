@@ -94,7 +94,7 @@ class RoutingNode(MonitorNode):
         active = active_end(config, role, spool, secret, epoch=self.current_epoch, may_serve=self.may_serve,
                             on_acked=self._mate_acked,
                             on_round_trip=self.instruments.replication_round_trip.observe)
-        release = MateRelease(active)
+        release = MateRelease(active, ask=lambda: self.replication.advertise_soon())
         events = None
         if config.events.message_events:
             events = MessageEvents(self.events, config.events.message_sample_ratio, acked_seq=lambda: active.acked_seq,
@@ -275,6 +275,9 @@ class RoutingNode(MonitorNode):
             self.vip.hold(decision.reason)
         if decision.kind == DecisionKind.ACTIVATE:
             self._post(self.replication.poke)  # rebuild the broker core now, not at the next 50 ms sync
+
+    def _position_echoed(self) -> None:
+        self.replication.echoed()
 
     def _before_heartbeats_leave(self, decisions) -> None:
         """A step-down's heartbeat (maybe a yield the mate acts on) leaves only once the VIP is gone."""

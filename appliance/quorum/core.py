@@ -136,6 +136,7 @@ class QuorumCore(HandoverRules):
         self.auto_revert = False  # group.auto_revert (H7)
         self._position_saved_at = 0
         self._echoed_seq = -1  # R9: our highest position at this epoch a peer echoed back
+        self.position_echoes = 0  # R9: how often _echoed_seq rose (the adapter releases on a change)
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -166,8 +167,10 @@ class QuorumCore(HandoverRules):
             hb = self.auth.open(data)
         except Rejected:
             return None
-        self._on_heartbeat(hb, now_ms)
+        answer = self._on_heartbeat(hb, now_ms)
         self._evaluate(now_ms)
+        if answer and self.activity is not Activity.ACTIVE:
+            self._send_heartbeat(now_ms)  # R9: the active alone releases once a peer echoes its position
         return hb
 
     def handle_timer(self, now_ms: int) -> None:
@@ -218,19 +221,20 @@ class QuorumCore(HandoverRules):
             self._decide(now_ms, DecisionKind.SYNC,
                          f"{self.role.value}: {why} → out of sync until the active grants again")
 
-    def released_position(self, now_ms: int, seq: int, durable_seq: int = 0) -> None:
+    def released_position(self, now_ms: int, seq: int, durable_seq: int = 0) -> bool:
         """Active side: `seq` is the highest op whose effects were released (acknowledged to clients),
         `durable_seq` the highest op durable here. Heartbeats carry our position and an in-sync mate copies
         it; a mate out of sync keeps an older copy, so it can never count as most up to date (R4) holding
         less than we acknowledged. While acknowledgements need the mate we advertise what was released; once
-        they do not (R9) we advertise what is durable here, on disk first, and release only what a peer
-        echoed back (`release_bound`). Else on disk at most once a second."""
+        they do not (R9) we advertise what is durable here, on disk first, in a heartbeat at once (True: wake
+        the sender), and release only what a peer echoed back (`release_bound`). Else on disk at most once a
+        second."""
         if self.activity is not Activity.ACTIVE or self.state.spool_epoch != self.active_epoch:
-            return
+            return False
         alone = not self.acks_need_mate(now_ms)
         target = max(seq, durable_seq) if alone else seq
         if target <= self.state.spool_seq:
-            return
+            return False
         before = self.state.spool_seq
         self.state.spool_seq = target
         if alone or not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
@@ -238,6 +242,10 @@ class QuorumCore(HandoverRules):
                 self._position_saved_at = now_ms
             elif alone:  # R8: a position not on disk is not advertised, so nothing is released on it
                 self.state.spool_seq = before
+                return False
+        if alone:
+            self._send_heartbeat(now_ms)
+        return alone
 
     def release_bound(self, now_ms: int) -> int:
         """R9: the highest op whose effects may be released without the mate's ack (-1: none may). While
@@ -343,9 +351,14 @@ class QuorumCore(HandoverRules):
         if self.activity is Activity.ACTIVE and stalled:
             self._step_down(now_ms, f"broker event loop stalled {_secs(stalled)} → releasing activity")
 
-    def _on_heartbeat(self, hb: Heartbeat, now_ms: int) -> None:
+    def _on_heartbeat(self, hb: Heartbeat, now_ms: int) -> bool:
+        """Returns whether to answer at once: an active alone advertised a new position (R9)."""
         peer = self.peers[hb.sender]
+        prior = peer.hb
         peer.hb, peer.heard_at = hb, now_ms
+        answer = (hb.activity is Activity.ACTIVE and not hb.has(FLAG_REDUNDANCY_UP) and prior is not None
+                  and prior.incarnation == hb.incarnation
+                  and (hb.spool_epoch, hb.spool_seq) > (prior.spool_epoch, prior.spool_seq))
         if hb.epoch > self.state.epoch:
             if self.activity is Activity.ACTIVE:
                 self._step_down(now_ms, f"{hb.sender.value} reports epoch {hb.epoch} > ours {self.active_epoch} "
@@ -374,13 +387,15 @@ class QuorumCore(HandoverRules):
                 self._step_down(now_ms, f"{hb.sender.value} also claims epoch {hb.epoch} → stepping down")
             elif echo_at is not None and mine.seq >= self._activation_seq and hb.epoch <= self.active_epoch:
                 self.lease_expiry = max(self.lease_expiry, echo_at + self.timing.lease_ms)
-                if mine.spool_epoch == self.active_epoch:  # R9: this peer holds our position for the survivor
-                    self._echoed_seq = max(self._echoed_seq, mine.spool_seq)
+                if mine.spool_epoch == self.active_epoch and mine.spool_seq > self._echoed_seq:
+                    self._echoed_seq = mine.spool_seq  # R9: this peer holds our position for the survivor
+                    self.position_echoes += 1
         elif self.bid_epoch and hb.vote_for is self.role and hb.vote_epoch == self.bid_epoch:
             if echo_at is not None:
                 self._activate(hb, echo_at, now_ms)
         elif self.role.routes_messages and hb.sender is self.role.mate():
             self._track_insync(hb, echo_at, now_ms)
+        return answer
 
     def _track_insync(self, hb: Heartbeat, echo_at: int | None, now_ms: int) -> None:
         news = self.insync.on_mate(hb, echo_at, now_ms, epoch=self.state.epoch, me=self.role,

@@ -5,8 +5,9 @@ log, the active a release rule, and the mate link a shipping and acking delay, d
 appliance/node/replication.py drives them: every SYNC_MS (plus a random event-loop lag) the sync tells
 the core whether the mate is caught up and our released and durable positions, then reads how far
 effects may be released without the mate (`release_bound`) and releases what it allows. A commit's
-effects otherwise run as soon as the rule allows (a publish, a mate ack). So a release and the heartbeat
-that advertises it are apart by up to a sync and a heartbeat, and faults land in between: the mate link
+effects otherwise run as soon as the rule allows (a publish, a mate ack, a peer's echo), and an op held
+alone has its position advertised at once. Without rule R9 a release and the heartbeat that advertises
+it are apart by up to a sync and a heartbeat, and faults land in between: the mate link
 cut (TCP only, heartbeats go on), heartbeat loss, delay and cuts, and kill -9 of the active at a random
 instant after it began acknowledging alone.
 
@@ -96,6 +97,8 @@ class ReleaseSimulation(Simulation):
             data.log.append(self._next_op)
             data.held.append(len(data.log))
         self._release(active)
+        if data.held and data.alone_bound >= 0:  # held alone: advertise at once (Replication.advertise_soon)
+            self._advertise(active)
         if data.link:
             self._app_push(self.t + self.rng.randint(1, 30), "mate_ack", (active, data.link, len(data.log)))
 
@@ -131,6 +134,22 @@ class ReleaseSimulation(Simulation):
         data.alone_bound = core.release_bound(now)
         self._after(node)
         self._release(role)
+
+    def _advertise(self, role: Role) -> None:
+        node, data = self.nodes[role], self.data[role]
+        now = node.local(self.t)
+        node.core.released_position(now, data.released, len(data.log))
+        data.alone_bound = node.core.release_bound(now)
+        self._after(node)
+        self._release(role)
+
+    def _deliver(self, node, datagram: bytes) -> None:
+        """A peer's echo of our advertised position releases at once (the heartbeat thread's hook)."""
+        echoes = node.core.position_echoes
+        super()._deliver(node, datagram)
+        if node.core.position_echoes != echoes and node.role in self.data:
+            self.data[node.role].alone_bound = node.core.release_bound(node.local(self.t))
+            self._release(node.role)
 
     def _link_mate(self, role: Role) -> None:
         """The mate link of an active `role`: a session while the TCP link and both processes are up."""

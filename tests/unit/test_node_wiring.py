@@ -27,14 +27,18 @@ def test_the_quorum_handle_calls_into_the_core_under_the_lock_with_a_fresh_now()
     assert woken == [True]
 
 
-def test_the_release_rule_waits_for_the_mates_ack_until_acks_no_longer_need_the_mate():
+def test_the_release_rule_waits_for_the_mates_ack_or_alone_for_a_peers_echo():
     active = types.SimpleNamespace(acked_seq=3)
-    rule = MateRelease(active)
+    asked = []
+    rule = MateRelease(active, ask=lambda: asked.append(True))
     assert rule.allows(3) and not rule.allows(4), "nothing past the mate's ack while the mate is needed"
+    assert asked == [], "in sync nothing is advertised early"
     active.acked_seq = 4
     assert rule.allows(4), "the ack itself releases: nothing polled"
-    rule.need_mate = False  # the mate is out of sync and its lease has surely ended
-    assert rule.allows(99)
+    rule.alone_bound = 10  # the mate is out of sync, its lease has ended, and a peer echoed position 10
+    assert rule.allows(10) and not rule.allows(11), "alone, only what a peer echoed back (core.py R9)"
+    assert not rule.allows(11) and asked == [True], "op 11 asks once for its position to be advertised"
+    assert not rule.allows(12) and asked == [True, True]
 
 
 def test_a_monitor_node_has_no_broker_and_never_holds_activity(tmp_path):
