@@ -164,9 +164,9 @@ class Replication:
         broker.release_held()
 
     def echoed(self) -> None:
-        """A peer echoed a position we advertised alone: release what it now allows."""
-        self._release.alone_bound = self._quorum.call(lambda core, now: core.release_bound(now))
-        self._broker.release_held()
+        """A peer echoed a position we advertised alone: release what it now allows and advertise what
+        became durable meanwhile (the core keeps one advertisement in flight)."""
+        self._advertise()
 
     async def _sync_once(self) -> None:
         async with self._syncing:

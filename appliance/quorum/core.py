@@ -136,7 +136,7 @@ class QuorumCore(HandoverRules):
         self.auto_revert = False  # group.auto_revert (H7)
         self._position_saved_at = 0
         self._echoed_seq = -1  # R9: our highest position at this epoch a peer echoed back
-        self.position_echoes = 0  # R9: how often _echoed_seq rose (the adapter releases on a change)
+        self.position_echoes = 0  # R9: how often _echoed_seq rose while alone (the adapter releases on a change)
 
         self.boot_at = now_ms
         self._broker_alive_at = now_ms  # R6: a fresh boot counts as a live broker
@@ -235,6 +235,8 @@ class QuorumCore(HandoverRules):
         target = max(seq, durable_seq) if alone else seq
         if target <= self.state.spool_seq:
             return False
+        if alone and self._echoed_seq < self.state.spool_seq:
+            return False  # one advertisement in flight at a time: its echo asks for the next (one save per round trip)
         before = self.state.spool_seq
         self.state.spool_seq = target
         if alone or not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
@@ -389,7 +391,8 @@ class QuorumCore(HandoverRules):
                 self.lease_expiry = max(self.lease_expiry, echo_at + self.timing.lease_ms)
                 if mine.spool_epoch == self.active_epoch and mine.spool_seq > self._echoed_seq:
                     self._echoed_seq = mine.spool_seq  # R9: this peer holds our position for the survivor
-                    self.position_echoes += 1
+                    if not self.acks_need_mate(now_ms):
+                        self.position_echoes += 1
         elif self.bid_epoch and hb.vote_for is self.role and hb.vote_epoch == self.bid_epoch:
             if echo_at is not None:
                 self._activate(hb, echo_at, now_ms)

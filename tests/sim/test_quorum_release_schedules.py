@@ -144,12 +144,12 @@ class ReleaseSimulation(Simulation):
         self._release(role)
 
     def _deliver(self, node, datagram: bytes) -> None:
-        """A peer's echo of our advertised position releases at once (the heartbeat thread's hook)."""
+        """A peer's echo of our advertised position releases at once and advertises what became durable
+        meanwhile (the heartbeat thread's hook, `Replication.echoed`)."""
         echoes = node.core.position_echoes
         super()._deliver(node, datagram)
         if node.core.position_echoes != echoes and node.role in self.data:
-            self.data[node.role].alone_bound = node.core.release_bound(node.local(self.t))
-            self._release(node.role)
+            self._advertise(node.role)
 
     def _link_mate(self, role: Role) -> None:
         """The mate link of an active `role`: a session while the TCP link and both processes are up."""
