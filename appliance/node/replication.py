@@ -90,8 +90,8 @@ class AdvertLag:
             return released, durable
         self._seen.append((now, released, durable))
         while self._seen and self._seen[0][0] <= now - self.delay_ms:
-            _, *told = self._seen.popleft()
-            self._told = (told[0], told[1])
+            _, released_then, durable_then = self._seen.popleft()
+            self._told = (released_then, durable_then)
         return self._told
 
 

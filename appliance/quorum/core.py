@@ -64,8 +64,10 @@ R9 advertise before acknowledging alone. While the mate is out of sync and its i
    first) and releases an acknowledgement only up to a position a peer echoed back in its view of us
    (`release_bound`). A peer that echoed it holds it: the mate then counts itself less up to date
    (R4 reads the higher of the mate's heartbeat and the monitor's view), and the monitor refuses its
-   vote to a candidate behind it; a tie left for the primary can only be a true tie. Costs one
-   heartbeat round trip per acknowledgement while redundancy is down, nothing while in sync.
+   vote to a candidate behind it; a tie left for the primary can only be a true tie. One
+   advertisement is in flight at a time (sent at once, answered at once by the peers, its echo asks
+   for the next): a heartbeat round trip and a save per batch while redundancy is down, nothing
+   while in sync.
 
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
