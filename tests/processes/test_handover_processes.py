@@ -156,6 +156,8 @@ def test_release_without_the_backup_is_refused_unless_forced(group):
     forced = pairmq(group, "release-activity", "--force")
     assert forced.returncode == 0, forced.stderr + group.logs_tail(40)
     assert "stepped down without an in-sync backup" in forced.stderr
+    # the decision reaches the event log off the heartbeat thread: under load it may trail the CLI's answer
+    group.wait_for("the step-down decision", lambda: group.decisions(P, "step_down"), timeout_s=10)
     step_downs = [d["reason"] for d in group.decisions(P, "step_down")]
     assert step_downs[-1] == "primary: operator released activity (forced, backup not in sync) → stepping down, epoch 1"
 
