@@ -34,6 +34,8 @@ _DOMAINS: Final[dict[type, tuple[tuple[str, range], ...]]] = {
 
 def check_op(op: Any) -> None:
     """ValueError if a field is outside its domain (see the rules)."""
+    if isinstance(op, o.MessageRouted) and 0 <= op.qos < 3 and 0 <= op.queue_qos < 3:  # QOS, read typed
+        return  # a durable message's op, the usual one
     kind = type(op)
     if kind is o.MessagesInflight or kind is o.MessagesAcked:
         if len(op.msg_ids) > MAX_BATCH_ITEMS:

@@ -186,6 +186,15 @@ class StateModel:
             self.ignored += 1
         return applied
 
+    def apply_all(self, first_seq: int, ops: tuple[o.Op, ...], sizes: tuple[int, ...]) -> None:
+        """`apply` each of `ops` (seqs from `first_seq` on, encoded sizes `sizes`): one call per group commit."""
+        seq = first_seq
+        for i in range(len(ops)):
+            self._size = sizes[i]
+            if not self._apply(seq, ops[i]):
+                self.ignored += 1
+            seq += 1
+
     def _apply(self, seq: int, op: o.Op) -> bool:
         # A durable message's ops first (one MessageRouted, then its in-flight mark and its ack).
         if type(op) is o.MessageRouted:
