@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pairmq.appliance.spool import records
+from pairmq.appliance.spool.records import verify_chain
 from pairmq.appliance.spool.chain import ChainPoint, Commit
 from pairmq.appliance.spool.errors import ChainError
 
@@ -328,6 +328,6 @@ def continue_chain(commits: tuple[Commit, ...], prev: ChainPoint, sender_epoch: 
             raise LinkFault(f"ops {c.first_seq}..{c.last_seq} claim epoch {c.epoch}, newer than their sender's "
                             f"{sender_epoch}")
     try:
-        return records.verify_chain(commits, prev)
+        return verify_chain(commits, prev)
     except ChainError as exc:
         raise LinkFault(f"the ops do not continue our log: {exc}") from None

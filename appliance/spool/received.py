@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import ops as o
 from ._opcodec import decode_op
 from .chain import Commit
 from .domains import check_op
+from .ops import MessageRouted, MessageStored, Op
 from .records import op_bodies
 from .state import stored_size_of
 
 
-def read_commits(commits: Sequence[Commit]) -> tuple[tuple[o.Op, ...], tuple[int, ...], int]:
+def read_commits(commits: Sequence[Commit]) -> tuple[tuple[Op, ...], tuple[int, ...], int]:
     """(the ops of `commits` in order, each op's encoded size, the bytes their stored bodies add)."""
-    ops: list[o.Op] = []
+    ops: list[Op] = []
     sizes: list[int] = []
     added = 0
     for commit in commits:
@@ -32,16 +32,16 @@ def read_commits(commits: Sequence[Commit]) -> tuple[tuple[o.Op, ...], tuple[int
             size = len(body)
             ops.append(op)
             sizes.append(size)
-            if type(op) is o.MessageRouted or type(op) is o.MessageStored:
+            if type(op) is MessageRouted or type(op) is MessageStored:
                 added += stored_size_of(op, size)
     return tuple(ops), tuple(sizes), added
 
 
-def added_bytes(ops: Sequence[o.Op], sizes: Sequence[int]) -> int:
+def added_bytes(ops: Sequence[Op], sizes: Sequence[int]) -> int:
     """The bytes the bodies `ops` store add (their encoded sizes `sizes`)."""
     added = 0
     for i in range(len(ops)):
         op = ops[i]
-        if type(op) is o.MessageRouted or type(op) is o.MessageStored:
+        if type(op) is MessageRouted or type(op) is MessageStored:
             added += stored_size_of(op, sizes[i])
     return added

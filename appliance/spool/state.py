@@ -40,10 +40,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from . import ops as o
 from ._opcodec import encode_op
 from .chain import GENESIS, ChainPoint
 from .domains import MAX_BATCH_ITEMS, PACKET_IDS, PROTOCOL_VERSIONS, QOS, RETAIN_HANDLING, check_op
+from .ops import (
+    InboundQos2Received, InboundQos2Released, MessageAcked, MessageDropped, MessageIdSeen, MessageInflight,
+    MessagePubrecReceived, MessageQueued, MessageRouted, MessageStored, MessagesAcked, MessagesInflight, Op,
+    RetainedCleared, RetainedSet, SessionDeleted, SessionDisconnected, SessionOpened, SessionOwned, Subscribed,
+    Unsubscribed, WillCleared, WillSet,
+)
 from .varints import encode_uints
 
 __all__ = ["DEFAULT_MAX_MESSAGE_IDS", "MAX_BATCH_ITEMS", "PACKET_IDS", "PROTOCOL_VERSIONS", "QOS", "RETAIN_HANDLING",
@@ -81,15 +86,15 @@ class Session:
     connected_at_ms: Final[int]
     disconnected_at_ms: Final[int]  # 0 while connected
     connected: Final[bool]  # as of the last op; after a restart no connection survives
-    subscriptions: Final[tuple[o.Subscribed, ...]]  # by topic filter
+    subscriptions: Final[tuple[Subscribed, ...]]  # by topic filter
     queue: Final[tuple[QueueEntry, ...]]  # in order
     inbound_qos2: Final[tuple[int, ...]]  # packet ids, ascending
-    will: Final[o.WillSet | None]
+    will: Final[WillSet | None]
     owner: Final[str | None]  # "" anonymous; None: made before sessions had owners
 
     def __init__(self, client_id: str, protocol_version: int, expiry_s: int, connected_at_ms: int,
-                 disconnected_at_ms: int, connected: bool, subscriptions: tuple[o.Subscribed, ...] = (),
-                 queue: tuple[QueueEntry, ...] = (), inbound_qos2: tuple[int, ...] = (), will: o.WillSet | None = None,
+                 disconnected_at_ms: int, connected: bool, subscriptions: tuple[Subscribed, ...] = (),
+                 queue: tuple[QueueEntry, ...] = (), inbound_qos2: tuple[int, ...] = (), will: WillSet | None = None,
                  owner: str | None = None) -> None:
         self.client_id = client_id
         self.protocol_version = protocol_version
@@ -110,12 +115,12 @@ class SpoolState:
 
     head: Final[ChainPoint]
     sessions: Final[dict[str, Session]]
-    messages: Final[dict[int, o.MessageStored]]  # bodies, shared by queue entries, retained topics and wills
+    messages: Final[dict[int, MessageStored]]  # bodies, shared by queue entries, retained topics and wills
     retained: Final[dict[str, int]]  # topic -> msg_id
     message_ids: Final[tuple[tuple[str, str, int], ...]]  # (client id, message id, seen_at_ms), oldest first
     stored_bytes: Final[int]
 
-    def __init__(self, head: ChainPoint, sessions: dict[str, Session], messages: dict[int, o.MessageStored],
+    def __init__(self, head: ChainPoint, sessions: dict[str, Session], messages: dict[int, MessageStored],
                  retained: dict[str, int], message_ids: tuple[tuple[str, str, int], ...], stored_bytes: int) -> None:
         self.head = head
         self.sessions = sessions
@@ -134,12 +139,12 @@ def stored_size(body: bytes) -> int:
     return len(body)
 
 
-def stored_size_of(op: o.Op, encoded_bytes: int) -> int:
+def stored_size_of(op: Op, encoded_bytes: int) -> int:
     """What the body an op stores counts (`stored_size`), from the op and its encoded length; 0 for an op that
     stores none. A `MessageRouted` counts as its MessageStored: without its queue entry's fields."""
-    if type(op) is o.MessageStored:
+    if type(op) is MessageStored:
         return encoded_bytes
-    if type(op) is not o.MessageRouted:
+    if type(op) is not MessageRouted:
         return 0
     cid = len(op.client_id) if op.client_id.isascii() else len(op.client_id.encode())
     ids = op.subscription_ids
@@ -155,10 +160,10 @@ class _Session:
 
     def __init__(self, record: Session) -> None:
         self.record = record
-        self.subscriptions: dict[str, o.Subscribed] = {}
+        self.subscriptions: dict[str, Subscribed] = {}
         self.queue: dict[int, QueueEntry] = {}  # msg_id -> entry, in order
         self.inbound_qos2: set[int] = set()
-        self.will: o.WillSet | None = None
+        self.will: WillSet | None = None
 
 
 class StateModel:
@@ -167,7 +172,7 @@ class StateModel:
     def __init__(self, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
         self.max_message_ids = max_message_ids
         self.sessions: dict[str, _Session] = {}
-        self.messages: dict[int, o.MessageStored] = {}
+        self.messages: dict[int, MessageStored] = {}
         self.sizes: dict[int, int] = {}
         self.refs: dict[int, int] = {}
         self.retained: dict[str, int] = {}
@@ -177,7 +182,7 @@ class StateModel:
         self.head = GENESIS
         self._size = 0  # the encoded size of the MessageStored being applied (0: encode it to know)
 
-    def apply(self, seq: int, op: o.Op, size: int = 0) -> bool:
+    def apply(self, seq: int, op: Op, size: int = 0) -> bool:
         """Apply one op (the seq it has in the log; `size`, if known, its encoded length); False if it was a
         no-op by the rules."""
         self._size = size
@@ -186,7 +191,7 @@ class StateModel:
             self.ignored += 1
         return applied
 
-    def apply_all(self, first_seq: int, ops: tuple[o.Op, ...], sizes: tuple[int, ...]) -> None:
+    def apply_all(self, first_seq: int, ops: tuple[Op, ...], sizes: tuple[int, ...]) -> None:
         """`apply` each of `ops` (seqs from `first_seq` on, encoded sizes `sizes`): one call per group commit."""
         seq = first_seq
         for i in range(len(ops)):
@@ -195,50 +200,50 @@ class StateModel:
                 self.ignored += 1
             seq += 1
 
-    def _apply(self, seq: int, op: o.Op) -> bool:
+    def _apply(self, seq: int, op: Op) -> bool:
         # A durable message's ops first (one MessageRouted, then its in-flight mark and its ack).
-        if type(op) is o.MessageRouted:
+        if type(op) is MessageRouted:
             return self._message_routed(seq, op)
-        if type(op) is o.MessagesInflight:
+        if type(op) is MessagesInflight:
             return self._messages_inflight(op)
-        if type(op) is o.MessagesAcked:
+        if type(op) is MessagesAcked:
             return self._messages_acked(op)
-        if type(op) is o.MessageIdSeen:
+        if type(op) is MessageIdSeen:
             return self._message_id_seen(op)
-        if type(op) is o.MessageStored:
+        if type(op) is MessageStored:
             return self._message_stored(op)
-        if type(op) is o.MessageQueued:
+        if type(op) is MessageQueued:
             return self._message_queued(seq, op)
-        if type(op) is o.MessageInflight:
+        if type(op) is MessageInflight:
             return self._message_inflight(op)
-        if type(op) is o.MessagePubrecReceived:
+        if type(op) is MessagePubrecReceived:
             return self._message_pubrec_received(op)
-        if type(op) is o.MessageAcked or type(op) is o.MessageDropped:
+        if type(op) is MessageAcked or type(op) is MessageDropped:
             return self._remove_entry(op.client_id, op.msg_id)
-        if type(op) is o.SessionOpened:
+        if type(op) is SessionOpened:
             return self._session_opened(op)
-        if type(op) is o.SessionOwned:
+        if type(op) is SessionOwned:
             return self._session_owned(op)
-        if type(op) is o.SessionDisconnected:
+        if type(op) is SessionDisconnected:
             return self._session_disconnected(op)
-        if type(op) is o.SessionDeleted:
+        if type(op) is SessionDeleted:
             return self._session_deleted(op)
-        if type(op) is o.Subscribed:
+        if type(op) is Subscribed:
             return self._subscribed(op)
-        if type(op) is o.Unsubscribed:
+        if type(op) is Unsubscribed:
             s = self.sessions.get(op.client_id)
             return s is not None and s.subscriptions.pop(op.topic_filter, None) is not None
-        if type(op) is o.RetainedSet:
+        if type(op) is RetainedSet:
             return self._retained_set(op)
-        if type(op) is o.RetainedCleared:
+        if type(op) is RetainedCleared:
             return self._retained_cleared(op)
-        if type(op) is o.InboundQos2Received:
+        if type(op) is InboundQos2Received:
             return self._inbound_qos2_received(op)
-        if type(op) is o.InboundQos2Released:
+        if type(op) is InboundQos2Released:
             return self._inbound_qos2_released(op)
-        if type(op) is o.WillSet:
+        if type(op) is WillSet:
             return self._will_set(op)
-        if type(op) is o.WillCleared:
+        if type(op) is WillCleared:
             return self._will_cleared(op)
         raise AssertionError(f"{type(op).__name__} is not an op")
 
@@ -267,7 +272,7 @@ class StateModel:
         del self.messages[msg_id], self.refs[msg_id]
         self.stored_bytes -= self.sizes.pop(msg_id)
 
-    def _message_stored(self, op: o.MessageStored) -> bool:
+    def _message_stored(self, op: MessageStored) -> bool:
         if op.msg_id in self.messages:
             return False
         size = self._size or stored_size(encode_op(op))
@@ -277,7 +282,7 @@ class StateModel:
         self.stored_bytes += size
         return True
 
-    def _message_routed(self, seq: int, op: o.MessageRouted) -> bool:
+    def _message_routed(self, seq: int, op: MessageRouted) -> bool:
         self._size = stored_size_of(op, self._size) if self._size else 0
         stored = self._message_stored(op.stored())
         s = self.sessions.get(op.client_id)  # then as _message_queued
@@ -286,14 +291,14 @@ class StateModel:
         s.queue[op.msg_id] = QueueEntry(op.msg_id, op.queue_qos, op.queue_retain, op.subscription_ids, seq)
         return stored
 
-    def _message_queued(self, seq: int, op: o.MessageQueued) -> bool:
+    def _message_queued(self, seq: int, op: MessageQueued) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.msg_id in s.queue or not self._take(op.msg_id):
             return False
         s.queue[op.msg_id] = QueueEntry(op.msg_id, op.qos, op.retain, op.subscription_ids, seq)
         return True
 
-    def _message_inflight(self, op: o.MessageInflight) -> bool:
+    def _message_inflight(self, op: MessageInflight) -> bool:
         s = self.sessions.get(op.client_id)
         e = s.queue.get(op.msg_id) if s is not None else None
         if s is None or e is None or e.pubrec_received:
@@ -301,7 +306,7 @@ class StateModel:
         s.queue[op.msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, op.packet_id)
         return True
 
-    def _message_pubrec_received(self, op: o.MessagePubrecReceived) -> bool:
+    def _message_pubrec_received(self, op: MessagePubrecReceived) -> bool:
         s = self.sessions.get(op.client_id)
         e = s.queue.get(op.msg_id) if s is not None else None
         if s is None or e is None or e.pubrec_received:
@@ -321,7 +326,7 @@ class StateModel:
             self._release(msg_id)
         return True
 
-    def _messages_inflight(self, op: o.MessagesInflight) -> bool:
+    def _messages_inflight(self, op: MessagesInflight) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return not op.msg_ids
@@ -334,14 +339,14 @@ class StateModel:
             queue[msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, packet_id)
         return applied
 
-    def _messages_acked(self, op: o.MessagesAcked) -> bool:
+    def _messages_acked(self, op: MessagesAcked) -> bool:
         applied = True
         for msg_id in op.msg_ids:  # every one removed, even after one that was not queued
             if not self._remove_entry(op.client_id, msg_id):
                 applied = False
         return applied
 
-    def _session_opened(self, op: o.SessionOpened) -> bool:
+    def _session_opened(self, op: SessionOpened) -> bool:
         s = self.sessions.get(op.client_id)
         record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True,
                          owner=s.record.owner if s is not None else None)
@@ -351,7 +356,7 @@ class StateModel:
             self.sessions[op.client_id] = _Session(record)
         return True
 
-    def _session_owned(self, op: o.SessionOwned) -> bool:
+    def _session_owned(self, op: SessionOwned) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
@@ -360,7 +365,7 @@ class StateModel:
                            r.connected, owner=op.owner)
         return True
 
-    def _session_disconnected(self, op: o.SessionDisconnected) -> bool:
+    def _session_disconnected(self, op: SessionDisconnected) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
@@ -369,7 +374,7 @@ class StateModel:
                            False, owner=r.owner)
         return True
 
-    def _session_deleted(self, op: o.SessionDeleted) -> bool:
+    def _session_deleted(self, op: SessionDeleted) -> bool:
         s = self.sessions.pop(op.client_id, None)
         if s is None:
             return False
@@ -380,14 +385,14 @@ class StateModel:
             self._release(s.will.msg_id)
         return True
 
-    def _subscribed(self, op: o.Subscribed) -> bool:
+    def _subscribed(self, op: Subscribed) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
         s.subscriptions[op.topic_filter] = op
         return True
 
-    def _retained_set(self, op: o.RetainedSet) -> bool:
+    def _retained_set(self, op: RetainedSet) -> bool:
         if not self._take(op.msg_id):
             return False
         old = self.retained.get(op.topic)
@@ -396,28 +401,28 @@ class StateModel:
             self._release(old)
         return True
 
-    def _retained_cleared(self, op: o.RetainedCleared) -> bool:
+    def _retained_cleared(self, op: RetainedCleared) -> bool:
         old = self.retained.pop(op.topic, None)
         if old is None:
             return False
         self._release(old)
         return True
 
-    def _inbound_qos2_received(self, op: o.InboundQos2Received) -> bool:
+    def _inbound_qos2_received(self, op: InboundQos2Received) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.packet_id in s.inbound_qos2:
             return False
         s.inbound_qos2.add(op.packet_id)
         return True
 
-    def _inbound_qos2_released(self, op: o.InboundQos2Released) -> bool:
+    def _inbound_qos2_released(self, op: InboundQos2Released) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.packet_id not in s.inbound_qos2:
             return False
         s.inbound_qos2.discard(op.packet_id)
         return True
 
-    def _will_set(self, op: o.WillSet) -> bool:
+    def _will_set(self, op: WillSet) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or not self._take(op.msg_id):
             return False
@@ -427,7 +432,7 @@ class StateModel:
             self._release(old.msg_id)
         return True
 
-    def _will_cleared(self, op: o.WillCleared) -> bool:
+    def _will_cleared(self, op: WillCleared) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or s.will is None:
             return False
@@ -436,7 +441,7 @@ class StateModel:
         self._release(old.msg_id)
         return True
 
-    def _message_id_seen(self, op: o.MessageIdSeen) -> bool:
+    def _message_id_seen(self, op: MessageIdSeen) -> bool:
         key = (op.client_id, op.message_id)
         existed = self.message_ids.pop(key, None) is not None
         self.message_ids[key] = op.seen_at_ms
