@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pairmq.appliance.errors import RemoteProtocolError
-from pairmq.appliance.spool import records
+from pairmq.appliance.spool.records import RecordError, commit_from_bytes
 from pairmq.appliance.spool.chain import CHECKSUM_BYTES, ChainPoint, Commit
 
 MAX_OP_BYTES = 2 * 1024 * 1024
@@ -223,8 +223,8 @@ def _commits(r: _Reader) -> tuple[Commit, ...]:
         if length > MAX_COMMIT_BYTES:
             raise MalformedMessage(f"a {length}-byte commit (at most {MAX_COMMIT_BYTES})")
         try:
-            commits.append(records.commit_from_bytes(r.take(length)))
-        except records.RecordError as exc:
+            commits.append(commit_from_bytes(r.take(length)))
+        except RecordError as exc:
             raise MalformedMessage(f"a commit that does not end with a sound commit record ({exc.why})") from None
     return tuple(commits)
 

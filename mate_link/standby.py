@@ -31,59 +31,94 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
+from typing import Any, Final
 
-from pairmq.appliance.spool import records
+from pairmq.appliance.spool.records import verify_chain
 from pairmq.appliance.spool.chain import ChainPoint, Commit
 from pairmq.appliance.spool.errors import ChainError
 
-from .active import Endpoint, LinkFault
+from .active import LinkFault
 from .messages import Ack, Catchup, Image, ImageEnd, Join, Message, Ops, Ping, Plan, Pong, Snapshot
 
+# The requests to the adapter (`requests()`) are immutable by `Final`, with explicit `__init__`s (compiled:
+# docs/build.md).
 
-@dataclasses.dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Apply:
-    commits: tuple[Commit, ...]
+    commits: Final[tuple[Commit, ...]]
+
+    def __init__(self, commits: tuple[Commit, ...]) -> None:
+        self.commits = commits
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class SnapshotBatch:
-    bodies: tuple[bytes, ...]
-    first: bool
+    bodies: Final[tuple[bytes, ...]]
+    first: Final[bool]
+
+    def __init__(self, bodies: tuple[bytes, ...], first: bool) -> None:
+        self.bodies = bodies
+        self.first = first
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class SnapshotDone:
-    point: ChainPoint
+    point: Final[ChainPoint]
+
+    def __init__(self, point: ChainPoint) -> None:
+        self.point = point
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class ImageChunk:
-    offset: int
-    data: bytes
-    first: bool
+    offset: Final[int]
+    data: Final[bytes]
+    first: Final[bool]
+
+    def __init__(self, offset: int, data: bytes, first: bool) -> None:
+        self.offset = offset
+        self.data = data
+        self.first = first
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class ImageDone:
-    point: ChainPoint
-    size: int
-    digest: bytes
+    point: Final[ChainPoint]
+    size: Final[int]
+    digest: Final[bytes]
+
+    def __init__(self, point: ChainPoint, size: int, digest: bytes) -> None:
+        self.point = point
+        self.size = size
+        self.digest = digest
 
 
-@dataclasses.dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ResyncProgress:
     """One catch-up as this standby applies it: ops and op-body bytes done durably, and announced in all."""
     kind: Catchup
     started_ms: int
     ops_total: int
     bytes_total: int
-    ops_done: int = 0
-    bytes_done: int = 0
-    finished_ms: int | None = None
-    image: bool = False  # a snapshot shipped as the spool's file image: its progress is in bytes
+    ops_done: int
+    bytes_done: int
+    finished_ms: int | None
+    image: bool  # a snapshot shipped as the spool's file image: its progress is in bytes
 
-    def view(self, now_ms: int) -> dict:
+    def __init__(self, kind: Catchup, started_ms: int, ops_total: int, bytes_total: int, ops_done: int = 0,
+                 bytes_done: int = 0, finished_ms: int | None = None, image: bool = False) -> None:
+        self.kind = kind
+        self.started_ms = started_ms
+        self.ops_total = ops_total
+        self.bytes_total = bytes_total
+        self.ops_done = ops_done
+        self.bytes_done = bytes_done
+        self.finished_ms = finished_ms
+        self.image = image
+
+    def view(self, now_ms: int) -> dict[str, Any]:
         """The redundancy view's `resync` (rates over the whole catch-up so far; ETA at that rate)."""
         elapsed_ms = max(1, (self.finished_ms if self.finished_ms is not None else now_ms) - self.started_ms)
         running = self.finished_ms is None
@@ -103,10 +138,11 @@ class ResyncProgress:
                 "bytes_per_s": round(self.bytes_done * 1000 / elapsed_ms, 1), "eta_ms": eta_ms}
 
 
-class StandbyLink(Endpoint):
+class StandbyLink:
     def __init__(self, head: ChainPoint, incarnation: int, highest_epoch: int, now_ms: int, *,
                  link_timeout_ms: int = 1_000, ping_interval_ms: int = 100) -> None:
-        super().__init__()
+        self._out: list[Message] = []  # to send (`messages_to_send`), as the active's end (active.Endpoint)
+        self._requests: list[object] = []  # for the adapter (`requests`)
         self.head = head  # the last op handed to the adapter to apply (verified to chain)
         self.durable = head  # the last op the adapter reports written
         self.highest_epoch = highest_epoch
@@ -123,6 +159,14 @@ class StandbyLink(Endpoint):
         self._acked = head.seq
         self.progress: ResyncProgress | None = None  # the catch-up of this link, if it needed one
         self._out.append(Join(highest_epoch, head, incarnation))
+
+    def messages_to_send(self) -> list[Message]:
+        out, self._out = self._out, []
+        return out
+
+    def requests(self) -> list[object]:
+        out, self._requests = self._requests, []
+        return out
 
     @property
     def resyncing(self) -> bool:
@@ -177,17 +221,23 @@ class StandbyLink(Endpoint):
             self.progress = ResyncProgress(m.catchup, now_ms, 0, 0)  # sizes come with the first SNAPSHOT
             self._snapshot_uninstalled = True
 
+    def _catchup(self) -> tuple[Plan, ResyncProgress]:
+        """The PLAN and its progress, inside a snapshot catch-up (where _on_plan made both)."""
+        assert self.plan is not None and self.progress is not None, "a snapshot catch-up without its PLAN"
+        return self.plan, self.progress
+
     def _on_snapshot(self, m: Snapshot) -> None:
         if not self._in_snapshot or self._image_bytes is not None:
             raise LinkFault("a SNAPSHOT outside a snapshot catch-up" if not self._in_snapshot
                             else "a SNAPSHOT batch inside a spool image")
+        plan, progress = self._catchup()
         self._requests.append(SnapshotBatch(m.bodies, first=self._snapshot_batches == 0))
         if self._snapshot_batches == 0:
-            self.progress.ops_total, self.progress.bytes_total = m.ops_total, m.bytes_total
+            progress.ops_total, progress.bytes_total = m.ops_total, m.bytes_total
         self._snapshot_batches += 1
         if m.last is not None:
             self._in_snapshot = False
-            self.progress.ops_total += max(0, self.plan.target.seq - m.last.seq)  # the ops that follow it
+            progress.ops_total += max(0, plan.target.seq - m.last.seq)  # the ops that follow it
             self.head = m.last  # the ops that follow chain on the snapshot's point
             self._requests.append(SnapshotDone(m.last))
 
@@ -195,13 +245,14 @@ class StandbyLink(Endpoint):
         if not self._in_snapshot or self._snapshot_batches:
             raise LinkFault("an IMAGE outside a snapshot catch-up" if not self._in_snapshot
                             else "an IMAGE piece after SNAPSHOT batches")
+        _, progress = self._catchup()
         first = self._image_bytes is None
+        received = self._image_bytes or 0
         if first:
-            self._image_bytes = 0
-            self.progress.image, self.progress.bytes_total = True, m.total
-        if m.offset != self._image_bytes:
-            raise LinkFault(f"an IMAGE piece at byte {m.offset}, but {self._image_bytes} bytes arrived so far")
-        self._image_bytes += len(m.data)
+            progress.image, progress.bytes_total = True, m.total
+        if m.offset != received:
+            raise LinkFault(f"an IMAGE piece at byte {m.offset}, but {received} bytes arrived so far")
+        self._image_bytes = received + len(m.data)
         self._requests.append(ImageChunk(m.offset, m.data, first))
 
     def _on_image_end(self, m: ImageEnd) -> None:
@@ -211,8 +262,9 @@ class StandbyLink(Endpoint):
             raise LinkFault("an IMAGE_END before any IMAGE piece")
         if m.size != self._image_bytes:
             raise LinkFault(f"an IMAGE_END for {m.size} bytes, but {self._image_bytes} arrived (truncated or padded)")
+        plan, progress = self._catchup()
         self._in_snapshot = False
-        self.progress.ops_total += max(0, self.plan.target.seq - m.point.seq)  # the ops that follow it
+        progress.ops_total += max(0, plan.target.seq - m.point.seq)  # the ops that follow it
         self.head = m.point  # the ops that follow chain on the image's head
         self._requests.append(ImageDone(m.point, m.size, m.digest))
 
@@ -244,12 +296,12 @@ class StandbyLink(Endpoint):
     def progressed(self, ops: int, nbytes: int, now_ms: int) -> None:
         """The adapter made `ops` ops (`nbytes` of bodies) of the catch-up durable (a snapshot batch written
         to the spool being built, or applied ops)."""
-        p = self.progress
-        if p is None or p.finished_ms is not None:
+        p, plan = self.progress, self.plan
+        if p is None or plan is None or p.finished_ms is not None:
             return
         p.ops_done += ops
         p.bytes_done += nbytes
-        if not self._snapshot_uninstalled and self.durable.seq >= self.plan.target.seq:
+        if not self._snapshot_uninstalled and self.durable.seq >= plan.target.seq:
             p.finished_ms = now_ms
 
     def consumed(self, now_ms: int) -> None:
@@ -276,6 +328,6 @@ def continue_chain(commits: tuple[Commit, ...], prev: ChainPoint, sender_epoch: 
             raise LinkFault(f"ops {c.first_seq}..{c.last_seq} claim epoch {c.epoch}, newer than their sender's "
                             f"{sender_epoch}")
     try:
-        return records.verify_chain(commits, prev)
+        return verify_chain(commits, prev)
     except ChainError as exc:
         raise LinkFault(f"the ops do not continue our log: {exc}") from None

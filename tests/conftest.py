@@ -42,9 +42,12 @@ SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the r
 PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit/test_quorum_*",
                "tests/unit/test_heartbeat_*", "tests/unit/test_topics.py", "tests/unit/test_session_owners.py",
                "tests/unit/test_sans_io.py", "tests/unit/test_types.py", "tests/unit/test_explicit_init.py",
-               "tests/unit/test_frozen_init.py", "tests/unit/test_hostile_codec.py", "tests/unit/test_hostile_units.py",
+               "tests/unit/test_hostile_codec.py", "tests/unit/test_hostile_units.py",
                "tests/unit/test_spool_codec.py", "tests/unit/test_spool_segments.py",
-               "tests/unit/test_mate_link_messages.py", "tests/unit/test_mate_link_replication.py")
+               "tests/unit/test_mate_link_messages.py", "tests/unit/test_mate_link_replication.py",
+               # the spool's ops, its state model and the standby's end of the mate link
+               "tests/unit/test_spool_ops.py", "tests/unit/test_spool_store.py", "tests/unit/test_spool_writer.py",
+               "tests/unit/test_spool_snapshot.py", "tests/unit/test_spool_image.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

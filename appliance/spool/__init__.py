@@ -5,6 +5,7 @@ codec.py       ops <-> bytes (explicit, versioned, canonical): _opcodec.py, gene
 domains.py     the ops' field domains (`check_op`)
 chain.py       commits and their (epoch, seq, checksum) chain
 state.py       the rules of applying ops: `StateModel`, the spool's live state in memory
+received.py    the standby's per-op work on the commits it receives: records read, ops decoded and checked
 snapshot.py    a state as the ops that rebuild it (checkpoints, SNAPSHOT batches)
 records.py     the files byte by byte: framed records, commits made and checked, headers
 segments.py    `SegmentLog`: group commits appended, scanned at open, read for the mate link
@@ -17,5 +18,5 @@ verify.py      `pairmq spool verify`: the store's checks, read-only
 legacy/        the old SQLite layout, read only by `pairmq spool migrate`
 errors.py      the spool's errors (corruption itself is `appliance.errors.SpoolCorruption`)
 
-ops, codec, domains, chain, state, snapshot and records do no I/O: cores may import them.
+ops, codec, domains, chain, state, received, snapshot and records do no I/O: cores may import them.
 """

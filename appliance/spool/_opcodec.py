@@ -6,7 +6,7 @@ in codec.py.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from .errors import OpCodecError
 from .ops import (
@@ -39,18 +39,14 @@ from .varints import get_uints, put_uints, put_varint, varint
 FORMAT: Final = 1
 
 
-def encode_MessageStored(op: Any) -> bytes:
+def encode_MessageStored(op: MessageStored) -> bytes:
     out = bytearray((1, 1))
-    v0: object = op.msg_id
-    if type(v0) is not int:
-        raise OpCodecError(f'MessageStored.msg_id is {type(v0).__name__}, not int')
+    v0 = op.msg_id
     if 0 <= v0 < 0x80:
         out.append(v0)
     else:
         put_varint(out, v0)
-    v1: object = op.topic
-    if type(v1) is not str:
-        raise OpCodecError(f'MessageStored.topic is {type(v1).__name__}, not str')
+    v1 = op.topic
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -61,45 +57,33 @@ def encode_MessageStored(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v2: object = op.payload
-    if type(v2) is not bytes:
-        raise OpCodecError(f'MessageStored.payload is {type(v2).__name__}, not bytes')
+    v2 = op.payload
     n = len(v2)
     if n < 0x80:
         out.append(n)
     else:
         put_varint(out, n)
     out += v2
-    v3: object = op.qos
-    if type(v3) is not int:
-        raise OpCodecError(f'MessageStored.qos is {type(v3).__name__}, not int')
+    v3 = op.qos
     if 0 <= v3 < 0x80:
         out.append(v3)
     else:
         put_varint(out, v3)
-    v4: object = op.retain
-    if type(v4) is not bool:
-        raise OpCodecError(f'MessageStored.retain is {type(v4).__name__}, not bool')
-    out.append(v4)
-    v5: object = op.properties
-    if type(v5) is not bytes:
-        raise OpCodecError(f'MessageStored.properties is {type(v5).__name__}, not bytes')
+    v4 = op.retain
+    out.append(1 if v4 else 0)
+    v5 = op.properties
     n = len(v5)
     if n < 0x80:
         out.append(n)
     else:
         put_varint(out, n)
     out += v5
-    v6: object = op.expiry_at_ms
-    if type(v6) is not int:
-        raise OpCodecError(f'MessageStored.expiry_at_ms is {type(v6).__name__}, not int')
+    v6 = op.expiry_at_ms
     if 0 <= v6 < 0x80:
         out.append(v6)
     else:
         put_varint(out, v6)
-    v7: object = op.publisher
-    if type(v7) is not str:
-        raise OpCodecError(f'MessageStored.publisher is {type(v7).__name__}, not str')
+    v7 = op.publisher
     try:
         raw = v7.encode()
     except UnicodeEncodeError:
@@ -110,9 +94,7 @@ def encode_MessageStored(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v8: object = op.created_at_ms
-    if type(v8) is not int:
-        raise OpCodecError(f'MessageStored.created_at_ms is {type(v8).__name__}, not int')
+    v8 = op.created_at_ms
     if 0 <= v8 < 0x80:
         out.append(v8)
     else:
@@ -202,11 +184,9 @@ def decode_MessageStored(data: bytes) -> MessageStored:
     return MessageStored(f0, f1, f2, f3, f4, f5, f6, f7, f8)
 
 
-def encode_MessageQueued(op: Any) -> bytes:
+def encode_MessageQueued(op: MessageQueued) -> bytes:
     out = bytearray((1, 2))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessageQueued.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -217,27 +197,19 @@ def encode_MessageQueued(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'MessageQueued.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.qos
-    if type(v2) is not int:
-        raise OpCodecError(f'MessageQueued.qos is {type(v2).__name__}, not int')
+    v2 = op.qos
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
         put_varint(out, v2)
-    v3: object = op.retain
-    if type(v3) is not bool:
-        raise OpCodecError(f'MessageQueued.retain is {type(v3).__name__}, not bool')
-    out.append(v3)
-    v4: object = op.subscription_ids
-    if type(v4) is not tuple:
-        raise OpCodecError(f'MessageQueued.subscription_ids is {type(v4).__name__}, not tuple')
+    v3 = op.retain
+    out.append(1 if v3 else 0)
+    v4 = op.subscription_ids
     put_uints(out, v4)
     return bytes(out)
 
@@ -283,11 +255,9 @@ def decode_MessageQueued(data: bytes) -> MessageQueued:
     return MessageQueued(f0, f1, f2, f3, f4)
 
 
-def encode_MessageInflight(op: Any) -> bytes:
+def encode_MessageInflight(op: MessageInflight) -> bytes:
     out = bytearray((1, 3))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessageInflight.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -298,16 +268,12 @@ def encode_MessageInflight(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'MessageInflight.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.packet_id
-    if type(v2) is not int:
-        raise OpCodecError(f'MessageInflight.packet_id is {type(v2).__name__}, not int')
+    v2 = op.packet_id
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
@@ -350,11 +316,9 @@ def decode_MessageInflight(data: bytes) -> MessageInflight:
     return MessageInflight(f0, f1, f2)
 
 
-def encode_MessagePubrecReceived(op: Any) -> bytes:
+def encode_MessagePubrecReceived(op: MessagePubrecReceived) -> bytes:
     out = bytearray((1, 4))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessagePubrecReceived.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -365,9 +329,7 @@ def encode_MessagePubrecReceived(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'MessagePubrecReceived.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
@@ -404,11 +366,9 @@ def decode_MessagePubrecReceived(data: bytes) -> MessagePubrecReceived:
     return MessagePubrecReceived(f0, f1)
 
 
-def encode_MessageAcked(op: Any) -> bytes:
+def encode_MessageAcked(op: MessageAcked) -> bytes:
     out = bytearray((1, 5))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessageAcked.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -419,9 +379,7 @@ def encode_MessageAcked(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'MessageAcked.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
@@ -458,11 +416,9 @@ def decode_MessageAcked(data: bytes) -> MessageAcked:
     return MessageAcked(f0, f1)
 
 
-def encode_MessageDropped(op: Any) -> bytes:
+def encode_MessageDropped(op: MessageDropped) -> bytes:
     out = bytearray((1, 6))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessageDropped.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -473,16 +429,12 @@ def encode_MessageDropped(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'MessageDropped.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.reason
-    if type(v2) is not str:
-        raise OpCodecError(f'MessageDropped.reason is {type(v2).__name__}, not str')
+    v2 = op.reason
     try:
         raw = v2.encode()
     except UnicodeEncodeError:
@@ -537,11 +489,9 @@ def decode_MessageDropped(data: bytes) -> MessageDropped:
     return MessageDropped(f0, f1, f2)
 
 
-def encode_SessionOpened(op: Any) -> bytes:
+def encode_SessionOpened(op: SessionOpened) -> bytes:
     out = bytearray((1, 7))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'SessionOpened.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -552,23 +502,17 @@ def encode_SessionOpened(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.protocol_version
-    if type(v1) is not int:
-        raise OpCodecError(f'SessionOpened.protocol_version is {type(v1).__name__}, not int')
+    v1 = op.protocol_version
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.expiry_s
-    if type(v2) is not int:
-        raise OpCodecError(f'SessionOpened.expiry_s is {type(v2).__name__}, not int')
+    v2 = op.expiry_s
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
         put_varint(out, v2)
-    v3: object = op.connected_at_ms
-    if type(v3) is not int:
-        raise OpCodecError(f'SessionOpened.connected_at_ms is {type(v3).__name__}, not int')
+    v3 = op.connected_at_ms
     if 0 <= v3 < 0x80:
         out.append(v3)
     else:
@@ -617,11 +561,9 @@ def decode_SessionOpened(data: bytes) -> SessionOpened:
     return SessionOpened(f0, f1, f2, f3)
 
 
-def encode_SessionDisconnected(op: Any) -> bytes:
+def encode_SessionDisconnected(op: SessionDisconnected) -> bytes:
     out = bytearray((1, 8))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'SessionDisconnected.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -632,16 +574,12 @@ def encode_SessionDisconnected(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.disconnected_at_ms
-    if type(v1) is not int:
-        raise OpCodecError(f'SessionDisconnected.disconnected_at_ms is {type(v1).__name__}, not int')
+    v1 = op.disconnected_at_ms
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.expiry_s
-    if type(v2) is not int:
-        raise OpCodecError(f'SessionDisconnected.expiry_s is {type(v2).__name__}, not int')
+    v2 = op.expiry_s
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
@@ -684,11 +622,9 @@ def decode_SessionDisconnected(data: bytes) -> SessionDisconnected:
     return SessionDisconnected(f0, f1, f2)
 
 
-def encode_SessionDeleted(op: Any) -> bytes:
+def encode_SessionDeleted(op: SessionDeleted) -> bytes:
     out = bytearray((1, 9))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'SessionDeleted.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -725,11 +661,9 @@ def decode_SessionDeleted(data: bytes) -> SessionDeleted:
     return SessionDeleted(f0)
 
 
-def encode_Subscribed(op: Any) -> bytes:
+def encode_Subscribed(op: Subscribed) -> bytes:
     out = bytearray((1, 10))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'Subscribed.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -740,9 +674,7 @@ def encode_Subscribed(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.topic_filter
-    if type(v1) is not str:
-        raise OpCodecError(f'Subscribed.topic_filter is {type(v1).__name__}, not str')
+    v1 = op.topic_filter
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -753,31 +685,21 @@ def encode_Subscribed(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v2: object = op.qos
-    if type(v2) is not int:
-        raise OpCodecError(f'Subscribed.qos is {type(v2).__name__}, not int')
+    v2 = op.qos
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
         put_varint(out, v2)
-    v3: object = op.no_local
-    if type(v3) is not bool:
-        raise OpCodecError(f'Subscribed.no_local is {type(v3).__name__}, not bool')
-    out.append(v3)
-    v4: object = op.retain_as_published
-    if type(v4) is not bool:
-        raise OpCodecError(f'Subscribed.retain_as_published is {type(v4).__name__}, not bool')
-    out.append(v4)
-    v5: object = op.retain_handling
-    if type(v5) is not int:
-        raise OpCodecError(f'Subscribed.retain_handling is {type(v5).__name__}, not int')
+    v3 = op.no_local
+    out.append(1 if v3 else 0)
+    v4 = op.retain_as_published
+    out.append(1 if v4 else 0)
+    v5 = op.retain_handling
     if 0 <= v5 < 0x80:
         out.append(v5)
     else:
         put_varint(out, v5)
-    v6: object = op.subscription_id
-    if type(v6) is not int:
-        raise OpCodecError(f'Subscribed.subscription_id is {type(v6).__name__}, not int')
+    v6 = op.subscription_id
     if 0 <= v6 < 0x80:
         out.append(v6)
     else:
@@ -848,11 +770,9 @@ def decode_Subscribed(data: bytes) -> Subscribed:
     return Subscribed(f0, f1, f2, f3, f4, f5, f6)
 
 
-def encode_Unsubscribed(op: Any) -> bytes:
+def encode_Unsubscribed(op: Unsubscribed) -> bytes:
     out = bytearray((1, 11))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'Unsubscribed.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -863,9 +783,7 @@ def encode_Unsubscribed(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.topic_filter
-    if type(v1) is not str:
-        raise OpCodecError(f'Unsubscribed.topic_filter is {type(v1).__name__}, not str')
+    v1 = op.topic_filter
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -914,11 +832,9 @@ def decode_Unsubscribed(data: bytes) -> Unsubscribed:
     return Unsubscribed(f0, f1)
 
 
-def encode_RetainedSet(op: Any) -> bytes:
+def encode_RetainedSet(op: RetainedSet) -> bytes:
     out = bytearray((1, 12))
-    v0: object = op.topic
-    if type(v0) is not str:
-        raise OpCodecError(f'RetainedSet.topic is {type(v0).__name__}, not str')
+    v0 = op.topic
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -929,9 +845,7 @@ def encode_RetainedSet(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'RetainedSet.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
@@ -968,11 +882,9 @@ def decode_RetainedSet(data: bytes) -> RetainedSet:
     return RetainedSet(f0, f1)
 
 
-def encode_RetainedCleared(op: Any) -> bytes:
+def encode_RetainedCleared(op: RetainedCleared) -> bytes:
     out = bytearray((1, 13))
-    v0: object = op.topic
-    if type(v0) is not str:
-        raise OpCodecError(f'RetainedCleared.topic is {type(v0).__name__}, not str')
+    v0 = op.topic
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1009,11 +921,9 @@ def decode_RetainedCleared(data: bytes) -> RetainedCleared:
     return RetainedCleared(f0)
 
 
-def encode_InboundQos2Received(op: Any) -> bytes:
+def encode_InboundQos2Received(op: InboundQos2Received) -> bytes:
     out = bytearray((1, 14))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'InboundQos2Received.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1024,9 +934,7 @@ def encode_InboundQos2Received(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.packet_id
-    if type(v1) is not int:
-        raise OpCodecError(f'InboundQos2Received.packet_id is {type(v1).__name__}, not int')
+    v1 = op.packet_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
@@ -1063,11 +971,9 @@ def decode_InboundQos2Received(data: bytes) -> InboundQos2Received:
     return InboundQos2Received(f0, f1)
 
 
-def encode_InboundQos2Released(op: Any) -> bytes:
+def encode_InboundQos2Released(op: InboundQos2Released) -> bytes:
     out = bytearray((1, 15))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'InboundQos2Released.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1078,9 +984,7 @@ def encode_InboundQos2Released(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.packet_id
-    if type(v1) is not int:
-        raise OpCodecError(f'InboundQos2Released.packet_id is {type(v1).__name__}, not int')
+    v1 = op.packet_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
@@ -1117,11 +1021,9 @@ def decode_InboundQos2Released(data: bytes) -> InboundQos2Released:
     return InboundQos2Released(f0, f1)
 
 
-def encode_WillSet(op: Any) -> bytes:
+def encode_WillSet(op: WillSet) -> bytes:
     out = bytearray((1, 16))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'WillSet.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1132,16 +1034,12 @@ def encode_WillSet(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_id
-    if type(v1) is not int:
-        raise OpCodecError(f'WillSet.msg_id is {type(v1).__name__}, not int')
+    v1 = op.msg_id
     if 0 <= v1 < 0x80:
         out.append(v1)
     else:
         put_varint(out, v1)
-    v2: object = op.delay_s
-    if type(v2) is not int:
-        raise OpCodecError(f'WillSet.delay_s is {type(v2).__name__}, not int')
+    v2 = op.delay_s
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
@@ -1184,11 +1082,9 @@ def decode_WillSet(data: bytes) -> WillSet:
     return WillSet(f0, f1, f2)
 
 
-def encode_WillCleared(op: Any) -> bytes:
+def encode_WillCleared(op: WillCleared) -> bytes:
     out = bytearray((1, 17))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'WillCleared.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1225,11 +1121,9 @@ def decode_WillCleared(data: bytes) -> WillCleared:
     return WillCleared(f0)
 
 
-def encode_MessageIdSeen(op: Any) -> bytes:
+def encode_MessageIdSeen(op: MessageIdSeen) -> bytes:
     out = bytearray((1, 18))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessageIdSeen.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1240,9 +1134,7 @@ def encode_MessageIdSeen(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.message_id
-    if type(v1) is not str:
-        raise OpCodecError(f'MessageIdSeen.message_id is {type(v1).__name__}, not str')
+    v1 = op.message_id
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -1253,9 +1145,7 @@ def encode_MessageIdSeen(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v2: object = op.seen_at_ms
-    if type(v2) is not int:
-        raise OpCodecError(f'MessageIdSeen.seen_at_ms is {type(v2).__name__}, not int')
+    v2 = op.seen_at_ms
     if 0 <= v2 < 0x80:
         out.append(v2)
     else:
@@ -1304,11 +1194,9 @@ def decode_MessageIdSeen(data: bytes) -> MessageIdSeen:
     return MessageIdSeen(f0, f1, f2)
 
 
-def encode_MessagesInflight(op: Any) -> bytes:
+def encode_MessagesInflight(op: MessagesInflight) -> bytes:
     out = bytearray((1, 19))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessagesInflight.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1319,13 +1207,9 @@ def encode_MessagesInflight(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_ids
-    if type(v1) is not tuple:
-        raise OpCodecError(f'MessagesInflight.msg_ids is {type(v1).__name__}, not tuple')
+    v1 = op.msg_ids
     put_uints(out, v1)
-    v2: object = op.packet_ids
-    if type(v2) is not tuple:
-        raise OpCodecError(f'MessagesInflight.packet_ids is {type(v2).__name__}, not tuple')
+    v2 = op.packet_ids
     put_uints(out, v2)
     return bytes(out)
 
@@ -1355,11 +1239,9 @@ def decode_MessagesInflight(data: bytes) -> MessagesInflight:
     return MessagesInflight(f0, f1, f2)
 
 
-def encode_MessagesAcked(op: Any) -> bytes:
+def encode_MessagesAcked(op: MessagesAcked) -> bytes:
     out = bytearray((1, 20))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'MessagesAcked.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1370,9 +1252,7 @@ def encode_MessagesAcked(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.msg_ids
-    if type(v1) is not tuple:
-        raise OpCodecError(f'MessagesAcked.msg_ids is {type(v1).__name__}, not tuple')
+    v1 = op.msg_ids
     put_uints(out, v1)
     return bytes(out)
 
@@ -1401,11 +1281,9 @@ def decode_MessagesAcked(data: bytes) -> MessagesAcked:
     return MessagesAcked(f0, f1)
 
 
-def encode_SessionOwned(op: Any) -> bytes:
+def encode_SessionOwned(op: SessionOwned) -> bytes:
     out = bytearray((1, 21))
-    v0: object = op.client_id
-    if type(v0) is not str:
-        raise OpCodecError(f'SessionOwned.client_id is {type(v0).__name__}, not str')
+    v0 = op.client_id
     try:
         raw = v0.encode()
     except UnicodeEncodeError:
@@ -1416,9 +1294,7 @@ def encode_SessionOwned(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v1: object = op.owner
-    if type(v1) is not str:
-        raise OpCodecError(f'SessionOwned.owner is {type(v1).__name__}, not str')
+    v1 = op.owner
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -1467,18 +1343,14 @@ def decode_SessionOwned(data: bytes) -> SessionOwned:
     return SessionOwned(f0, f1)
 
 
-def encode_MessageRouted(op: Any) -> bytes:
+def encode_MessageRouted(op: MessageRouted) -> bytes:
     out = bytearray((1, 22))
-    v0: object = op.msg_id
-    if type(v0) is not int:
-        raise OpCodecError(f'MessageRouted.msg_id is {type(v0).__name__}, not int')
+    v0 = op.msg_id
     if 0 <= v0 < 0x80:
         out.append(v0)
     else:
         put_varint(out, v0)
-    v1: object = op.topic
-    if type(v1) is not str:
-        raise OpCodecError(f'MessageRouted.topic is {type(v1).__name__}, not str')
+    v1 = op.topic
     try:
         raw = v1.encode()
     except UnicodeEncodeError:
@@ -1489,45 +1361,33 @@ def encode_MessageRouted(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v2: object = op.payload
-    if type(v2) is not bytes:
-        raise OpCodecError(f'MessageRouted.payload is {type(v2).__name__}, not bytes')
+    v2 = op.payload
     n = len(v2)
     if n < 0x80:
         out.append(n)
     else:
         put_varint(out, n)
     out += v2
-    v3: object = op.qos
-    if type(v3) is not int:
-        raise OpCodecError(f'MessageRouted.qos is {type(v3).__name__}, not int')
+    v3 = op.qos
     if 0 <= v3 < 0x80:
         out.append(v3)
     else:
         put_varint(out, v3)
-    v4: object = op.retain
-    if type(v4) is not bool:
-        raise OpCodecError(f'MessageRouted.retain is {type(v4).__name__}, not bool')
-    out.append(v4)
-    v5: object = op.properties
-    if type(v5) is not bytes:
-        raise OpCodecError(f'MessageRouted.properties is {type(v5).__name__}, not bytes')
+    v4 = op.retain
+    out.append(1 if v4 else 0)
+    v5 = op.properties
     n = len(v5)
     if n < 0x80:
         out.append(n)
     else:
         put_varint(out, n)
     out += v5
-    v6: object = op.expiry_at_ms
-    if type(v6) is not int:
-        raise OpCodecError(f'MessageRouted.expiry_at_ms is {type(v6).__name__}, not int')
+    v6 = op.expiry_at_ms
     if 0 <= v6 < 0x80:
         out.append(v6)
     else:
         put_varint(out, v6)
-    v7: object = op.publisher
-    if type(v7) is not str:
-        raise OpCodecError(f'MessageRouted.publisher is {type(v7).__name__}, not str')
+    v7 = op.publisher
     try:
         raw = v7.encode()
     except UnicodeEncodeError:
@@ -1538,16 +1398,12 @@ def encode_MessageRouted(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v8: object = op.created_at_ms
-    if type(v8) is not int:
-        raise OpCodecError(f'MessageRouted.created_at_ms is {type(v8).__name__}, not int')
+    v8 = op.created_at_ms
     if 0 <= v8 < 0x80:
         out.append(v8)
     else:
         put_varint(out, v8)
-    v9: object = op.client_id
-    if type(v9) is not str:
-        raise OpCodecError(f'MessageRouted.client_id is {type(v9).__name__}, not str')
+    v9 = op.client_id
     try:
         raw = v9.encode()
     except UnicodeEncodeError:
@@ -1558,20 +1414,14 @@ def encode_MessageRouted(op: Any) -> bytes:
     else:
         put_varint(out, n)
     out += raw
-    v10: object = op.queue_qos
-    if type(v10) is not int:
-        raise OpCodecError(f'MessageRouted.queue_qos is {type(v10).__name__}, not int')
+    v10 = op.queue_qos
     if 0 <= v10 < 0x80:
         out.append(v10)
     else:
         put_varint(out, v10)
-    v11: object = op.queue_retain
-    if type(v11) is not bool:
-        raise OpCodecError(f'MessageRouted.queue_retain is {type(v11).__name__}, not bool')
-    out.append(v11)
-    v12: object = op.subscription_ids
-    if type(v12) is not tuple:
-        raise OpCodecError(f'MessageRouted.subscription_ids is {type(v12).__name__}, not tuple')
+    v11 = op.queue_retain
+    out.append(1 if v11 else 0)
+    v12 = op.subscription_ids
     put_uints(out, v12)
     return bytes(out)
 

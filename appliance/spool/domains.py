@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from . import ops as o
+from .ops import (
+    InboundQos2Received, InboundQos2Released, MessageInflight, MessageQueued, MessageRouted, MessageStored,
+    MessagesAcked, MessagesInflight, SessionOpened, Subscribed,
+)
+
 
 QOS: Final = range(3)
 RETAIN_HANDLING: Final = range(3)
@@ -21,24 +25,26 @@ PROTOCOL_VERSIONS: Final = range(3, 6)
 PACKET_IDS: Final = range(1, 0x10000)
 MAX_BATCH_ITEMS: Final = 65535
 _DOMAINS: Final[dict[type, tuple[tuple[str, range], ...]]] = {
-    o.MessageStored: (("qos", QOS),),
-    o.MessageQueued: (("qos", QOS),),
-    o.MessageRouted: (("qos", QOS), ("queue_qos", QOS)),
-    o.MessageInflight: (("packet_id", PACKET_IDS),),
-    o.SessionOpened: (("protocol_version", PROTOCOL_VERSIONS),),
-    o.Subscribed: (("qos", QOS), ("retain_handling", RETAIN_HANDLING)),
-    o.InboundQos2Received: (("packet_id", PACKET_IDS),),
-    o.InboundQos2Released: (("packet_id", PACKET_IDS),),
+    MessageStored: (("qos", QOS),),
+    MessageQueued: (("qos", QOS),),
+    MessageRouted: (("qos", QOS), ("queue_qos", QOS)),
+    MessageInflight: (("packet_id", PACKET_IDS),),
+    SessionOpened: (("protocol_version", PROTOCOL_VERSIONS),),
+    Subscribed: (("qos", QOS), ("retain_handling", RETAIN_HANDLING)),
+    InboundQos2Received: (("packet_id", PACKET_IDS),),
+    InboundQos2Released: (("packet_id", PACKET_IDS),),
 }
 
 
 def check_op(op: Any) -> None:
     """ValueError if a field is outside its domain (see the rules)."""
+    if isinstance(op, MessageRouted) and 0 <= op.qos < 3 and 0 <= op.queue_qos < 3:  # QOS, read typed
+        return  # a durable message's op, the usual one
     kind = type(op)
-    if kind is o.MessagesInflight or kind is o.MessagesAcked:
+    if kind is MessagesInflight or kind is MessagesAcked:
         if len(op.msg_ids) > MAX_BATCH_ITEMS:
             raise ValueError(f"{kind.__name__} of {len(op.msg_ids)} messages (at most {MAX_BATCH_ITEMS})")
-        if kind is o.MessagesInflight:
+        if kind is MessagesInflight:
             if len(op.packet_ids) != len(op.msg_ids):
                 raise ValueError(f"MessagesInflight has {len(op.msg_ids)} msg_ids but {len(op.packet_ids)} "
                                  "packet_ids")

@@ -37,55 +37,97 @@ Rules (the SQLite store implements exactly these; tests compare the two):
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
+from typing import Final
 
-from . import ops as o
+from ._opcodec import encode_op
 from .chain import GENESIS, ChainPoint
-from .codec import encode_op, encode_uints
 from .domains import MAX_BATCH_ITEMS, PACKET_IDS, PROTOCOL_VERSIONS, QOS, RETAIN_HANDLING, check_op
+from .ops import (
+    InboundQos2Received, InboundQos2Released, MessageAcked, MessageDropped, MessageIdSeen, MessageInflight,
+    MessagePubrecReceived, MessageQueued, MessageRouted, MessageStored, MessagesAcked, MessagesInflight, Op,
+    RetainedCleared, RetainedSet, SessionDeleted, SessionDisconnected, SessionOpened, SessionOwned, Subscribed,
+    Unsubscribed, WillCleared, WillSet,
+)
+from .varints import encode_uints
 
 __all__ = ["DEFAULT_MAX_MESSAGE_IDS", "MAX_BATCH_ITEMS", "PACKET_IDS", "PROTOCOL_VERSIONS", "QOS", "RETAIN_HANDLING",
            "QueueEntry", "Session", "SpoolState", "StateModel", "check_op", "stored_size", "stored_size_of"]
 
-DEFAULT_MAX_MESSAGE_IDS = 100_000
+DEFAULT_MAX_MESSAGE_IDS: Final = 100_000
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class QueueEntry:
-    msg_id: int
-    qos: int
-    retain: bool
-    subscription_ids: tuple[int, ...]
-    order: int  # the seq of its MessageQueued: queues are in this order
-    packet_id: int = 0  # 0: not sent yet
-    pubrec_received: bool = False
+    msg_id: Final[int]
+    qos: Final[int]
+    retain: Final[bool]
+    subscription_ids: Final[tuple[int, ...]]
+    order: Final[int]  # the seq of its MessageQueued: queues are in this order
+    packet_id: Final[int]  # 0: not sent yet
+    pubrec_received: Final[bool]
+
+    def __init__(self, msg_id: int, qos: int, retain: bool, subscription_ids: tuple[int, ...], order: int,
+                 packet_id: int = 0, pubrec_received: bool = False) -> None:
+        self.msg_id = msg_id
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.order = order
+        self.packet_id = packet_id
+        self.pubrec_received = pubrec_received
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Session:
-    client_id: str
-    protocol_version: int
-    expiry_s: int
-    connected_at_ms: int
-    disconnected_at_ms: int  # 0 while connected
-    connected: bool  # as of the last op; after a restart no connection survives
-    subscriptions: tuple[o.Subscribed, ...] = ()  # by topic filter
-    queue: tuple[QueueEntry, ...] = ()  # in order
-    inbound_qos2: tuple[int, ...] = ()  # packet ids, ascending
-    will: o.WillSet | None = None
-    owner: str | None = None  # "" anonymous; None: made before sessions had owners
+    client_id: Final[str]
+    protocol_version: Final[int]
+    expiry_s: Final[int]
+    connected_at_ms: Final[int]
+    disconnected_at_ms: Final[int]  # 0 while connected
+    connected: Final[bool]  # as of the last op; after a restart no connection survives
+    subscriptions: Final[tuple[Subscribed, ...]]  # by topic filter
+    queue: Final[tuple[QueueEntry, ...]]  # in order
+    inbound_qos2: Final[tuple[int, ...]]  # packet ids, ascending
+    will: Final[WillSet | None]
+    owner: Final[str | None]  # "" anonymous; None: made before sessions had owners
+
+    def __init__(self, client_id: str, protocol_version: int, expiry_s: int, connected_at_ms: int,
+                 disconnected_at_ms: int, connected: bool, subscriptions: tuple[Subscribed, ...] = (),
+                 queue: tuple[QueueEntry, ...] = (), inbound_qos2: tuple[int, ...] = (), will: WillSet | None = None,
+                 owner: str | None = None) -> None:
+        self.client_id = client_id
+        self.protocol_version = protocol_version
+        self.expiry_s = expiry_s
+        self.connected_at_ms = connected_at_ms
+        self.disconnected_at_ms = disconnected_at_ms
+        self.connected = connected
+        self.subscriptions = subscriptions
+        self.queue = queue
+        self.inbound_qos2 = inbound_qos2
+        self.will = will
+        self.owner = owner
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class SpoolState:
     """Everything the broker rebuilds from at start-up (and a standby's snapshot)."""
 
-    head: ChainPoint
-    sessions: dict[str, Session]
-    messages: dict[int, o.MessageStored]  # bodies, shared by queue entries, retained topics and wills
-    retained: dict[str, int]  # topic -> msg_id
-    message_ids: tuple[tuple[str, str, int], ...]  # (client id, message id, seen_at_ms), oldest first
-    stored_bytes: int
+    head: Final[ChainPoint]
+    sessions: Final[dict[str, Session]]
+    messages: Final[dict[int, MessageStored]]  # bodies, shared by queue entries, retained topics and wills
+    retained: Final[dict[str, int]]  # topic -> msg_id
+    message_ids: Final[tuple[tuple[str, str, int], ...]]  # (client id, message id, seen_at_ms), oldest first
+    stored_bytes: Final[int]
+
+    def __init__(self, head: ChainPoint, sessions: dict[str, Session], messages: dict[int, MessageStored],
+                 retained: dict[str, int], message_ids: tuple[tuple[str, str, int], ...], stored_bytes: int) -> None:
+        self.head = head
+        self.sessions = sessions
+        self.messages = messages
+        self.retained = retained
+        self.message_ids = message_ids
+        self.stored_bytes = stored_bytes
 
     @property
     def position(self) -> tuple[int, int]:
@@ -97,13 +139,12 @@ def stored_size(body: bytes) -> int:
     return len(body)
 
 
-def stored_size_of(op: o.Op, encoded_bytes: int) -> int:
+def stored_size_of(op: Op, encoded_bytes: int) -> int:
     """What the body an op stores counts (`stored_size`), from the op and its encoded length; 0 for an op that
     stores none. A `MessageRouted` counts as its MessageStored: without its queue entry's fields."""
-    kind = type(op)
-    if kind is o.MessageStored:
+    if type(op) is MessageStored:
         return encoded_bytes
-    if kind is not o.MessageRouted:
+    if type(op) is not MessageRouted:
         return 0
     cid = len(op.client_id) if op.client_id.isascii() else len(op.client_id.encode())
     ids = op.subscription_ids
@@ -114,13 +155,15 @@ def _varint_bytes(n: int) -> int:
     return 1 if n < 0x80 else (n.bit_length() + 6) // 7
 
 
-@dataclasses.dataclass(slots=True)
 class _Session:
-    record: Session
-    subscriptions: dict[str, o.Subscribed] = dataclasses.field(default_factory=dict)
-    queue: dict[int, QueueEntry] = dataclasses.field(default_factory=dict)  # msg_id -> entry, in order
-    inbound_qos2: set[int] = dataclasses.field(default_factory=set)
-    will: o.WillSet | None = None
+    """A session as the model holds it: its record and what it owns, by key."""
+
+    def __init__(self, record: Session) -> None:
+        self.record = record
+        self.subscriptions: dict[str, Subscribed] = {}
+        self.queue: dict[int, QueueEntry] = {}  # msg_id -> entry, in order
+        self.inbound_qos2: set[int] = set()
+        self.will: WillSet | None = None
 
 
 class StateModel:
@@ -129,7 +172,7 @@ class StateModel:
     def __init__(self, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
         self.max_message_ids = max_message_ids
         self.sessions: dict[str, _Session] = {}
-        self.messages: dict[int, o.MessageStored] = {}
+        self.messages: dict[int, MessageStored] = {}
         self.sizes: dict[int, int] = {}
         self.refs: dict[int, int] = {}
         self.retained: dict[str, int] = {}
@@ -138,23 +181,80 @@ class StateModel:
         self.ignored = 0
         self.head = GENESIS
         self._size = 0  # the encoded size of the MessageStored being applied (0: encode it to know)
-        self._rules = {cls: getattr(self, "_" + cls.__name__) for cls in o.OP_TYPES.values()}
 
-    def apply(self, seq: int, op: o.Op, size: int = 0) -> bool:
+    def apply(self, seq: int, op: Op, size: int = 0) -> bool:
         """Apply one op (the seq it has in the log; `size`, if known, its encoded length); False if it was a
         no-op by the rules."""
         self._size = size
-        applied = self._rules[type(op)](seq, op)
+        applied = self._apply(seq, op)
         if not applied:
             self.ignored += 1
         return applied
 
+    def apply_all(self, first_seq: int, ops: tuple[Op, ...], sizes: tuple[int, ...]) -> None:
+        """`apply` each of `ops` (seqs from `first_seq` on, encoded sizes `sizes`): one call per group commit."""
+        seq = first_seq
+        for i in range(len(ops)):
+            self._size = sizes[i]
+            if not self._apply(seq, ops[i]):
+                self.ignored += 1
+            seq += 1
+
+    def _apply(self, seq: int, op: Op) -> bool:
+        # A durable message's ops first (one MessageRouted, then its in-flight mark and its ack).
+        if type(op) is MessageRouted:
+            return self._message_routed(seq, op)
+        if type(op) is MessagesInflight:
+            return self._messages_inflight(op)
+        if type(op) is MessagesAcked:
+            return self._messages_acked(op)
+        if type(op) is MessageIdSeen:
+            return self._message_id_seen(op)
+        if type(op) is MessageStored:
+            return self._message_stored(op)
+        if type(op) is MessageQueued:
+            return self._message_queued(seq, op)
+        if type(op) is MessageInflight:
+            return self._message_inflight(op)
+        if type(op) is MessagePubrecReceived:
+            return self._message_pubrec_received(op)
+        if type(op) is MessageAcked or type(op) is MessageDropped:
+            return self._remove_entry(op.client_id, op.msg_id)
+        if type(op) is SessionOpened:
+            return self._session_opened(op)
+        if type(op) is SessionOwned:
+            return self._session_owned(op)
+        if type(op) is SessionDisconnected:
+            return self._session_disconnected(op)
+        if type(op) is SessionDeleted:
+            return self._session_deleted(op)
+        if type(op) is Subscribed:
+            return self._subscribed(op)
+        if type(op) is Unsubscribed:
+            s = self.sessions.get(op.client_id)
+            return s is not None and s.subscriptions.pop(op.topic_filter, None) is not None
+        if type(op) is RetainedSet:
+            return self._retained_set(op)
+        if type(op) is RetainedCleared:
+            return self._retained_cleared(op)
+        if type(op) is InboundQos2Received:
+            return self._inbound_qos2_received(op)
+        if type(op) is InboundQos2Released:
+            return self._inbound_qos2_released(op)
+        if type(op) is WillSet:
+            return self._will_set(op)
+        if type(op) is WillCleared:
+            return self._will_cleared(op)
+        raise AssertionError(f"{type(op).__name__} is not an op")
+
     def state(self, head: ChainPoint | None = None) -> SpoolState:
-        sessions = {}
+        sessions: dict[str, Session] = {}
         for cid, s in self.sessions.items():
-            sessions[cid] = dataclasses.replace(
-                s.record, subscriptions=tuple(s.subscriptions[f] for f in sorted(s.subscriptions)),
-                queue=tuple(s.queue.values()), inbound_qos2=tuple(sorted(s.inbound_qos2)), will=s.will)
+            r = s.record
+            sessions[cid] = Session(r.client_id, r.protocol_version, r.expiry_s, r.connected_at_ms,
+                                    r.disconnected_at_ms, r.connected,
+                                    tuple(s.subscriptions[f] for f in sorted(s.subscriptions)),
+                                    tuple(s.queue.values()), tuple(sorted(s.inbound_qos2)), s.will, r.owner)
         return SpoolState(head or self.head, sessions, dict(self.messages), dict(self.retained),
                           tuple((c, m, at) for (c, m), at in self.message_ids.items()), self.stored_bytes)
 
@@ -165,71 +265,68 @@ class StateModel:
         return True
 
     def _release(self, msg_id: int) -> None:
-        self.refs[msg_id] -= 1
-        if self.refs[msg_id] == 0:
-            del self.messages[msg_id], self.refs[msg_id]
-            self.stored_bytes -= self.sizes.pop(msg_id)
+        refs = self.refs[msg_id] - 1
+        if refs:
+            self.refs[msg_id] = refs
+            return
+        del self.messages[msg_id], self.refs[msg_id]
+        self.stored_bytes -= self.sizes.pop(msg_id)
 
-    def _MessageStored(self, seq: int, op: o.MessageStored) -> bool:
+    def _message_stored(self, op: MessageStored) -> bool:
         if op.msg_id in self.messages:
             return False
+        size = self._size or stored_size(encode_op(op))
         self.messages[op.msg_id] = op
         self.refs[op.msg_id] = 0
-        self.sizes[op.msg_id] = self._size or stored_size(encode_op(op))
-        self.stored_bytes += self.sizes[op.msg_id]
+        self.sizes[op.msg_id] = size
+        self.stored_bytes += size
         return True
 
-    def _MessageRouted(self, seq: int, op: o.MessageRouted) -> bool:
+    def _message_routed(self, seq: int, op: MessageRouted) -> bool:
         self._size = stored_size_of(op, self._size) if self._size else 0
-        stored = self._MessageStored(seq, op.stored())
-        s = self.sessions.get(op.client_id)  # then as _MessageQueued
+        stored = self._message_stored(op.stored())
+        s = self.sessions.get(op.client_id)  # then as _message_queued
         if s is None or op.msg_id in s.queue or not self._take(op.msg_id):
             return False
         s.queue[op.msg_id] = QueueEntry(op.msg_id, op.queue_qos, op.queue_retain, op.subscription_ids, seq)
         return stored
 
-    def _MessageQueued(self, seq: int, op: o.MessageQueued) -> bool:
+    def _message_queued(self, seq: int, op: MessageQueued) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.msg_id in s.queue or not self._take(op.msg_id):
             return False
         s.queue[op.msg_id] = QueueEntry(op.msg_id, op.qos, op.retain, op.subscription_ids, seq)
         return True
 
-    def _entry(self, client_id: str, msg_id: int) -> tuple[_Session | None, QueueEntry | None]:
-        s = self.sessions.get(client_id)
-        return s, (s.queue.get(msg_id) if s else None)
-
-    def _MessageInflight(self, seq: int, op: o.MessageInflight) -> bool:
-        s, e = self._entry(op.client_id, op.msg_id)
-        if e is None or e.pubrec_received:
+    def _message_inflight(self, op: MessageInflight) -> bool:
+        s = self.sessions.get(op.client_id)
+        e = s.queue.get(op.msg_id) if s is not None else None
+        if s is None or e is None or e.pubrec_received:
             return False
         s.queue[op.msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, op.packet_id)
         return True
 
-    def _MessagePubrecReceived(self, seq: int, op: o.MessagePubrecReceived) -> bool:
-        s, e = self._entry(op.client_id, op.msg_id)
-        if e is None or e.pubrec_received:
+    def _message_pubrec_received(self, op: MessagePubrecReceived) -> bool:
+        s = self.sessions.get(op.client_id)
+        e = s.queue.get(op.msg_id) if s is not None else None
+        if s is None or e is None or e.pubrec_received:
             return False
-        s.queue[op.msg_id] = dataclasses.replace(e, pubrec_received=True)
+        s.queue[op.msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, e.packet_id, True)
         self._release(op.msg_id)
         return True
 
     def _remove_entry(self, client_id: str, msg_id: int) -> bool:
-        s, e = self._entry(client_id, msg_id)
+        s = self.sessions.get(client_id)
+        if s is None:
+            return False
+        e = s.queue.pop(msg_id, None)
         if e is None:
             return False
-        del s.queue[msg_id]
         if not e.pubrec_received:
             self._release(msg_id)
         return True
 
-    def _MessageAcked(self, seq: int, op: o.MessageAcked) -> bool:
-        return self._remove_entry(op.client_id, op.msg_id)
-
-    def _MessageDropped(self, seq: int, op: o.MessageDropped) -> bool:
-        return self._remove_entry(op.client_id, op.msg_id)
-
-    def _MessagesInflight(self, seq: int, op: o.MessagesInflight) -> bool:
+    def _messages_inflight(self, op: MessagesInflight) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return not op.msg_ids
@@ -242,34 +339,42 @@ class StateModel:
             queue[msg_id] = QueueEntry(e.msg_id, e.qos, e.retain, e.subscription_ids, e.order, packet_id)
         return applied
 
-    def _MessagesAcked(self, seq: int, op: o.MessagesAcked) -> bool:
-        return all([self._remove_entry(op.client_id, m) for m in op.msg_ids])
+    def _messages_acked(self, op: MessagesAcked) -> bool:
+        applied = True
+        for msg_id in op.msg_ids:  # every one removed, even after one that was not queued
+            if not self._remove_entry(op.client_id, msg_id):
+                applied = False
+        return applied
 
-    def _SessionOpened(self, seq: int, op: o.SessionOpened) -> bool:
-        record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True)
-        if op.client_id in self.sessions:
-            old = self.sessions[op.client_id].record
-            self.sessions[op.client_id].record = dataclasses.replace(record, owner=old.owner)
+    def _session_opened(self, op: SessionOpened) -> bool:
+        s = self.sessions.get(op.client_id)
+        record = Session(op.client_id, op.protocol_version, op.expiry_s, op.connected_at_ms, 0, True,
+                         owner=s.record.owner if s is not None else None)
+        if s is not None:
+            s.record = record
         else:
             self.sessions[op.client_id] = _Session(record)
         return True
 
-    def _SessionOwned(self, seq: int, op: o.SessionOwned) -> bool:
+    def _session_owned(self, op: SessionOwned) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
-        s.record = dataclasses.replace(s.record, owner=op.owner)
+        r = s.record
+        s.record = Session(r.client_id, r.protocol_version, r.expiry_s, r.connected_at_ms, r.disconnected_at_ms,
+                           r.connected, owner=op.owner)
         return True
 
-    def _SessionDisconnected(self, seq: int, op: o.SessionDisconnected) -> bool:
+    def _session_disconnected(self, op: SessionDisconnected) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
-        s.record = dataclasses.replace(s.record, disconnected_at_ms=op.disconnected_at_ms, expiry_s=op.expiry_s,
-                                       connected=False)
+        r = s.record
+        s.record = Session(r.client_id, r.protocol_version, op.expiry_s, r.connected_at_ms, op.disconnected_at_ms,
+                           False, owner=r.owner)
         return True
 
-    def _SessionDeleted(self, seq: int, op: o.SessionDeleted) -> bool:
+    def _session_deleted(self, op: SessionDeleted) -> bool:
         s = self.sessions.pop(op.client_id, None)
         if s is None:
             return False
@@ -280,18 +385,14 @@ class StateModel:
             self._release(s.will.msg_id)
         return True
 
-    def _Subscribed(self, seq: int, op: o.Subscribed) -> bool:
+    def _subscribed(self, op: Subscribed) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None:
             return False
         s.subscriptions[op.topic_filter] = op
         return True
 
-    def _Unsubscribed(self, seq: int, op: o.Unsubscribed) -> bool:
-        s = self.sessions.get(op.client_id)
-        return s is not None and s.subscriptions.pop(op.topic_filter, None) is not None
-
-    def _RetainedSet(self, seq: int, op: o.RetainedSet) -> bool:
+    def _retained_set(self, op: RetainedSet) -> bool:
         if not self._take(op.msg_id):
             return False
         old = self.retained.get(op.topic)
@@ -300,45 +401,47 @@ class StateModel:
             self._release(old)
         return True
 
-    def _RetainedCleared(self, seq: int, op: o.RetainedCleared) -> bool:
+    def _retained_cleared(self, op: RetainedCleared) -> bool:
         old = self.retained.pop(op.topic, None)
         if old is None:
             return False
         self._release(old)
         return True
 
-    def _InboundQos2Received(self, seq: int, op: o.InboundQos2Received) -> bool:
+    def _inbound_qos2_received(self, op: InboundQos2Received) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.packet_id in s.inbound_qos2:
             return False
         s.inbound_qos2.add(op.packet_id)
         return True
 
-    def _InboundQos2Released(self, seq: int, op: o.InboundQos2Released) -> bool:
+    def _inbound_qos2_released(self, op: InboundQos2Released) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or op.packet_id not in s.inbound_qos2:
             return False
         s.inbound_qos2.discard(op.packet_id)
         return True
 
-    def _WillSet(self, seq: int, op: o.WillSet) -> bool:
+    def _will_set(self, op: WillSet) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or not self._take(op.msg_id):
             return False
-        old, s.will = s.will, op
+        old = s.will
+        s.will = op
         if old is not None:
             self._release(old.msg_id)
         return True
 
-    def _WillCleared(self, seq: int, op: o.WillCleared) -> bool:
+    def _will_cleared(self, op: WillCleared) -> bool:
         s = self.sessions.get(op.client_id)
         if s is None or s.will is None:
             return False
-        old, s.will = s.will, None
+        old = s.will
+        s.will = None
         self._release(old.msg_id)
         return True
 
-    def _MessageIdSeen(self, seq: int, op: o.MessageIdSeen) -> bool:
+    def _message_id_seen(self, op: MessageIdSeen) -> bool:
         key = (op.client_id, op.message_id)
         existed = self.message_ids.pop(key, None) is not None
         self.message_ids[key] = op.seen_at_ms

@@ -66,6 +66,8 @@ def varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def put_uints(out: bytearray, values: tuple[object, ...]) -> None:
     """Append a varint count and the varints; items read as objects, so a wrong one is an `OpCodecError`."""
+    if type(values) is not tuple:  # compiled code refuses anything else when the op is made; uncompiled, here
+        raise OpCodecError(f"a tuple of ints is a {type(values).__name__}, not a tuple")
     if not values:  # a queued message's usual subscription ids: none (a count of 0, one byte)
         out.append(0)
         return

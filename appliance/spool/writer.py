@@ -55,14 +55,14 @@ from collections.abc import Callable
 from . import ops as o
 from . import records as r
 from .chain import ChainPoint, Commit
-from .codec import decode_op, encode_op
+from .codec import encode_op
 from .errors import ChainError, SpoolBusy, SpoolFull
-from .state import DEFAULT_MAX_MESSAGE_IDS, check_op, stored_size_of
+from .received import added_bytes, read_commits
+from .state import DEFAULT_MAX_MESSAGE_IDS, check_op
 from .store import Spool
 from ..errors import LocalProtocolError
 
 log = logging.getLogger(__name__)
-_STORING = (o.MessageStored, o.MessageRouted)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,13 +187,10 @@ class SpoolWriter:
         then. `chained`: the caller verified that the commits chain on our head (the mate link's standby end
         does), so their checksums are not computed again here.
         """
-        bodies = [body for c in commits for body in r.op_bodies(c)]
-        ops = tuple(map(decode_op, bodies))
-        for op in ops:
-            check_op(op)
+        ops, sizes, added = read_commits(commits)
         future = loop.create_future() if loop else concurrent.futures.Future()
         with self._lock:
-            added = self._admit(ops, bodies, None)
+            self._admit(len(ops), added, None)
             if chained:
                 for c in commits:
                     if c.first_seq != self.head.seq + 1:
@@ -201,7 +198,7 @@ class SpoolWriter:
                     self.head = c.point
             else:
                 self.head = r.verify_chain(commits, self.head)
-            sub = Submission(tuple(commits), future, ops, tuple(map(len, bodies)), added, loop=loop)
+            sub = Submission(tuple(commits), future, ops, sizes, added, loop=loop)
             self._enqueue(sub)
         if not commits:
             _settle([(sub, (), None)])
@@ -234,13 +231,15 @@ class SpoolWriter:
         bodies = [encode_op(op) for op in ops]
         for op in ops:
             check_op(op)
+        sizes = tuple(map(len, bodies))
+        added = added_bytes(ops, sizes)
         with self._lock:
             if history is not None and history != self.history:
                 raise SpoolFull(f"spool {self.spool.path}: these ops were made on history {history}, which a failed "
                                 f"commit ended (now {self.history}); refused until the submitter rebuilds")
-            added = self._admit(ops, bodies, epoch)
+            self._admit(len(ops), added, epoch)
             commits = (r.make_commit(self.head, epoch, bodies),) if bodies else ()
-            sub = Submission(commits, future, ops, tuple(map(len, bodies)), added, loop=loop)
+            sub = Submission(commits, future, ops, sizes, added, loop=loop)
             if commits:
                 self.head = commits[0].point
                 self._enqueue(sub)
@@ -250,8 +249,8 @@ class SpoolWriter:
             _settle([(sub, (), None)])  # outside the lock: a callback may submit again
         return sub
 
-    def _admit(self, ops: tuple[o.Op, ...], bodies: list[bytes], epoch: int | None) -> int:
-        """The bytes the ops' new bodies add, or an error if the writer cannot take them; under the lock.
+    def _admit(self, nops: int, added: int, epoch: int | None) -> None:
+        """An error if the writer cannot take `nops` ops whose new bodies add `added` bytes; under the lock.
 
         Nothing has a seq yet, so a refusal leaves no trace.
         """
@@ -261,17 +260,15 @@ class SpoolWriter:
             raise LocalProtocolError(f"spool {self.spool.path}: the writer is closed")
         if epoch is not None and epoch < self.head.epoch:
             raise LocalProtocolError(f"spool {self.spool.path}: ops of epoch {epoch} after epoch {self.head.epoch}")
-        if len(ops) > self.limits.max_batch_ops:
-            raise ValueError(f"a submission of {len(ops)} ops is larger than a batch ({self.limits.max_batch_ops})")
-        if self._pending_ops + len(ops) > self.limits.max_pending_ops:
+        if nops > self.limits.max_batch_ops:
+            raise ValueError(f"a submission of {nops} ops is larger than a batch ({self.limits.max_batch_ops})")
+        if self._pending_ops + nops > self.limits.max_pending_ops:
             raise SpoolBusy(f"spool {self.spool.path}: {self._pending_ops} ops wait for commit (limit "
                             f"{self.limits.max_pending_ops}); stop reading publishers until commits catch up")
-        added = sum(stored_size_of(op, len(b)) for op, b in zip(ops, bodies) if type(op) in _STORING)
         if added and self._stored_bytes + self._pending_added + added > self.limits.max_spool_bytes:
             raise SpoolFull(f"spool {self.spool.path}: storing {added} more bytes would pass the limit of "
                             f"{self.limits.max_spool_bytes} bytes ({self._stored_bytes} stored, "
                             f"{self._pending_added} in flight); refused, nothing applied")
-        return added
 
     def _enqueue(self, sub: Submission) -> None:
         if not sub.commits:
@@ -328,11 +325,8 @@ class SpoolWriter:
         model = self._model
         ignored_before = model.ignored
         with self.spool.lock:
-            apply = model.apply
             for sub in batch:
-                for seq, op, size in zip(range(sub.commits[0].first_seq, sub.commits[-1].last_seq + 1), sub.ops,
-                                         sub.sizes):
-                    apply(seq, op, size)
+                model.apply_all(sub.commits[0].first_seq, sub.ops, sub.sizes)
             model.head = commits[-1].point
         n = sum(sub.nops for sub in batch)
         with self._lock:

@@ -54,7 +54,7 @@ LAYERS = [
     ("links", ("pairmq.mate_link", "pairmq.configsync", "pairmq.analytics")),
     ("cores", ("pairmq.appliance.broker", "pairmq.appliance.mqtt", "pairmq.appliance.quorum", "pairmq.appliance.spool",
                "pairmq.appliance.access_file", "pairmq.appliance.stable_file")),
-    ("foundation", ("pairmq.appliance.errors", "pairmq.appliance.roles", "pairmq.appliance.frozen",
+    ("foundation", ("pairmq.appliance.errors", "pairmq.appliance.roles",
                     "pairmq.appliance.native", "pairmq.appliance._native_build",
                     "pairmq.appliance.clock", "pairmq.appliance.config", "pairmq.appliance.private_files",
                     "pairmq.appliance.keyring", "pairmq.appliance.eventlog", "pairmq.appliance.tls",
