@@ -64,7 +64,7 @@ def _of_session(name: str) -> property:
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
-        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained")
+        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained", "_waits")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
@@ -75,6 +75,8 @@ class MqttConnection(asyncio.Protocol):
         self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
         self.conn_id: int | None = None  # the broker's name for this connection once accepted
         self.inflight = 0  # windowed packets whose effects are not complete yet
+        # The broker's future for each batch of them -> how many of ours it covers: one callback a batch, not a packet.
+        self._waits: dict[asyncio.Future, int] = {}
         self._paused = 0
         self._out: list[bytes] | None = None
         self._written = 0
@@ -222,7 +224,13 @@ class MqttConnection(asyncio.Protocol):
         pending = self._l.broker.packet(self.conn_id, packet)
         if pending is not None and kind in _WINDOWED:
             self.inflight += 1
-            pending.add_done_callback(self._completed)
+            waits = self._waits
+            n = waits.get(pending)
+            if n is None:
+                waits[pending] = 1
+                pending.add_done_callback(self._completed)
+            else:
+                waits[pending] = n + 1
             if self.inflight >= self._l.window:
                 self._throttle()
         if kind is Publish:
@@ -237,8 +245,8 @@ class MqttConnection(asyncio.Protocol):
         self._l.throttled.add(self)
         self._pause(_WINDOW)
 
-    def _completed(self, _future: asyncio.Future) -> None:
-        self.inflight -= 1
+    def _completed(self, future: asyncio.Future) -> None:
+        self.inflight -= self._waits.pop(future)
         if self._paused & _WINDOW and self.inflight < self._l.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
