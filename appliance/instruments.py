@@ -73,13 +73,13 @@ class BatchHistogram(Collector):
         self.observe_many((value,))
 
     def observe_many(self, values: Iterable[float]) -> None:
-        bounds, total = self._bounds, 0.0
+        bounds = self._bounds
         with self._lock:
-            counts = self._counts
+            counts, total = self._counts, self._sum
             for value in values:
                 counts[bisect.bisect_left(bounds, value)] += 1  # "le": a value on a bound counts in that bucket
-                total += value
-            self._sum += total
+                total += value  # one by one, as prometheus_client sums: the same float
+            self._sum = total
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:

@@ -33,6 +33,7 @@ from typing import Callable
 from ..spool import ops
 
 MAX_PENDING_COMMITS = 10_000
+_STORED = frozenset((ops.MessageStored, ops.MessageRouted))  # a message_published each (`_on_stored`)
 _HASH_MULT = 2654435761  # Knuth's multiplicative hash: spreads consecutive ids over the 32-bit range
 
 
@@ -76,8 +77,14 @@ class MessageEvents:
         """One submission to the spool writer (on the broker loop): its ops, and the future of its commit."""
         stored: list[int] = []
         handlers = self._handlers
+        write, every = self.events.write_rendered, self._all
         for op in op_list:
-            handler = handlers.get(type(op))
+            kind = type(op)
+            if every and kind in _STORED:  # most ops of a durable stream: no handler call, no sampling test
+                stored.append(op.msg_id)
+                write("message_published", _published_members, (op, epoch))
+                continue
+            handler = handlers.get(kind)
             if handler is not None:
                 handler(self, op, epoch, stored)
         if stored:

@@ -210,7 +210,8 @@ class BrokerService:
             return None
         ops_before, thens_before = len(self._ops), len(self._thens)
         self.execute(self.core.packet(conn_id, packet, wall_ms()))
-        self._schedule()  # acks leave work for the core's flush
+        if not self._flush_scheduled:
+            self._schedule()  # acks leave work for the core's flush
         if len(self._ops) == ops_before and len(self._thens) == thens_before:
             return None
         if self._observe_ack is not None:

@@ -190,17 +190,17 @@ class MqttConnection(asyncio.Protocol):
                     self._pause(_TURN)
                     self._loop.call_soon(self._resume, _TURN)
                     break
-                budget -= 1
                 packet = session.next_event()
                 if packet is None:
                     break
-                self._l.packets_in += 1
+                budget -= 1
                 if packet is HANDLED:
                     continue
                 if self.conn_id is None:
                     self._connect_arrived(packet)
                 else:
                     self._to_broker(packet)
+            self._l.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
             self._transmit()
         except Exception:
             log.exception("MQTT connection %s failed", self.peer)
