@@ -76,17 +76,22 @@ class MessageEvents:
     def submitted(self, op_list: list, epoch: int, future) -> None:
         """One submission to the spool writer (on the broker loop): its ops, and the future of its commit."""
         stored: list[int] = []
+        published: list[tuple] = []  # the message_published events of this submission, written at once
         handlers = self._handlers
-        write, every = self.events.write_rendered, self._all
+        every = self._all
         for op in op_list:
             kind = type(op)
             if every and kind in _STORED:  # most ops of a durable stream: no handler call, no sampling test
                 stored.append(op.msg_id)
-                write("message_published", _published_members, (op, epoch))
+                published.append((op, epoch))
                 continue
             handler = handlers.get(kind)
             if handler is not None:
+                if published:  # the log keeps the ops' order
+                    self.events.write_rendered_many("message_published", _published_members, published)
+                    published = []
                 handler(self, op, epoch, stored)
+        self.events.write_rendered_many("message_published", _published_members, published)
         if stored:
             future.add_done_callback(lambda fut: self._spooled(fut, stored, epoch))
 
