@@ -33,6 +33,7 @@ from typing import Callable
 from ..spool import ops
 
 MAX_PENDING_COMMITS = 10_000
+_STORED = frozenset((ops.MessageStored, ops.MessageRouted))  # a message_published each (`_on_stored`)
 _HASH_MULT = 2654435761  # Knuth's multiplicative hash: spreads consecutive ids over the 32-bit range
 
 
@@ -75,11 +76,22 @@ class MessageEvents:
     def submitted(self, op_list: list, epoch: int, future) -> None:
         """One submission to the spool writer (on the broker loop): its ops, and the future of its commit."""
         stored: list[int] = []
+        published: list[tuple] = []  # the message_published events of this submission, written at once
         handlers = self._handlers
+        every = self._all
         for op in op_list:
-            handler = handlers.get(type(op))
+            kind = type(op)
+            if every and kind in _STORED:  # most ops of a durable stream: no handler call, no sampling test
+                stored.append(op.msg_id)
+                published.append((op, epoch))
+                continue
+            handler = handlers.get(kind)
             if handler is not None:
+                if published:  # the log keeps the ops' order
+                    self.events.write_rendered_many("message_published", _published_members, published)
+                    published = []
                 handler(self, op, epoch, stored)
+        self.events.write_rendered_many("message_published", _published_members, published)
         if stored:
             future.add_done_callback(lambda fut: self._spooled(fut, stored, epoch))
 

@@ -47,7 +47,8 @@ Rules:
   have run, which is what the window counts. The packets of one callback share
   one future, resolved behind the last of their effects (one future per read,
   not per PUBLISH). With `observe_ack`, each packet that waits is stamped when
-  read and observed when that future resolves (its acks went out with it).
+  read and observed when that future resolves (its acks went out with it), the
+  batch in one call.
 """
 
 from __future__ import annotations
@@ -113,9 +114,9 @@ class BrokerService:
                  release: ReleaseRule | None = None, serving: Callable[[], bool] = lambda: True,
                  mate_over_lag: Callable[[], bool] = lambda: False,
                  message_events: MessageEvents | None = None,
-                 observe_ack: Callable[[float], None] | None = None) -> None:
+                 observe_ack: Callable[[list[float]], None] | None = None) -> None:
         self.local = local
-        self._observe_ack = observe_ack  # seconds from a waiting packet's read to its effects (see the rules)
+        self._observe_ack = observe_ack  # seconds from each waiting packet's read to its effects, a batch a call
         self._read_at: list[float] = []  # when the waiting packets of this callback were read
         self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
         self._history = self.writer.history  # the writer history self.core will be built on (see the rules)
@@ -209,7 +210,8 @@ class BrokerService:
             return None
         ops_before, thens_before = len(self._ops), len(self._thens)
         self.execute(self.core.packet(conn_id, packet, wall_ms()))
-        self._schedule()  # acks leave work for the core's flush
+        if not self._flush_scheduled:
+            self._schedule()  # acks leave work for the core's flush
         if len(self._ops) == ops_before and len(self._thens) == thens_before:
             return None
         if self._observe_ack is not None:
@@ -260,9 +262,8 @@ class BrokerService:
                 raise AssertionError(f"unknown effect {effect!r}")
 
     def _observe_read_to_ack(self, read_at: tuple[float, ...]) -> None:
-        now, observe = time.perf_counter(), self._observe_ack
-        for t in read_at:
-            observe(now - t)
+        now = time.perf_counter()
+        self._observe_ack([now - t for t in read_at])
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:

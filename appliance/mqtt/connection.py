@@ -64,7 +64,7 @@ def _of_session(name: str) -> property:
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
-        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained")
+        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained", "_waits")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
@@ -75,6 +75,8 @@ class MqttConnection(asyncio.Protocol):
         self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
         self.conn_id: int | None = None  # the broker's name for this connection once accepted
         self.inflight = 0  # windowed packets whose effects are not complete yet
+        # The broker's future for each batch of them -> how many of ours it covers: one callback a batch, not a packet.
+        self._waits: dict[asyncio.Future, int] = {}
         self._paused = 0
         self._out: list[bytes] | None = None
         self._written = 0
@@ -188,17 +190,17 @@ class MqttConnection(asyncio.Protocol):
                     self._pause(_TURN)
                     self._loop.call_soon(self._resume, _TURN)
                     break
-                budget -= 1
                 packet = session.next_event()
                 if packet is None:
                     break
-                self._l.packets_in += 1
+                budget -= 1
                 if packet is HANDLED:
                     continue
                 if self.conn_id is None:
                     self._connect_arrived(packet)
                 else:
                     self._to_broker(packet)
+            self._l.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
             self._transmit()
         except Exception:
             log.exception("MQTT connection %s failed", self.peer)
@@ -222,7 +224,13 @@ class MqttConnection(asyncio.Protocol):
         pending = self._l.broker.packet(self.conn_id, packet)
         if pending is not None and kind in _WINDOWED:
             self.inflight += 1
-            pending.add_done_callback(self._completed)
+            waits = self._waits
+            n = waits.get(pending)
+            if n is None:
+                waits[pending] = 1
+                pending.add_done_callback(self._completed)
+            else:
+                waits[pending] = n + 1
             if self.inflight >= self._l.window:
                 self._throttle()
         if kind is Publish:
@@ -237,8 +245,8 @@ class MqttConnection(asyncio.Protocol):
         self._l.throttled.add(self)
         self._pause(_WINDOW)
 
-    def _completed(self, _future: asyncio.Future) -> None:
-        self.inflight -= 1
+    def _completed(self, future: asyncio.Future) -> None:
+        self.inflight -= self._waits.pop(future)
         if self._paused & _WINDOW and self.inflight < self._l.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
@@ -366,6 +374,17 @@ class MqttConnection(asyncio.Protocol):
         else:
             out.append(data)
 
+    def _write_many(self, datas: list[bytes]) -> None:
+        if not datas:
+            return
+        self._l.packets_out += len(datas)
+        out = self._out
+        if out is None:
+            self._out = datas
+            self._l.mark_dirty(self)
+        else:
+            out += datas
+
     def flush(self) -> None:
         out, self._out = self._out, None
         if not out or self.transport.is_closing():
@@ -416,26 +435,48 @@ class MqttConnection(asyncio.Protocol):
     # --- the broker's side (BrokerService calls these) -----------------------------
 
     def send_nowait(self, packet: Packet) -> None:
-        session = self.session
-        if session.closing:
+        if self.session.closing:
             return
-        limit = session.peer_max_packet_size
-        if type(packet) is Puback and not packet.reason_code and not packet.properties:
+        data = self._fast_bytes(packet)
+        if data is None:
+            self.session.send(packet)
+            self._transmit()
+        elif data:
+            self._write(data)
+
+    def send_many(self, packets: list[Packet]) -> None:
+        """`send_nowait` for each of `packets` in order, the common ones gathered into one append to the output."""
+        session = self.session
+        datas: list[bytes] = []
+        for packet in packets:
+            if session.closing:
+                return
+            data = self._fast_bytes(packet)
+            if data is None:
+                self._write_many(datas)
+                datas = []
+                session.send(packet)
+                self._transmit()
+            elif data:
+                datas.append(data)
+        self._write_many(datas)
+
+    def _fast_bytes(self, packet: Packet) -> bytes | None:
+        """The bytes of a common packet without the session's encoder; b"": discarded; None: not a common one."""
+        limit = self.session.peer_max_packet_size
+        kind = type(packet)
+        if kind is Puback and not packet.reason_code and not packet.properties:
             # What `Puback.encode` makes in 3.1.1 and 5.0 (v5 omits reason 0 without properties), without the
             # encoder's cost per packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
-            if limit is None or limit >= 4:
-                self._write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
-            return
-        if type(packet) is Publish:
+            return b"\x40\x02" + packet.packet_id.to_bytes(2, "big") if limit is None or limit >= 4 else b""
+        if kind is Publish:
             self._l.messages_out += 1
             if not packet.properties:
-                data = self._l.encode_plain_publish(packet, session.protocol_version)
+                data = self._l.encode_plain_publish(packet, self.session.protocol_version)
                 if data is not None:
-                    if limit is None or len(data) <= limit:
-                        self._write(data)
-                    return  # larger than the client accepts: discarded, as v5 §3.1.2.11.4 says
-        session.send(packet)
-        self._transmit()
+                    # Larger than the client accepts: discarded, as v5 §3.1.2.11.4 says.
+                    return data if limit is None or len(data) <= limit else b""
+        return None
 
     def close_with(self, reason: int, why: str) -> None:
         if self.session.closing:

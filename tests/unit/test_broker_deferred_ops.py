@@ -38,6 +38,10 @@ class Recorder:
     def write_rendered(self, event: str, render, value) -> None:
         self.events.append((event, json.loads("{" + render(value)[1:])))
 
+    def write_rendered_many(self, event: str, render, values) -> None:
+        for value in values:
+            self.write_rendered(event, render, value)
+
     def kinds(self) -> list[str]:
         return [kind for kind, _ in list(self.events)]
 

@@ -7,7 +7,9 @@ sockets. Checked here:
 - one window future per read (service.py's rules): every PUBLISH of a read, however many, is counted out of
   the in-flight window once its ack is out, so the window returns to 0 and a throttled client is read again;
   the acks keep PUBLISH order;
-- the gate, asked once per read: a read after the gate closed is refused.
+- the gate, asked once per read: a read after the gate closed is refused;
+- a callback's packets for one connection go out in their order, whether the connection writes them itself
+  (PUBACKs, PUBLISHes without properties of a topic seen before) or the session encodes them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pairmq.appliance.broker.service import BrokerService
 from pairmq.appliance.mqtt.codec import Puback
 from pairmq.appliance.mqtt.overload import OverloadLimits
 from tests.harness.inprocess_broker import HOST, InProcessBroker
-from tests.harness.mqttraw import DISCONNECT, PUBACK, PUBLISH, SUBACK, V5, V311, Raw, utf8
+from tests.harness.mqttraw import DISCONNECT, PUBACK, PUBLISH, SUBACK, V5, V311, Raw, encode_props, utf8
 
 WAIT_S = 10.0
 
@@ -125,6 +127,23 @@ def test_a_small_window_throttles_and_recovers(make):
     pub.sock.sendall(publishes(V311, "t", pids))
     assert [struct.unpack("!H", pub.expect(PUBACK).body)[0] for _ in pids] == pids
     assert b.call(lambda: b.listener.throttle_events) >= 1, "a window of 5 was never full with 60 in one read"
+
+
+def test_one_reads_deliveries_keep_their_order_however_each_is_encoded(make):
+    broker, client = make
+    b = broker()
+    sub = client(b, V5, "sub")
+    assert sub.subscribe(1, "o", 0).type == SUBACK
+    pub = client(b, V5, "pub")
+    frames = []
+    for i in range(8):  # every third one carries a user property: the session's encoder for those
+        props = encode_props([(0x26, ("n", str(i)))] if i % 3 == 1 else [])
+        body = utf8("o") + props + b"m%d" % i
+        frames.append(bytes([0x30, len(body)]) + body)
+    pub.sock.sendall(b"".join(frames))  # one read: one callback's deliveries to `sub`
+    got = [sub.expect(PUBLISH).publish() for _ in range(8)]
+    assert [payload for _t, _pid, _p, payload in got] == [b"m%d" % i for i in range(8)]
+    assert [bool(props) for _t, _pid, props, _payload in got] == [i % 3 == 1 for i in range(8)]
 
 
 def test_a_read_after_the_gate_closed_is_refused(make):

@@ -226,3 +226,22 @@ def test_a_published_event_rendered_on_the_writer_thread_reads_as_the_dict_would
     assert own[:2] == [fields(odd, 5), fields(stored(8), 5)]
     assert own[2] == {"render_error": "ZeroDivisionError('integer division or modulo by zero')"}
     assert [e["event"] for e in got] == ["message_published"] * 3 + ["after"]
+
+
+def test_a_submissions_published_events_are_written_in_the_order_of_its_ops(tmp_path):
+    """The published events of a submission are queued together, but never ahead of an earlier op's event."""
+    log = EventLog(tmp_path, "primary")
+    inflight = ops.MessagesInflight("sub", (1,), (11,))
+    MessageEvents(log, 1.0).submitted([stored(1), stored(2), inflight, stored(3)], 4, concurrent.futures.Future())
+    log.close()
+    got = [(e["event"], e.get("msg_id", e.get("msg_ids"))) for e in read_events(tmp_path)]
+    assert got == [("message_published", 1), ("message_published", 2), ("message_delivered", [1]),
+                   ("message_published", 3)]
+
+
+def test_a_batch_of_rendered_events_after_close_is_counted_as_lost(tmp_path):
+    log = EventLog(tmp_path, "primary")
+    log.close()
+    log.write_rendered_many("message_published", lambda value: ',"n":%d}' % value, list(range(150)))
+    log.write_rendered_many("message_published", lambda value: ',"n":%d}' % value, [])
+    assert log.lost == 150 and read_events(tmp_path) == []

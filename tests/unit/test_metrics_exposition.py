@@ -3,10 +3,12 @@ and each node's instruments live in a registry of their own, so several nodes ca
 
 from __future__ import annotations
 
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from pairmq.appliance.api.metrics import Metric, render
-from pairmq.appliance.instruments import NodeInstruments
+from pairmq.appliance.instruments import BatchHistogram, NodeInstruments
 
 
 def parse(text: bytes) -> dict:
@@ -43,3 +45,26 @@ def test_each_node_has_its_own_registry_with_histograms_and_default_collectors()
         assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info",
                 "python_gc_collections"} <= set(families)
         assert not [s for f in families.values() for s in f.samples if s.name.endswith("_created")]
+
+
+def test_a_batch_histogram_renders_what_prometheus_clients_histogram_renders_for_the_same_values():
+    values = [0.0001, 0.0002, 0.00020001, 0.001, 0.002, 0.0049, 0.05, 1.0, 4.99, 5.0, 7.5, 1e9]
+    buckets = (0.0002, 0.001, 0.005, 1.0, 5.0)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batched = BatchHistogram("pairmq_t_seconds", "A test.", buckets, ours)
+    single = Histogram("pairmq_t_seconds", "A test.", buckets=buckets, registry=theirs)
+    batched.observe_many(values[:5])
+    batched.observe_many([])
+    batched.observe_many(values[5:-1])
+    batched.observe(values[-1])
+    for value in values:
+        single.observe(value)
+    a, b = parse(render([], ours))["pairmq_t_seconds"], parse(render([], theirs))["pairmq_t_seconds"]
+    assert a.type == b.type == "histogram"
+    assert [(s.name, s.labels, s.value) for s in a.samples] == [(s.name, s.labels, s.value) for s in b.samples]
+    assert {s.labels["le"]: s.value for s in a.samples if s.name.endswith("_bucket")}["0.0002"] == 2  # "le"
+
+
+def test_a_batch_histogram_refuses_buckets_out_of_order():
+    with pytest.raises(ValueError, match="increasing"):
+        BatchHistogram("pairmq_u_seconds", "A test.", (0.1, 0.01), CollectorRegistry())
