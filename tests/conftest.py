@@ -26,16 +26,30 @@ import pytest
 # - Each worker runs its groups on loopback addresses of its own: PAIRMQ_TEST_LOOPBACK (127.0.0.1 by default)
 #   plus 10 × (worker number + 1), so groups of two workers never share an address or a ports lock.
 # - A module runs whole on one worker (its module-scoped group starts once); the modules of a SHARED_SCOPES
-#   entry run on one worker, one after another, because they share a resource.
-# - Scopes start in SCOPE_ORDER: the ones whose nodes wait on real timers before the CPU-bound simulators and
-#   Spark, which would starve those timers if they ran alongside (the netns chain, the longest, first of all).
+#   entry run on one worker, one after another, because they share a resource. A simulator's test shares
+#   nothing with its neighbours (no module-scoped fixtures in tests/sim/): each is a scope of its own, so the
+#   blocks of one seeded run spread over both workers.
+# - Scopes start in SCOPE_ORDER, a scope taking the place of the longest entry it starts with: the ones whose
+#   nodes wait on real timers before the CPU-bound simulators and Spark, which would starve those timers if
+#   they ran alongside (the netns chain, the longest, first of all); within each part the longest scopes first,
+#   so that no long one starts last and leaves a worker idle at the end.
 WORKERS = 2  # 4 starved the nodes of handover and failover tests on a loaded 2-core machine
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
-    "spark": ("tests/unit/test_analytics_", "tests/processes/test_analytics_"),  # one JVM's memory at a time
+    "spark": ("tests/unit/test_analytics_",),  # one SparkSession (tests/harness/spark_session.py) for them all
 }
-SCOPE_ORDER = ("netns", "tests/processes/", "spark", "tests/sim/")  # then the rest: tests/unit/ and any other
+SPLIT_SCOPES = ("tests/sim/",)
+SCOPE_ORDER = (
+    "netns",
+    "tests/processes/test_clean_venv.py", "tests/processes/test_install.py",  # minutes of pip each
+    "tests/processes/",
+    "tests/processes/test_analytics_cluster.py",  # a master, two workers, two drivers and their executors
+    "spark",
+    "tests/sim/test_quorum_random_schedules.py",
+    "tests/processes/test_analytics_",  # a JVM each: the product's own `pairmq analytics`
+    "tests/sim/",
+)  # then the rest: tests/unit/ and any other
 # - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the
 #   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled, except
 #   those marked `compiled` (they check the compiled build itself).
@@ -61,11 +75,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fuzz each decoder for this many minutes instead of the CI's fixed number of inputs")
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """On the uncompiled build a test file outside PURE_SUBSET is not even imported: its imports (Spark, the
+    harness) cost each worker seconds for tests it would deselect."""
+    if os.environ.get("PAIRMQ_PURE_PYTHON") != "1" or not collection_path.is_relative_to(config.rootpath) \
+            or collection_path.is_dir() or not collection_path.name.startswith("test_"):
+        return None
+    nodeid = collection_path.relative_to(config.rootpath).as_posix()
+    return None if any(fnmatch.fnmatch(nodeid, pattern) for pattern in PURE_SUBSET) else True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PAIRMQ_PURE_PYTHON") == "1":
         kept = [item for item in items if any(fnmatch.fnmatch(item.nodeid.split("::")[0], pattern)
                                               for pattern in PURE_SUBSET) and not item.get_closest_marker("compiled")]
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        kept_ids = {id(item) for item in kept}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
         items[:] = kept
     mark_and_order(items)
     minutes = config.getoption("--soak")
@@ -107,7 +132,13 @@ def scope_of(nodeid: str) -> str:
     for scope, prefixes in SHARED_SCOPES.items():
         if nodeid.startswith(prefixes):
             return scope
-    return nodeid.split("::", 1)[0]
+    return nodeid if nodeid.startswith(SPLIT_SCOPES) else nodeid.split("::", 1)[0]
+
+
+def rank_of(scope: str) -> int:
+    """The place of a scope in SCOPE_ORDER: that of the longest entry it starts with; after them all if none."""
+    matches = [(len(first), i) for i, first in enumerate(SCOPE_ORDER) if scope.startswith(first)]
+    return max(matches)[1] if matches else len(SCOPE_ORDER)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -131,7 +162,4 @@ def mark_and_order(items: list[pytest.Item]) -> None:
         if folder in FOLDER_MARKS:
             item.add_marker(FOLDER_MARKS[folder])
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike, or xdist refuses the collections
-        def rank(item: pytest.Item) -> int:
-            scope = scope_of(item.nodeid)
-            return next((i for i, first in enumerate(SCOPE_ORDER) if scope.startswith(first)), len(SCOPE_ORDER))
-        items.sort(key=rank)
+        items.sort(key=lambda item: rank_of(scope_of(item.nodeid)))

@@ -49,7 +49,7 @@ def _wait(proc: subprocess.Popen, log: Path, needle: str, what: str) -> None:
             return
         if proc.poll() is not None:
             raise AssertionError(f"{what} exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"{what} did not start in {START_TIMEOUT_S} s: {log.read_text(errors='replace')[-3000:]}")
 
 
@@ -66,12 +66,12 @@ def standalone_cluster(address: str, work: Path, workers: int = 2):
         procs.append(_start(["org.apache.spark.deploy.master.Master", "--host", address, "--port", str(port),
                              "--webui-port", str(free_port(address))], env, master_log))
         _wait(procs[0], master_log, "I have been elected leader", "the Spark master")
-        for k in range(workers):
-            log = work / f"worker-{k}.log"
+        for k in range(workers):  # all started before waiting for any: their JVMs start side by side
             procs.append(_start(["org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", "1",
                                  "--memory", "1g", "--webui-port", str(free_port(address)),
-                                 "--work-dir", str(work / f"worker-{k}"), url], env, log))
-            _wait(procs[-1], log, "Successfully registered with master", f"Spark worker {k}")
+                                 "--work-dir", str(work / f"worker-{k}"), url], env, work / f"worker-{k}.log"))
+        for k, proc in enumerate(procs[1:]):
+            _wait(proc, work / f"worker-{k}.log", "Successfully registered with master", f"Spark worker {k}")
         yield url
     finally:
         for proc in reversed(procs):

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
 import pytest
@@ -51,13 +52,14 @@ def test_a_standalone_cluster_gives_exactly_the_reports_of_local_mode(tmp_path):
     expected = generate(logs, 20_000, segment_bytes=256 * 1024)
     backup = sorted((logs / "backup" / "events").glob("events-backup-*.jsonl"))
     backup[-1].rename(backup[-1].with_name("events.jsonl"))  # the backup's log still growing: an active segment
-    local = summarize(logs, tmp_path / "local", "local[2]")
+    work = tmp_path / "cluster"
+    with ThreadPoolExecutor(1) as pool:  # the local run's JVM works while the cluster's JVMs start
+        local_run = pool.submit(summarize, logs, tmp_path / "local", "local[2]")
+        with standalone_cluster(ADDRESS, work, workers=2) as url:
+            local = local_run.result()
+            remote = summarize(logs, tmp_path / "remote", url)
     assert local["messages"]["published_per_node"] == {**expected["published"], "monitor": 0}
     assert local["inputs"]["active_segments"] == 1 and local["inputs"]["segments_ingested_now"] > 3
-
-    work = tmp_path / "cluster"
-    with standalone_cluster(ADDRESS, work, workers=2) as url:
-        remote = summarize(logs, tmp_path / "remote", url)
     assert remote == local
     assert reports(tmp_path / "remote") == reports(tmp_path / "local")
     executors = [list((work / f"worker-{k}").glob("app-*/*/stderr")) for k in range(2)]
