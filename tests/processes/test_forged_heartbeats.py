@@ -23,9 +23,11 @@ every datagram twice (outgoing and incoming), so captures are de-duplicated.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from scapy.all import IP, UDP, AsyncSniffer, L3RawSocket, Raw
@@ -168,11 +170,25 @@ def epoch_offset(data: bytes) -> int:
 class Snapshot:
     views: dict[Role, dict]
     decisions: dict[Role, int]
+    kernel_drops: dict[Role, int]
 
 
 def snapshot(group: Group) -> Snapshot:
     return Snapshot({r: redundancy(group, r) for r in Role},
-                    {r: len(forbidden_decisions(group, r)) for r in Role})
+                    {r: len(forbidden_decisions(group, r)) for r in Role},
+                    {r: kernel_drops(group, r) for r in Role})
+
+
+def kernel_drops(group: Group, role: Role) -> int:
+    """Datagrams the kernel dropped for the node's heartbeat socket (its receive buffer full: a burst of
+    64 KiB datagrams overflows it while a loaded machine has not yet scheduled the heartbeat thread)."""
+    ip, port = group.address(role), group.config.ports.heartbeat
+    local = f"{ipaddress.IPv4Address(ip).packed[::-1].hex().upper()}:{port:04X}"
+    for line in Path("/proc/net/udp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local:
+            return int(fields[-1])
+    raise AssertionError(f"no UDP socket on {ip}:{port}")
 
 
 def forbidden_decisions(group: Group, role: Role) -> list[dict]:
@@ -188,9 +204,12 @@ def assert_nothing_changed(rig: Rig, kind: str, before: Snapshot, sent: dict[Rol
     """`sent[role] = (reason, n)`: that node must have refused n datagrams for that reason, and nothing else."""
     group = rig.group
 
+    def dropped(role: Role) -> int:
+        return kernel_drops(group, role) - before.kernel_drops[role]
+
     def counted() -> dict[Role, dict] | None:
         views = {r: redundancy(group, r) for r in Role}
-        done = all(rejected_delta(before, views, r)[reason] >= n for r, (reason, n) in sent.items())
+        done = all(rejected_delta(before, views, r)[reason] + dropped(r) >= n for r, (reason, n) in sent.items())
         return views if done else None
 
     assert ours(group), "another process shares our ports:\n" + "\n".join(listeners())
@@ -204,8 +223,9 @@ def assert_nothing_changed(rig: Rig, kind: str, before: Snapshot, sent: dict[Rol
               f"delta {({k: v for k, v in delta.items() if v} or '{}')}  accepted {after[role]['accepted_heartbeats']}")
         others = {k: v for k, v in delta.items() if k != reason and v}
         assert not others, f"{role.value} counted {kind} datagrams under other reasons: {delta}"
-        if reason:
-            assert delta[reason] >= n, f"{role.value}: {n} {kind} datagrams sent, {delta[reason]} counted {reason}"
+        if reason:  # each one the kernel let through was counted, and the first always gets through
+            assert delta[reason] >= 1 and delta[reason] + dropped(role) >= n, \
+                f"{role.value}: {n} {kind} datagrams sent, {delta[reason]} counted {reason}, {dropped(role)} dropped"
         assert after[role]["epoch"] == before.views[role]["epoch"], f"{role.value}'s epoch moved"
         assert after[role]["activity"] == before.views[role]["activity"], f"{role.value}'s activity changed"
         assert len(forbidden_decisions(group, role)) == before.decisions[role], \
