@@ -178,6 +178,9 @@ async def storm(target: Target, n: int) -> dict:
             refused["error"] += 1
             return
         clients.append(c)
+        if c.transport.is_closing():  # shed by the broker before our CONNECT (uvloop raises on writing then)
+            refused["error"] += 1
+            return
         c.send(connect_packet(f"storm-{i}"))
         try:
             rc = await asyncio.wait_for(c.connack, max(0.1, CONNECT_TIMEOUT_S - (time.perf_counter() - t0)))

@@ -28,12 +28,12 @@ import pytest
 # - A module runs whole on one worker (its module-scoped group starts once); the modules of a SHARED_SCOPES
 #   entry run on one worker, one after another, because they share a resource. A simulator's test shares
 #   nothing with its neighbours (no module-scoped fixtures in tests/sim/): each is a scope of its own, so the
-#   blocks of one seeded run spread over both workers.
+#   blocks of one seeded run spread over the workers.
 # - Scopes start in SCOPE_ORDER, a scope taking the place of the longest entry it starts with: the ones whose
 #   nodes wait on real timers before the CPU-bound simulators and Spark, which would starve those timers if
 #   they ran alongside (the netns chain, the longest, first of all); within each part the longest scopes first,
 #   so that no long one starts last and leaves a worker idle at the end.
-WORKERS = 2  # 4 starved the nodes of handover and failover tests on a loaded 2-core machine
+WORKERS = 3  # the nodes mostly wait on timers, so 3 keep 2 cores busy; 4 starved handover and failover tests
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
