@@ -109,7 +109,9 @@ def test_outcomes_a_failover_a_planned_handover_and_late_replication_from_real_l
     assert "5 delivered at once, 60 queued, 1,000 no subscriber, 3 refused" in text
     assert "Failover incidents" in text and "Planned handovers" in text
     assert "Late replication: 20 messages were stored while the standby was out of sync" in text
-    assert "Overload episodes" not in text and "Redeliveries" not in text  # nothing to say: no empty table
+    # nothing to say, no table: a loaded machine may lag a node's loop, and then there is something to say
+    assert ("Overload episodes" in text) == bool(view["overload_episodes"])
+    assert "Redeliveries" not in text
     for name in ("message_rate", "latency", "availability"):
         png = tmp_path / "report" / "charts" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"
