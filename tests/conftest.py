@@ -33,7 +33,7 @@ import pytest
 #   nodes wait on real timers before the CPU-bound simulators and Spark, which would starve those timers if
 #   they ran alongside (the netns chain, the longest, first of all); within each part the longest scopes first,
 #   so that no long one starts last and leaves a worker idle at the end.
-WORKERS = 3  # the nodes mostly wait on timers, so 3 keep 2 cores busy; 4 starved handover and failover tests
+WORKERS = 2  # 3 starved the nodes of handover and failover tests beside the Spark tests; 4 did so too
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
