@@ -279,6 +279,7 @@ class MqttListener:
             return sum(conn.drop(ReasonCode(reason_code), None) for conn in list(self._conns)
                        if conn.accepted and only(conn))
         self.connects.clear()  # their connections are in _conns and are closed below
+        server_reference = self._same_door(server_reference)
         return sum(conn.drop(ReasonCode(reason_code), server_reference) for conn in list(self._conns))
 
     def set_limits(self, preauth: PreAuthLimits, max_output_bytes: int, max_keep_alive_s: int = 0) -> None:
@@ -314,9 +315,14 @@ class MqttListener:
         except Exception:
             log.exception("gate.active_server_reference() failed")
             return None
+        return self._same_door(reference)
+
+    def _same_door(self, reference: str | None) -> str | None:
+        """The active's "host:port" with this listener's port: a WebSocket or TLS client sent to the plain MQTT
+        port would speak the wrong protocol there."""
         if reference is None or not self.requested_port:
             return reference
-        return f"{reference.rpartition(':')[0]}:{self.requested_port}"  # the same door, on the active's host
+        return f"{reference.rpartition(':')[0]}:{self.requested_port}"
 
     def emit(self, kind: str, fields: dict[str, object]) -> None:
         if self._on_event is None:

@@ -113,6 +113,12 @@ class Group:
         self.config: GroupConfig = load_group(directory / "group.toml")
         self.procs: dict[Role, subprocess.Popen] = {}
         self._ports = None if hosts else fixed_ports()
+        self._cleanups: list = []
+
+    def on_exit(self, cleanup) -> None:
+        """Run `cleanup()` when the group ends, first, even when the test failed: a client thread left
+        running would reconnect to the next test's group on the same addresses and mix its stream in."""
+        self._cleanups.append(cleanup)
 
     # --- processes -------------------------------------------------------------------
 
@@ -161,6 +167,9 @@ class Group:
 
     def __exit__(self, *exc) -> None:
         try:
+            while self._cleanups:
+                with contextlib.suppress(Exception):  # the test's own failure is the one to report
+                    self._cleanups.pop()()
             self.stop_all()
         finally:
             if self._ports is not None:
@@ -195,6 +204,12 @@ class Group:
             if ds and ds[-1]["kind"] == "activate" and (latest is None or ds[-1]["epoch"] > latest[0]):
                 latest = (ds[-1]["epoch"], role)
         return latest[1] if latest else None
+
+    def wait_active(self, role: Role, timeout_s: float = 10.0) -> None:
+        """Until the event logs say `role` is active: a decision reaches the log off the heartbeat thread,
+        so under load it may trail the CLI's answer or a client's CONNACK."""
+        self.wait_for(f"the {role.value}'s activation in the event logs", lambda: self.active() is role,
+                      timeout_s=timeout_s)
 
     def backup_in_sync(self) -> bool:
         """The backup's latest in-sync decision says it holds the active's data (its mate link caught up)."""

@@ -19,6 +19,10 @@ USE_ANOTHER_SERVER = 0x9C
 PUBACK_WAIT_S = 3.0
 
 
+class Closed(Exception):
+    """The publisher was closed while a publish waited for its acknowledgement."""
+
+
 @dataclasses.dataclass
 class Disconnect:
     at: float
@@ -43,25 +47,31 @@ class HostListPublisher:
         self.refusals: list[tuple[str, int]] = []
         self._client: mqtt.Client | None = None
         self._host = ""
-        self._lost = threading.Event()
+        self._lost = threading.Event()  # the current client's: each client sets only its own
+        self._closed = threading.Event()
         self._prefer: str | None = None
 
     # --- connecting ---------------------------------------------------------------------
 
     def connect(self, timeout_s: float = 15.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._closed.is_set():
             order = ([self._prefer] if self._prefer else []) + [h for h in self.hosts if h != self._prefer]
             self._prefer = None
             for host in order:
                 if self._try(host):
                     return
             time.sleep(0.005)
+        if self._closed.is_set():
+            raise Closed(f"{self.client_id}: closed while connecting")
         raise AssertionError(f"{self.client_id}: no server in {self.hosts} accepted a CONNECT within {timeout_s} s")
 
     def _try(self, host: str) -> bool:
         result: dict = {}
         done = threading.Event()
+        # An abandoned client's late DISCONNECT (a takeover, 0x8E) must not mark its successor lost: that
+        # successor would reconnect and take over in turn, and the two would ping-pong.
+        lost = threading.Event()
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
 
         def on_connect(cl, ud, flags, rc, props):
@@ -74,7 +84,7 @@ class HostListPublisher:
                 done.set()
                 return
             self.disconnects.append(Disconnect(time.monotonic(), host, rc.value, getattr(props, "ServerReference", None)))
-            self._lost.set()
+            lost.set()
 
         c.on_connect, c.on_disconnect = on_connect, on_disconnect
         try:
@@ -94,7 +104,7 @@ class HostListPublisher:
                 if result["rc"] == USE_ANOTHER_SERVER and result["ref"]:
                     self._prefer = result["ref"].split(":")[0]
             return False
-        self._lost.clear()
+        self._lost = lost
         c.loop_start()
         self._client, self._host = c, host
         self.connections.append(Connection(host, result["at"]))
@@ -115,6 +125,8 @@ class HostListPublisher:
     def publish(self, seq: int) -> None:
         """Publish `seq` until a server acknowledges it (reconnecting through the host list as needed)."""
         while True:
+            if self._closed.is_set():
+                raise Closed(f"{self.client_id}: closed while publishing {seq}")
             if self._client is None or self._lost.is_set():
                 self._reconnect()
             info = self._client.publish(self.topic, str(seq).encode(), qos=1)
@@ -131,6 +143,8 @@ class HostListPublisher:
             self._lost.set()
 
     def close(self) -> None:
+        """Stop: a publish under way on another thread raises Closed instead of reconnecting."""
+        self._closed.set()
         if self._client is not None:
             self._client.disconnect()
             self._client.loop_stop()

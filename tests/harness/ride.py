@@ -18,6 +18,7 @@ from tests.harness.http_api import hand_over
 
 P, B = Role.PRIMARY, Role.BACKUP
 QOS1, QOS2 = 300, 150
+ACK_WAIT_S = 30
 
 
 def ride_a_failover(group, fault: str, port: int = 1883, **client_kwargs) -> None:
@@ -31,11 +32,15 @@ def ride_a_failover(group, fault: str, port: int = 1883, **client_kwargs) -> Non
             got[topic].append(int(payload))
 
     sub = HostListClient(hosts, "fleet", **client_kwargs)
+    pub = HostListClient(hosts, "car-7", **client_kwargs)
+    # Stopped however the ride ends: a client left running would reconnect to the next test's group on the
+    # same addresses, take its client ids over and mix its stream into that test's.
+    group.on_exit(pub.stop)
+    group.on_exit(sub.stop)
     sub.subscribe("cars/+/door", 1, record)
     sub.subscribe("pay/+", 2, record)
     sub.start()
     time.sleep(0.3)  # the SUBACKs
-    pub = HostListClient(hosts, "car-7", **client_kwargs)
     pub.start()
     handles = []
     for i in range(max(QOS1, QOS2)):
@@ -49,7 +54,8 @@ def ride_a_failover(group, fault: str, port: int = 1883, **client_kwargs) -> Non
             else:
                 assert hand_over(group.config, P)["result"] == "handed over"
         time.sleep(0.004)
-    unacknowledged = [(t, i) for t, i, h in handles if not h.wait(timeout_s=20)]
+    deadline = time.monotonic() + ACK_WAIT_S  # one deadline for all: a stuck client fails in seconds, not hours
+    unacknowledged = [(t, i) for t, i, h in handles if not h.wait(timeout_s=max(0.0, deadline - time.monotonic()))]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with lock:
@@ -74,3 +80,6 @@ def ride_a_failover(group, fault: str, port: int = 1883, **client_kwargs) -> Non
     assert dup2 == 0, f"QoS 2 delivered twice: {dup2}"
     assert firsts == sorted(firsts) and q2 == sorted(q2), "per-publisher order"
     assert pub.failovers == 1 and pub.current == (group.address(B), port)
+    if fault == "release-activity":  # the handover's DISCONNECT points to the same door on the backup
+        moved = f"{group.address(P)}:{port}: disconnected 0x9C → {group.address(B)}:{port}"
+        assert moved in pub.history and moved in sub.history, (pub.history, sub.history)

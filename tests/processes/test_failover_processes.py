@@ -86,7 +86,7 @@ def test_sigstop_active_for_three_leases_never_two_accept(group, tmp_path):
     last = max(ticks)
     assert [r["rc"] for r in rounds if r["tick"] == last and r["host"] == group.address(P)] == [3]
     assert any("lease expired" in d["reason"] or "epoch 2" in d["reason"] for d in group.decisions(P, "step_down"))
-    assert group.active() is B
+    group.wait_active(B)
 
 
 def test_old_primary_restarted_comes_back_standby(group):

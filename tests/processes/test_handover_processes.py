@@ -35,6 +35,7 @@ class Stream:
 
     def __init__(self, group) -> None:
         self.pub = HostListPublisher([group.address(P), group.address(B)], "car-7", "cars/7/door")
+        group.on_exit(self.abandon)
         self.pub.connect()
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -61,6 +62,12 @@ class Stream:
         assert self.error is None, f"the publisher failed: {self.error!r}"
         self.pub.close()
         return [str(i).encode() for i in self.pub.acked]
+
+    def abandon(self) -> None:
+        """The test ended (maybe failed) without stop(): end the thread now, whatever it was doing."""
+        self._stop.set()
+        self.pub.close()
+        self._thread.join(15)
 
 
 def check_nothing_lost(group, active: Role, acknowledged: list[bytes], what: str) -> None:
@@ -100,7 +107,7 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
     released = pairmq(group, "release-activity")
     assert released.returncode == 0, released.stderr + group.logs_tail(40)
     assert "primary: handed activity over in" in released.stderr and "the backup is active" in released.stderr
-    assert group.active() is B
+    group.wait_active(B)
     group.wait_for("the old primary to stand by in sync", lambda: in_sync_with(group, P, B), timeout_s=20)
     group.wait_for("the MQTT 5 client's DISCONNECT", lambda: v5_disconnects, timeout_s=5)
     assert v5_disconnects[0] == (USE_ANOTHER_SERVER, f"{group.address(B)}:1883")
@@ -112,7 +119,7 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
     reverted = pairmq(group, "revert-activity")
     assert reverted.returncode == 0, reverted.stderr + group.logs_tail(40)
     assert "backup: handed activity over in" in reverted.stderr and "the primary is active" in reverted.stderr
-    assert group.active() is P
+    group.wait_active(P)
     stream.wait_acked(group, len(stream.pub.acked) + 100)
     acknowledged = stream.stop()
 
@@ -130,7 +137,7 @@ def test_sigterm_on_the_active_hands_over_and_exits_0(group):
     stream.wait_acked(group, 100)
     group.signal(P, signal.SIGTERM)
     assert group.procs.pop(P).wait(10) == 0, "the terminated primary did not exit 0"
-    assert group.active() is B
+    group.wait_active(B)
     assert any("SIGTERM: the backup holds every op through" in d["reason"] for d in group.decisions(P, "step_down"))
     stream.wait_acked(group, len(stream.pub.acked) + 100)
     acknowledged = stream.stop()
