@@ -193,3 +193,16 @@ def test_auto_revert_moves_activity_back_to_the_primary(tmp_path):
         assert group.active() is P, "auto-revert must not bounce back"
         acknowledged = stream.stop()
         check_nothing_lost(group, P, acknowledged, "kill -9, restart, auto-revert")
+
+
+def test_a_failed_test_leaves_no_client_behind_for_the_next_group(tmp_path):
+    """A publisher left running reconnects to the next group on the same addresses with the same client id:
+    its stream then mixes into that test's subscriber and the two publishers take each other over."""
+    with pytest.raises(AssertionError, match="the test failed"):
+        with active_group(tmp_path / "first") as first:
+            Stream(first).wait_acked(first, 20)
+            raise AssertionError("the test failed")
+    with active_group(tmp_path / "next") as group:
+        time.sleep(2)  # a publisher left behind retries every few ms: it would be in by now
+        strays = [e["peer"] for e in group.events(P) if e["event"] == "client_accepted" and e["client_id"] == "car-7"]
+        assert not strays, f"the failed test's publisher connected to the next group from {strays}"
