@@ -16,7 +16,11 @@ Rules:
   opcodes, an oversized control frame) with 1002, by wsproto.
 - A ping is answered with a pong; neither counts as MQTT keep-alive (the MQTT session keeps its own).
 - A close from the client is answered and the MQTT session sees a peer close; what follows it is ignored.
-- When the MQTT session closes, its last packets go out, then a close frame (1000), then FIN.
+- When the MQTT session closes, its last packets go out, then a close frame (1000), then FIN (TCP; over TLS
+  the close frame alone). Then what the client still sends is read and discarded, up to LINGER_MAX_BYTES or
+  LINGER_S, until it closes: a socket closed with unread bytes resets the connection, and the reset can
+  destroy our last packets in the client's receive buffer before it reads them (a handover's DISCONNECT
+  with its server reference, sent while the connection was held and the client kept sending).
 - Everything else (the gate, budgets, overload windows, output bounds, TLS) is the MqttListener's and the
   MqttConnection's: this object is that connection's transport, and the TCP transport's protocol.
 """
@@ -38,6 +42,10 @@ if TYPE_CHECKING:
     from pairmq.appliance.mqtt.connection import MqttConnection
 
 PATHS = ("/mqtt", "/")
+# The linger after our close (see the rules): long enough for a client to read our last frames and close,
+# short and bounded, as the MQTT connection's own drain after its FIN.
+LINGER_S = 1.0
+LINGER_MAX_BYTES = 1024 * 1024
 SUBPROTOCOL = "mqtt"
 _REASONS = {400: "Bad Request", 404: "Not Found", 431: "Request Header Fields Too Large"}
 
@@ -74,6 +82,7 @@ class WebSocketConnection(asyncio.Protocol):
         self._done = False  # refused, or a close was sent or received: nothing more is read
         self._paused = False  # the MQTT connection paused reading
         self._draining = False
+        self._lingered: int | None = None  # bytes read and discarded since our close (None: not closing)
 
     # --- the TCP transport's protocol -----------------------------------------------------------
 
@@ -83,6 +92,10 @@ class WebSocketConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._done:
+            if self._lingered is not None:
+                self._lingered += len(data)
+                if self._lingered > LINGER_MAX_BYTES:
+                    self._t.abort()
             return
         ws = self._ws
         if ws.state is ConnectionState.CONNECTING:
@@ -139,6 +152,8 @@ class WebSocketConnection(asyncio.Protocol):
             self._draining = False
 
     def eof_received(self) -> bool:
+        if self._lingered is not None:
+            return False  # the client's FIN after our close: everything was read, the transport closes cleanly
         self._done = True
         return self._mqtt.eof_received()
 
@@ -240,8 +255,25 @@ class WebSocketConnection(asyncio.Protocol):
         self._finish()
 
     def _finish(self) -> None:
+        """FIN (where TCP allows it) after our last frame, then linger reading (see the rules); bounded."""
         self._done = True
         transport = self._t
-        if not transport.is_closing():
-            transport.close()
-            asyncio.get_running_loop().call_later(self._limits.close_timeout_s, transport.abort)
+        if transport.is_closing() or self._lingered is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already: nothing left to linger for
+                transport.abort()
+                return
+        self._lingered = 0
+        transport.resume_reading()  # whatever paused it (a handover's hold): the client's bytes are discarded now
+        loop.call_later(LINGER_S, self._linger_over)
+        loop.call_later(self._limits.close_timeout_s, transport.abort)
+
+    def _linger_over(self) -> None:
+        """The client did not close within LINGER_S: close (flushing what it has not read yet; the close
+        timeout bounds that)."""
+        if not self._t.is_closing():
+            self._t.close()

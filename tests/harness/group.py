@@ -197,10 +197,11 @@ class Group:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{self.logs_tail()}")
 
     def active(self) -> Role | None:
-        """The node whose latest activation is newer than its latest step-down, from the event logs."""
+        """The node whose latest activation is newer than its latest step-down, from the event logs (since its
+        latest boot: a node killed while active logged no step-down)."""
         latest = None
         for role in (Role.PRIMARY, Role.BACKUP):
-            ds = [d for d in self.decisions(role) if d["kind"] in ("activate", "step_down")]
+            ds = [d for d in self.decisions(role) if d["kind"] in ("boot", "activate", "step_down")]
             if ds and ds[-1]["kind"] == "activate" and (latest is None or ds[-1]["epoch"] > latest[0]):
                 latest = (ds[-1]["epoch"], role)
         return latest[1] if latest else None
