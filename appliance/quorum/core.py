@@ -43,6 +43,12 @@ R4 start-up. A fresh boot neither bids nor votes for lease_ms + margin (its
    order (spool epoch, spool seq, primary-first); a node proves it from its
    mate's heartbeat or from the monitor's view of the mate. Without proof it
    waits for an operator's forced bid.
+R4' a tie with a mate that claimed activity (it was the active, and is silent now) counts as up to
+   date for either role: the primary-first order only keeps two fresh nodes from bidding at once. A
+   standby's position is what the active advertised while it held the standby in sync (what was
+   released, every op of it on the standby); anything released alone is advertised first (R9) and
+   would make the active's position higher. So a standby whose in-sync lease ran out while it stalled
+   across the active's crash still takes over, and it holds every acknowledged message.
 
 R5 every transition yields a `Decision` with a sentence saying why; its kind must be legal in the
    current activity, and only the decision changes it (the table in decisions.py).
@@ -407,9 +413,12 @@ class QuorumCore(HandoverRules):
                                    incarnation=self.state.incarnation)
         if news:
             self._decide(now_ms, DecisionKind.SYNC, f"{self.role.value}: {news}")
-        if self.insync.holds(now_ms) and self.insync.epoch == hb.epoch and \
+        # A heartbeat that held us in sync when the active sent it names only what we acknowledged, even if it
+        # reached us after our lease ran out (we stalled): what we hold is what the active held.
+        granted = hb.activity is Activity.ACTIVE and hb.has(FLAG_MATE_IN_SYNC) and hb.epoch == self.state.epoch
+        if (granted or self.insync.holds(now_ms) and self.insync.epoch == hb.epoch) and \
                 (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
-            self.set_spool_position(hb.spool_epoch, hb.spool_seq)  # what we hold is what the active held
+            self.set_spool_position(hb.spool_epoch, hb.spool_seq)
             self._save(now_ms)
 
     def _evaluate(self, now_ms: int) -> None:
@@ -482,7 +491,11 @@ class QuorumCore(HandoverRules):
             return False, f"{self.role.mate().value}'s position unknown"
         if mine >= theirs:
             return True, f"most up to date (spool {mine[0]}/{mine[1]} vs {theirs[0]}/{theirs[1]})"
-        return False, f"{self.role.mate().value} is more up to date"
+        mate = self.role.mate()
+        if mine[:2] == theirs[:2] and self.peers[mate].claimed:
+            # R4': a tie with the last active is no loss (see R4), whichever of the two is the primary
+            return True, f"holds all the {mate.value} released (spool {mine[0]}/{mine[1]})"
+        return False, f"{mate.value} is more up to date"
 
     def _mate_position(self, now_ms: int) -> tuple[int, int, bool] | None:
         """The mate's (spool epoch, seq, is-primary): the higher of its own latest heartbeat and the
@@ -550,6 +563,8 @@ class QuorumCore(HandoverRules):
             if other_hb is None:
                 return f"cannot confirm {hb.sender.value} is more up to date than {view.value} (never heard it)"
             other = (other_hb.spool_epoch, other_hb.spool_seq, view is Role.PRIMARY)
+            if theirs[:2] == other[:2] and self.peers[view].claimed:
+                return ""  # R4': the candidate ties with the last active, which it holds all of
         if theirs < other:
             return "candidate is not the most up to date"
         return ""

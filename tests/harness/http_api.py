@@ -79,13 +79,15 @@ def post(config, role, action: str, body: dict, timeout_s: float = 10.0) -> dict
 
 def hand_over(config, role, action: str = "release-activity", wait_s: float = 15.0) -> dict:
     """release-/revert-activity on `role`, asked again while it is refused because the mate is not in sync
-    at this instant (on a loaded machine a lag past the in-sync lease flips it out and back): the refusal
-    is right, but a test about what follows a handover wants the handover."""
+    at this instant (on a loaded machine a lag past the in-sync lease flips it out and back), or aborted
+    because it fell out of sync during the drain (the node then serves again): the refusal is right, but a
+    test about what follows a handover wants the handover."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             return post(config, role, action, {})
         except api.ApiError as exc:
-            if "not in sync" not in str(exc) or time.monotonic() > deadline:
+            transient = "not in sync" in str(exc) or "handover aborted" in str(exc)
+            if not transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)

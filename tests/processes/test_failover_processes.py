@@ -99,3 +99,32 @@ def test_old_primary_restarted_comes_back_standby(group):
     assert group.probe_once() == {P: 3, B: 0}
     assert group.active() is B
     assert len(group.decisions(P, "activate")) == 1, "the restarted primary must not take activity back"
+
+
+def test_a_standby_frozen_across_the_actives_crash_takes_over_with_every_acknowledged_message(group):
+    """The backup stalls (SIGSTOP: a loaded host, a VM pause) just as the active dies, for longer than its
+    in-sync lease outlasts the takeover delay. It then holds exactly what the primary last released: a tie
+    with the last active is no loss, so it must take over by itself, not wait for an operator."""
+    from tests.harness.paho_clients import client, resume_and_collect, subscribe_then_go_offline
+
+    subscribe_then_go_offline(group.address(P))
+    pub, _ = client("car-9", group.address(P), persistent=False)
+    acknowledged = []
+    for i in range(200):
+        info = pub.publish("cars/9/door", str(i).encode(), qos=1)
+        info.wait_for_publish(10)
+        assert info.is_published(), f"message {i} was not acknowledged"
+        acknowledged.append(str(i).encode())
+    pub.disconnect()
+    pub.loop_stop()
+    group.signal(B, signal.SIGSTOP)
+    group.kill(P)
+    time.sleep(2 * TIMERS.insync_ms / 1000)  # the backup's in-sync lease ends while it is frozen
+    group.signal(B, signal.SIGCONT)
+    group.wait_for("the frozen backup to take over", lambda: group.probe_once()[B] == 0, timeout_s=15)
+    received, missing = resume_and_collect(group.address(B), acknowledged)
+    assert not missing, f"acknowledged but lost: {missing[:10]}"
+    firsts = [int(x) for n, x in enumerate(received) if x not in received[:n]]
+    assert firsts == sorted(firsts), "per-publisher order"
+    group.wait_active(B)
+    assert "monitor concurs" in group.decisions(B, "activate")[-1]["reason"]

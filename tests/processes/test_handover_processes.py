@@ -126,8 +126,8 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
     handovers = [d for d in stream.pub.disconnects if d.reason == USE_ANOTHER_SERVER]
     assert [d.server_reference for d in handovers][:2] == [f"{group.address(B)}:1883", f"{group.address(P)}:1883"]
     print(f"publisher: unavailability at each handover (ms): {[round(g) for g in stream.pub.gaps_ms()]}")
-    activations = [d["reason"] for d in group.decisions(B, "activate")]
-    assert activations and activations[-1].startswith("backup: primary handed activity over (yielded epoch 1)")
+    activations = [d["reason"] for d in group.decisions(B, "activate")]  # a lease lost to a stall may add a failover
+    assert any(a.startswith("backup: primary handed activity over (yielded epoch 1)") for a in activations), activations
     check_nothing_lost(group, P, acknowledged, "release + revert")
 
 
