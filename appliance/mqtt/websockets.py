@@ -261,12 +261,14 @@ class WebSocketConnection(asyncio.Protocol):
         if transport.is_closing() or self._lingered is not None:
             return
         loop = asyncio.get_running_loop()
-        if transport.can_write_eof():
-            try:
+        try:
+            if transport.can_write_eof():
                 transport.write_eof()
-            except OSError:  # the peer is gone already: nothing left to linger for
-                transport.abort()
-                return
+        except NotImplementedError:  # a wrapper transport that does not say: the close frame alone
+            pass
+        except OSError:  # the peer is gone already: nothing left to linger for
+            transport.abort()
+            return
         self._lingered = 0
         transport.resume_reading()  # whatever paused it (a handover's hold): the client's bytes are discarded now
         loop.call_later(LINGER_S, self._linger_over)

@@ -415,7 +415,8 @@ class QuorumCore(HandoverRules):
             self._decide(now_ms, DecisionKind.SYNC, f"{self.role.value}: {news}")
         # A heartbeat that held us in sync when the active sent it names only what we acknowledged, even if it
         # reached us after our lease ran out (we stalled): what we hold is what the active held.
-        granted = hb.activity is Activity.ACTIVE and hb.has(FLAG_MATE_IN_SYNC) and hb.epoch == self.state.epoch
+        granted = self.activity is Activity.STANDBY and hb.activity is Activity.ACTIVE and \
+            hb.has(FLAG_MATE_IN_SYNC) and hb.epoch == self.state.epoch
         if (granted or self.insync.holds(now_ms) and self.insync.epoch == hb.epoch) and \
                 (self.state.spool_epoch, self.state.spool_seq) < (hb.spool_epoch, hb.spool_seq):
             self.set_spool_position(hb.spool_epoch, hb.spool_seq)
