@@ -25,17 +25,23 @@ def client(client_id: str, host: str, *, persistent: bool, max_inflight: int = 2
         props.SessionExpiryInterval = 3600
     c.connect(host, 1883, keepalive=30, clean_start=not persistent, properties=props)
     c.loop_start()
-    assert connected.wait(5), f"{client_id}: no CONNACK from {host}"
+    if not connected.wait(5):
+        # paho's loop thread would go on reconnecting, into the next test's group on the same addresses
+        c.disconnect()
+        c.loop_stop()
+        raise AssertionError(f"{client_id}: no CONNACK from {host}")
     return c, got
 
 
 def subscribe_then_go_offline(host: str) -> None:
     """The persistent subscriber "fleet" subscribes, then disconnects: its messages queue in its session."""
     sub, _ = client("fleet", host, persistent=True)
-    assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
-    time.sleep(0.5)  # the SUBACK (and its replication) before the subscriber goes away
-    sub.disconnect()
-    sub.loop_stop()
+    try:
+        assert sub.subscribe("cars/+/door", qos=1)[0] == mqtt.MQTT_ERR_SUCCESS
+        time.sleep(0.5)  # the SUBACK (and its replication) before the subscriber goes away
+    finally:
+        sub.disconnect()
+        sub.loop_stop()
 
 
 def resume_and_collect(host: str, acknowledged: list[bytes]) -> tuple[list[bytes], list[bytes]]:
@@ -43,11 +49,13 @@ def resume_and_collect(host: str, acknowledged: list[bytes]) -> tuple[list[bytes
     sub, got = client("fleet", host, persistent=True)
     received: list[bytes] = []
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not set(acknowledged) <= set(received):
-        try:
-            received.append(got.get(timeout=0.5))
-        except queue.Empty:
-            pass
-    sub.disconnect()
-    sub.loop_stop()
+    try:
+        while time.monotonic() < deadline and not set(acknowledged) <= set(received):
+            try:
+                received.append(got.get(timeout=0.5))
+            except queue.Empty:
+                pass
+    finally:
+        sub.disconnect()
+        sub.loop_stop()
     return received, sorted(set(acknowledged) - set(received), key=int)

@@ -113,6 +113,8 @@ def test_release_then_revert_through_the_cli_lose_nothing(group):
     idle_311.on_disconnect = lambda *a: closed_311.set()
     idle_311.connect(group.address(P), 1883, keepalive=30)
     idle_311.loop_start()
+    group.on_exit(idle_v5.loop_stop)  # paho's loop threads reconnect by themselves: not into the next group
+    group.on_exit(idle_311.loop_stop)
 
     stream = Stream(group)
     stream.wait_acked(group, 100)
