@@ -114,6 +114,7 @@ class Group:
         self.procs: dict[Role, subprocess.Popen] = {}
         self._ports = None if hosts else fixed_ports()
         self._cleanups: list = []
+        self._started_at: dict[Role, float] = {}  # wall time of each node's latest start (event "ts" is wall time)
 
     def on_exit(self, cleanup) -> None:
         """Run `cleanup()` when the group ends, first, even when the test failed: a client thread left
@@ -134,6 +135,7 @@ class Group:
             kwargs = dict(stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
             proc = self.hosts.popen(role.value, argv, **kwargs) if self.hosts else subprocess.Popen(argv, **kwargs)
             self.procs[role] = proc
+            self._started_at[role] = time.time()
 
     def pid(self, role: Role) -> int:
         """The node's own pid (under `ip netns exec`, the exec'd process keeps the Popen's pid)."""
@@ -201,7 +203,8 @@ class Group:
         latest boot: a node killed while active logged no step-down)."""
         latest = None
         for role in (Role.PRIMARY, Role.BACKUP):
-            ds = [d for d in self.decisions(role) if d["kind"] in ("boot", "activate", "step_down")]
+            since = self._started_at.get(role, 0.0)  # a restarted node's boot may not be in its log yet
+            ds = [d for d in self.decisions(role) if d["kind"] in ("boot", "activate", "step_down") and d["ts"] >= since]
             if ds and ds[-1]["kind"] == "activate" and (latest is None or ds[-1]["epoch"] > latest[0]):
                 latest = (ds[-1]["epoch"], role)
         return latest[1] if latest else None

@@ -200,8 +200,8 @@ def test_auto_revert_moves_activity_back_to_the_primary(tmp_path):
         group.start(P)
         group.wait_for("auto-revert to hand activity back to the primary", lambda: group.active() is P,
                        timeout_s=30)
-        assert any(d["reason"].startswith("backup: auto-revert: primary in sync and seen")
-                   for d in group.decisions(B, "auto_revert"))
+        group.wait_for("the backup's auto-revert decision in its event log", lambda: any(
+            d["reason"].startswith("backup: auto-revert: primary in sync and seen") for d in group.decisions(B, "auto_revert")))
         stream.wait_acked(group, len(stream.pub.acked) + 100)
         time.sleep(2)
         assert group.active() is P, "auto-revert must not bounce back"
