@@ -8,6 +8,10 @@ Rules:
   applies what it receives through its own writer: commits via `submit_commits`, a snapshot via
   `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
   node's spool and writer through the LocalSpool the node's wiring hands them.
+- The standby hands each OPS frame's commits to its writer as the frame is read, unless something is
+  queued ahead of them (a snapshot's batches, or more than PIPELINE_MAX_OPS not yet durable): then they
+  wait their turn in order. It acknowledges from the writer's settled futures, in order: one ACK for
+  all that one group commit made durable, never an op not yet durable.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
 - A full resync ships the spool's image (spool/image.py): a checkpoint of the active's state written

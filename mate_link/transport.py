@@ -2,8 +2,9 @@
 
 Rules:
 - The handshake (secure.py) must finish within `handshake_timeout_s`, else the socket is aborted.
-- After it, every frame is opened (secure.py) and decoded (messages.py) as it arrives and handed to
-  `on_message` in order; whatever `on_message` raises as a `RemoteProtocolError` (a `LinkFault`
+- After it, the socket reads straight into the secure channel's buffer (a BufferedProtocol: no bytes
+  object per read, no copy before a frame is opened), and every frame is opened (secure.py) and
+  decoded (messages.py) as it arrives and handed to `on_message` in order; whatever `on_message` raises as a `RemoteProtocolError` (a `LinkFault`
   from the replication ends) closes the link the same way a bad frame does.
 - Every refusal is counted by reason in `LinkCounters` and logged once; nothing a peer sends can
   raise out of here. A bug of ours is logged with its traceback and closes the link.
