@@ -4,8 +4,9 @@ Rules:
 - The handshake (secure.py) must finish within `handshake_timeout_s`, else the socket is aborted.
 - After it, the socket reads straight into the secure channel's buffer (a BufferedProtocol: no bytes
   object per read, no copy before a frame is opened), and every frame is opened (secure.py) and
-  decoded (messages.py) as it arrives and handed to `on_message` in order; whatever `on_message` raises as a `RemoteProtocolError` (a `LinkFault`
-  from the replication ends) closes the link the same way a bad frame does.
+  decoded (messages.py) as it arrives and handed to `on_message` in order; whatever `on_message`
+  raises as a `RemoteProtocolError` (a `LinkFault` from the replication ends) closes the link the
+  same way a bad frame does.
 - Every refusal is counted by reason in `LinkCounters` and logged once; nothing a peer sends can
   raise out of here. A bug of ours is logged with its traceback and closes the link.
 - Bounded: reading pauses while more than `max_write_buffer_bytes` wait to be written to the
