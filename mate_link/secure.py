@@ -54,6 +54,8 @@ PUBLIC_KEY_BYTES = 32
 MAX_GROUP_BYTES = 255
 MAX_HANDSHAKE_BYTES = 512
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+READ_BYTES = 256 * 1024  # the receive buffer's usual size; it grows for a larger frame while it is read
+MIN_READ_BYTES = 64 * 1024  # room offered to the socket per read at least
 _TAG_BYTES = 16
 _LEN = struct.Struct(">I")
 _MATE_ROLES = {Role.PRIMARY.value: Role.PRIMARY, Role.BACKUP.value: Role.BACKUP}
@@ -265,14 +267,20 @@ class ActiveHandshake(Handshake):
 
 
 class SecureChannel:
-    """Frames after the handshake: `seal` what we send, `receive_data` + `next_frame` what we get."""
+    """Frames after the handshake: `seal` what we send, `receive_data` + `next_frame` what we get.
+
+    What arrives is held in one buffer that the socket may read into directly (`get_buffer`, then
+    `buffer_updated`: the transport's BufferedProtocol), so a frame is opened where it landed, uncopied.
+    """
 
     def __init__(self, *, send_key: bytes, receive_key: bytes) -> None:
         self._send = AESGCM(send_key)
         self._receive = AESGCM(receive_key)
         self._send_counter = 0
         self._receive_counter = 0
-        self._in = bytearray()
+        self._in = bytearray(READ_BYTES)
+        self._start = 0  # the unread bytes are self._in[_start:_end]
+        self._end = 0
         self.frames_sent = 0
         self.frames_received = 0
 
@@ -291,29 +299,63 @@ class SecureChannel:
         return header + sealed
 
     def receive_data(self, data: bytes) -> None:
-        self._in += data
+        view = self.get_buffer(len(data))
+        n = min(len(view), len(data))
+        view[:n] = data[:n]
+        view.release()
+        self.buffer_updated(n)
+        if n < len(data):
+            self.receive_data(data[n:])
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Room for at least `sizehint` (else MIN_READ_BYTES) more bytes, or what the frame being read needs."""
+        held = self._end - self._start
+        if held == 0:
+            self._start = self._end = 0
+            if len(self._in) > READ_BYTES:
+                self._in = bytearray(READ_BYTES)  # a large frame's buffer is not kept once it was read
+        want = max(sizehint, MIN_READ_BYTES)
+        if held >= _LEN.size:
+            (length,) = _LEN.unpack_from(self._in, self._start)
+            if length <= MAX_FRAME_BYTES:  # a larger one is refused by next_frame, never buffered
+                want = max(want, _LEN.size + length - held)
+        if len(self._in) - self._end < want:
+            if len(self._in) - held >= want:
+                self._in[:held] = self._in[self._start:self._end]  # same length: never resizes
+            else:
+                grown = bytearray(held + max(want, READ_BYTES))
+                grown[:held] = self._in[self._start:self._end]
+                self._in = grown
+            self._start, self._end = 0, held
+        return memoryview(self._in)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` were written where the last `get_buffer` pointed."""
+        self._end += nbytes
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._in)
+        return self._end - self._start
 
     def next_frame(self) -> bytes | None:
         """The next authenticated plaintext, None if incomplete; TamperedFrame if it does not open."""
-        if len(self._in) < _LEN.size:
+        start = self._start
+        if self._end - start < _LEN.size:
             return None
-        (length,) = _LEN.unpack_from(self._in)
+        (length,) = _LEN.unpack_from(self._in, start)
         if length > MAX_FRAME_BYTES or length < _TAG_BYTES:
             raise TamperedFrame(f"a frame of {length} bytes (between {_TAG_BYTES} and {MAX_FRAME_BYTES})")
-        if len(self._in) < _LEN.size + length:
+        body = start + _LEN.size
+        if self._end - body < length:
             return None
         try:
-            with memoryview(self._in) as view:  # no copy of a MiB frame before it is opened
+            with memoryview(self._in) as view:  # opened where it landed: no copy of a MiB frame
                 plaintext = self._receive.decrypt(self._nonce(self._receive_counter),
-                                                  view[_LEN.size:_LEN.size + length], view[:_LEN.size])
+                                                  view[body:body + length], view[start:body])
         except InvalidTag:
             raise TamperedFrame(f"frame {self._receive_counter} does not authenticate "
                                 "(tampered, replayed, reordered or dropped)") from None
-        del self._in[:_LEN.size + length]
+        self._start = body + length
         self._receive_counter += 1
         self.frames_received += 1
         return plaintext

@@ -8,6 +8,10 @@ Rules:
   applies what it receives through its own writer: commits via `submit_commits`, a snapshot via
   `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
   node's spool and writer through the LocalSpool the node's wiring hands them.
+- The standby hands each OPS frame's commits to its writer as the frame is read, unless something is
+  queued ahead of them (a snapshot's batches, or more than PIPELINE_MAX_OPS not yet durable): then they
+  wait their turn in order. It acknowledges from the writer's settled futures, in order: one ACK for
+  all that one group commit made durable, never an op not yet durable.
 - Log reads, snapshot builds and snapshot batches run in a worker thread; the event loop only
   moves bytes and drives the two ends' state machines.
 - A full resync ships the spool's image (spool/image.py): a checkpoint of the active's state written
@@ -49,6 +53,7 @@ from pairmq.appliance.spool.errors import ChainError
 from pairmq.appliance.spool.image import ImageReceiver, ImageRefused, SpoolImage, image_dir
 from pairmq.appliance.spool.install import SnapshotBuilder
 from pairmq.appliance.spool.local import LocalSpool
+from pairmq.appliance.spool.writer import Submission
 
 from .active import ActiveLink, LinkFault, LinkLimits, MakeSnapshot, PlanNeeded, ReadCommits
 from .messages import Catchup, Message, Pong
@@ -354,7 +359,9 @@ class StandbyReplication(_Replication):
         self._closed: asyncio.Event | None = None
         self._work: asyncio.Queue | None = None
         self._image_queued = 0  # bytes of IMAGE pieces received and not yet written
-        self._committing: collections.deque[asyncio.Future] = collections.deque()  # ops handed to the writer
+        self._backlog = 0  # requests queued for the worker or being applied by it
+        self._pending: collections.deque[Submission] = collections.deque()  # ops handed to the writer, unacked
+        self._all_durable: asyncio.Event | None = None  # set while _pending is empty
         self.links_made = 0
         self.snapshots_installed = 0
         self._stopping = False
@@ -400,7 +407,10 @@ class StandbyReplication(_Replication):
         self._closed = asyncio.Event()
         self._work = asyncio.Queue()
         self._image_queued = 0
-        self._committing = collections.deque()
+        self._backlog = 0
+        self._pending = collections.deque()
+        self._all_durable = asyncio.Event()
+        self._all_durable.set()
         established = asyncio.Event()
         conn = MateConnection(StandbyHandshake(self._secret, self._group, self._me, os.urandom(32)),
                               counters=self.counters, on_established=lambda c: established.set(),
@@ -444,50 +454,107 @@ class StandbyReplication(_Replication):
         _catching_up(self.link.resyncing)
         self.conn.send(self.link.messages_to_send())
         for request in self.link.requests():
+            if isinstance(request, Apply) and not self._backlog and self.local.writer.pending_ops <= PIPELINE_MAX_OPS:
+                # Nothing queued ahead: straight to the writer, without a worker's turn per OPS frame.
+                if not self._submit_checked(request, self.conn):
+                    return
+                continue
             if isinstance(request, ImageChunk):
                 self._image_queued += len(request.data)
                 if self._image_queued > IMAGE_QUEUED_MAX_BYTES:
                     self.conn.transport.pause_reading()  # bounded: the active's pieces wait in TCP meanwhile
+            self._backlog += 1
             self._work.put_nowait(request)
 
     async def _apply_in_order(self) -> None:
-        """Apply requests in order: a snapshot batch must land before the ops after it. Ops are handed to the
-        writer at once, without waiting for the previous batch's commit (so decoding the next batch overlaps
-        committing this one, and the writer group-commits what queued up); `_ack_in_order` acknowledges each
-        batch once durable, in order. At most PIPELINE_MAX_OPS wait for their commit."""
-        acks: asyncio.Queue = asyncio.Queue()
-        acker = asyncio.get_running_loop().create_task(self._ack_in_order(acks))
+        """Apply queued requests in order: a snapshot batch must land before the ops after it. Ops are handed to
+        the writer at once, without waiting for the previous batch's commit (so decoding the next batch overlaps
+        committing this one, and the writer group-commits what queued up); `_durable` acknowledges them once
+        durable, in order. At most PIPELINE_MAX_OPS wait for their commit; past it, ops queue here."""
         try:
             while True:
                 request = await self._work.get()
-                if not await self._apply_one(request, acks):
-                    return
+                try:
+                    if not await self._apply_one(request):
+                        return
+                finally:
+                    self._backlog -= 1
                 self._drain()
         except Exception as exc:  # noqa: BLE001 - our side failed (our disk, our bug): end the link, redial
             # Otherwise the worker would die silently and the link stay up applying nothing: no ack ever again.
             log.error("mate link: applying what the active sent failed here: %r", exc)
             if self.conn is not None:
                 self.conn.close(f"applying failed on the standby: {exc}")
-        finally:
-            acker.cancel()
 
-    async def _apply_one(self, request, acks: asyncio.Queue) -> bool:
+    def _submit_checked(self, request: Apply, conn: MateConnection) -> bool:
+        """Hand `request` to the writer; False (link closed) if the active's ops are refused."""
+        try:
+            self._submit(request)
+        except (RemoteProtocolError, ChainError, ValueError) as exc:
+            self._refuse(conn, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - our side (our disk, our bug): as in _apply_in_order
+            log.error("mate link: applying what the active sent failed here: %r", exc)
+            conn.close(f"applying failed on the standby: {exc}")
+            return False
+        return True
+
+    def _submit(self, request: Apply) -> None:
+        sub = self.local.writer.submit_commits(  # StandbyLink verified their chain
+            list(request.commits), asyncio.get_running_loop(), chained=True)
+        self._pending.append(sub)
+        self._all_durable.clear()
+        pending = self._pending
+        sub.future.add_done_callback(lambda _f: self._durable(pending))
+
+    def _durable(self, pending: collections.deque[Submission]) -> None:
+        """Acknowledge, once, everything at the front of `pending` the writer has made durable (commits settle in
+        order, one loop wake-up for a whole group commit: so one ACK per group commit)."""
+        if pending is not self._pending:
+            return  # an earlier link's: nobody acknowledges it any more
+        link, conn = self.link, self.conn
+        last, nops, nbytes = None, 0, 0
+        while pending and pending[0].future.done():
+            sub = pending[0]
+            if sub.future.cancelled() or sub.future.exception() is not None:
+                # our spool failed the commit: nothing of it is acknowledged, and the link starts over
+                exc = None if sub.future.cancelled() else sub.future.exception()
+                conn.close(f"applying the active's ops failed here: {exc!r}")
+                return
+            pending.popleft()
+            commits = sub.future.result()
+            if commits:
+                last = commits[-1].point
+            nops += sub.nops
+            nbytes += sub.nbytes
+        if not pending:
+            self._all_durable.set()
+        if last is None or conn.closed:
+            return
+        link.applied(last)
+        running = link.progress is not None and link.progress.finished_ms is None
+        link.progressed(nops, nbytes, now_ms())
+        if running and link.progress.finished_ms is not None:
+            p = link.progress
+            log.info("mate link: catch-up done: %d ops (%d bytes of ops) in %d ms", p.ops_done, p.bytes_done,
+                     p.finished_ms - p.started_ms)
+        self._drain()
+
+    def _refuse(self, conn: MateConnection, exc: Exception) -> None:
+        """The active sent what we refuse (a bad op, a bad image): counted, the link closed."""
+        self.counters["bad_image" if isinstance(exc, ImageRefused) else "bad_ops"] += 1
+        log.warning("mate link: refused what the active sent: %s", exc)
+        conn.close(f"refused what the active sent: {exc}")
+
+    async def _apply_one(self, request) -> bool:
         """False once the link is closed because of what the active sent."""
         link, conn = self.link, self.conn
         try:
             if isinstance(request, Apply):
-                while self.local.writer.pending_ops > PIPELINE_MAX_OPS and self._committing:
+                while self.local.writer.pending_ops > PIPELINE_MAX_OPS and self._pending:
                     # Wait for the oldest commit only, not for all of them: the writer keeps a batch to work on.
-                    oldest = self._committing[0]
-                    if not oldest.done():
-                        await asyncio.wait({oldest})
-                    self._committing.popleft()
-                sub = self.local.writer.submit_commits(  # StandbyLink verified their chain
-                    list(request.commits), asyncio.get_running_loop(), chained=True)
-                self._committing.append(sub.future)
-                while self._committing and self._committing[0].done():
-                    self._committing.popleft()
-                acks.put_nowait(sub)
+                    await asyncio.wait({self._pending[0].future})
+                self._submit(request)
             elif isinstance(request, SnapshotBatch):
                 if request.first:
                     self._builder = await _in_thread(  # the id history keeps our spool's bound
@@ -505,7 +572,7 @@ class StandbyReplication(_Replication):
                 link.consumed(now_ms())
                 link.progressed(0, len(request.data), now_ms())
             elif isinstance(request, ImageDone):
-                await acks.join()
+                await self._all_durable.wait()
                 receiver = self._builder
                 log.info("mate link: spool image received (%d bytes): checking it", request.size)
                 await _in_thread(receiver.finish, request.point, request.size, request.digest)
@@ -518,7 +585,7 @@ class StandbyReplication(_Replication):
                 log.info("mate link: full resync (spool image, %d bytes) installed at op %d", request.size,
                          request.point.seq)
             elif isinstance(request, SnapshotDone):
-                await acks.join()
+                await self._all_durable.wait()
                 await _in_thread(self._builder.finish, request.point)
                 builder, self._builder = self._builder, None  # swapped in now, or never: not to abandon
                 await _in_thread(self.local.replace_spool, builder)
@@ -527,29 +594,7 @@ class StandbyReplication(_Replication):
                 self.snapshots_installed += 1
                 log.info("mate link: full resync installed at op %d", request.point.seq)
         except (RemoteProtocolError, ChainError, ValueError) as exc:  # the peer's bad op: counted, link closed
-            self.counters["bad_image" if isinstance(exc, ImageRefused) else "bad_ops"] += 1
-            log.warning("mate link: refused what the active sent: %s", exc)
-            conn.close(f"refused what the active sent: {exc}")
+            self._refuse(conn, exc)
             return False
         return True
 
-    async def _ack_in_order(self, acks: asyncio.Queue) -> None:
-        while True:
-            sub = await acks.get()
-            link, conn = self.link, self.conn  # set once the handshake is done, after this task started
-            try:
-                commits = await sub.future
-            except Exception as exc:  # noqa: BLE001 - our spool failed the commit: nothing of it is acknowledged
-                conn.close(f"applying the active's ops failed here: {exc}")
-                return
-            finally:
-                acks.task_done()
-            if commits and not conn.closed:
-                link.applied(commits[-1].point)
-                running = link.progress is not None and link.progress.finished_ms is None
-                link.progressed(sub.nops, sub.nbytes, now_ms())
-                if running and link.progress.finished_ms is not None:
-                    p = link.progress
-                    log.info("mate link: catch-up done: %d ops (%d bytes of ops) in %d ms", p.ops_done, p.bytes_done,
-                             p.finished_ms - p.started_ms)
-                self._drain()

@@ -22,8 +22,11 @@ Rules:
   (`Apply`) to be appended as they came; only after `applied(point)` do we ACK that seq.
 - We ACK the highest durable op, once per durable batch, never an op we have not written.
 - PING is answered with PONG; silence for `link_timeout_ms` ends the link (the adapter redials).
-  We PING too, every `ping_interval_ms`: the active's PINGs queue behind what it sends (a snapshot
-  is seconds of data), so answering them alone would leave it hearing nothing from us meanwhile.
+  We PING too, when a whole `ping_interval_ms` passed in which we sent nothing else: the active's
+  PINGs queue behind what it sends (a snapshot is seconds of data), so answering them alone would
+  leave it hearing nothing from us meanwhile; while we ACK or PONG, it hears us anyway (any message
+  counts), and a PING then would only cost both ends a frame. So the active hears us at least every
+  2 × `ping_interval_ms`.
 - Progress (`progress`, for `pairmq show redundancy`): a catch-up counts what the adapter reports
   applied (`progressed`) against what the PLAN (INCREMENTAL: ops and bytes to go) or the SNAPSHOT
   (its whole size) announced. The announced sizes are shown, never trusted: nothing above uses them.
@@ -149,6 +152,7 @@ class StandbyLink:
         self.link_timeout_ms = link_timeout_ms
         self.ping_interval_ms = ping_interval_ms
         self._next_ping = now_ms + ping_interval_ms
+        self._spoke = False  # we sent something since the last ping check (see handle_timer)
         self.plan: Plan | None = None
         self._resync_until = 0  # a catch-up PLAN's target: until we hold it, our in-sync lease is void
         self.heard_at = now_ms
@@ -162,6 +166,8 @@ class StandbyLink:
 
     def messages_to_send(self) -> list[Message]:
         out, self._out = self._out, []
+        if out:
+            self._spoke = True
         return out
 
     def requests(self) -> list[object]:
@@ -313,7 +319,9 @@ class StandbyLink:
         if now_ms - self.heard_at > self.link_timeout_ms:
             raise LinkFault(f"nothing from the active for {now_ms - self.heard_at} ms")
         if now_ms >= self._next_ping:
-            self._out.append(Ping(self.highest_epoch, now_ms))
+            if not self._spoke and not self._out:
+                self._out.append(Ping(self.highest_epoch, now_ms))
+            self._spoke = False
             self._next_ping = now_ms + self.ping_interval_ms
 
     def get_timer(self) -> int:

@@ -2,9 +2,11 @@
 
 Rules:
 - The handshake (secure.py) must finish within `handshake_timeout_s`, else the socket is aborted.
-- After it, every frame is opened (secure.py) and decoded (messages.py) as it arrives and handed to
-  `on_message` in order; whatever `on_message` raises as a `RemoteProtocolError` (a `LinkFault`
-  from the replication ends) closes the link the same way a bad frame does.
+- After it, the socket reads straight into the secure channel's buffer (a BufferedProtocol: no bytes
+  object per read, no copy before a frame is opened), and every frame is opened (secure.py) and
+  decoded (messages.py) as it arrives and handed to `on_message` in order; whatever `on_message`
+  raises as a `RemoteProtocolError` (a `LinkFault` from the replication ends) closes the link the
+  same way a bad frame does.
 - Every refusal is counted by reason in `LinkCounters` and logged once; nothing a peer sends can
   raise out of here. A bug of ours is logged with its traceback and closes the link.
 - Bounded: reading pauses while more than `max_write_buffer_bytes` wait to be written to the
@@ -32,13 +34,16 @@ log = logging.getLogger("pairmq.mate_link")
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_WRITE_BUFFER_BYTES = 8 << 20
 PUMP_BYTES = 1 << 20  # sealed per loop turn at most; also the transport's high-water mark
+HANDSHAKE_READ_BYTES = 4096  # a read before the handshake ends (its messages are at most 516 bytes)
 
 
 class LinkCounters(collections.Counter):
     """Refusals by reason ("bad_proof", "tampered", "malformed", ...), for the management API."""
 
 
-class MateConnection(asyncio.Protocol):
+class MateConnection(asyncio.BufferedProtocol):
+    """The socket reads into the secure channel's buffer once the handshake is done (`get_buffer`)."""
+
     def __init__(self, handshake: Handshake, *, counters: LinkCounters,
                  on_established: Callable[["MateConnection"], None],
                  on_message: Callable[["MateConnection", Message], None],
@@ -62,6 +67,7 @@ class MateConnection(asyncio.Protocol):
         self._outbox: collections.deque[Message] = collections.deque()
         self._writable = True
         self._pump_scheduled = False
+        self._handshake_in = bytearray(HANDSHAKE_READ_BYTES)
 
     # --- asyncio callbacks ---------------------------------------------------------------------
 
@@ -73,22 +79,45 @@ class MateConnection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_timed_out)
         self._flush_handshake()
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.handshake.stage is Stage.ESTABLISHED:
+            return self.handshake.channel.get_buffer(sizehint)
+        return memoryview(self._handshake_in)  # copied out in buffer_updated: the handshake is small
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.handshake.stage is Stage.ESTABLISHED:
+            self.handshake.channel.buffer_updated(nbytes)
+            self._guarded(self._open_frames)
+        else:
+            self.data_received(bytes(self._handshake_in[:nbytes]))
+
     def data_received(self, data: bytes) -> None:
+        """Bytes from the peer, as a plain Protocol gets them (the handshake's, and tests')."""
+        self._guarded(self._receive, data)
+
+    def _receive(self, data: bytes) -> None:
+        if self.handshake.stage is Stage.WAITING:
+            self.handshake.receive_data(data)
+            self._flush_handshake()
+            if self.handshake.stage is Stage.ESTABLISHED:
+                self._timer.cancel()
+                self._on_established(self)
+        else:
+            self.handshake.channel.receive_data(data)
+        if self.handshake.stage is Stage.ESTABLISHED:
+            self._open_frames()
+
+    def _open_frames(self) -> None:
+        channel = self.handshake.channel
+        while not self.closed and (frame := channel.next_frame()) is not None:
+            self._on_message(self, self._decode(frame))
+
+    def _guarded(self, step: Callable[..., None], *args: bytes) -> None:
+        """Run `step`: whatever the peer's bytes make it raise is refused; nothing raises out of here."""
         if self.closed:
             return
         try:
-            if self.handshake.stage is Stage.WAITING:
-                self.handshake.receive_data(data)
-                self._flush_handshake()
-                if self.handshake.stage is Stage.ESTABLISHED:
-                    self._timer.cancel()
-                    self._on_established(self)
-            else:
-                self.handshake.channel.receive_data(data)
-            if self.handshake.stage is Stage.ESTABLISHED:
-                channel = self.handshake.channel
-                while not self.closed and (frame := channel.next_frame()) is not None:
-                    self._on_message(self, self._decode(frame))
+            step(*args)
         except HandshakeFailed as exc:
             self._refuse(exc.reason, str(exc))
         except RemoteProtocolError as exc:

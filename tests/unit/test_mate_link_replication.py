@@ -257,3 +257,23 @@ def test_a_rollback_of_shipped_ops_forces_a_resync():
     p.write_locally(2)
     with pytest.raises(LinkFault, match="rolled back"):
         p.active.local_rolled_back(p.log[2].point)
+
+
+def test_the_standby_pings_only_after_an_interval_in_which_it_sent_nothing():
+    """The active hears us by any message: an interval with an ACK or a PONG needs no PING, a silent one does."""
+    p = Pair(3)
+    p.pump()
+    standby, interval = p.standby, p.standby.ping_interval_ms
+    sent = standby.messages_to_send()
+    assert sent == []
+    standby.receive(Ping(EPOCH, 7), 10)  # the active's PING: we answer it, and so we spoke in this interval
+    assert [type(m).__name__ for m in standby.messages_to_send()] == ["Pong"]
+    standby.handle_timer(interval)
+    assert standby.messages_to_send() == []  # the PONG was enough
+    standby.handle_timer(2 * interval)  # a whole interval without a word from us
+    pings = standby.messages_to_send()
+    assert [type(m).__name__ for m in pings] == ["Ping"] and pings[0].sent_ms == 2 * interval
+    standby.handle_timer(3 * interval)  # that PING was a word: no second one right behind it
+    assert standby.messages_to_send() == []
+    standby.handle_timer(4 * interval)
+    assert [type(m).__name__ for m in standby.messages_to_send()] == ["Ping"]

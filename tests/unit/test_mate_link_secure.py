@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from pairmq.appliance.roles import Role
 from pairmq.mate_link.secure import (
-    MAX_FRAME_BYTES, ActiveHandshake, HandshakeFailed, SecureChannel, StandbyHandshake, Stage, TamperedFrame,
+    MAX_FRAME_BYTES, READ_BYTES, ActiveHandshake, HandshakeFailed, SecureChannel, StandbyHandshake, Stage, TamperedFrame,
 )
 
 SECRET = b"s" * 32
@@ -211,3 +212,36 @@ def test_frames_right_behind_the_handshake_are_kept():
     first = standby.data_to_send() + standby.channel.seal(b"join: epoch 7 seq 1000")
     active.receive_data(first)  # PROOF and the first frame in one read
     assert frames(active.channel) == [b"join: epoch 7 seq 1000"]
+
+
+def test_frames_read_into_the_channels_buffer_open_where_they_landed_whatever_the_read_sizes():
+    """As the transport's BufferedProtocol reads: into `get_buffer`, then `buffer_updated`; a frame larger than the
+    usual buffer makes it grow while it is read, and it is not kept that large afterwards."""
+    a, s = established()
+    big = os.urandom(3 * READ_BYTES)
+    plain = [b"ops %d" % i for i in range(50)] + [big, b"ack", b""] + [os.urandom(7000) for _ in range(40)]
+    wire = b"".join(a.seal(p) for p in plain)
+    got, pos = [], 0
+    for i, step in enumerate(itertools.cycle([1, 5, 4096, 70_000, 3, 300_000])):
+        if pos >= len(wire):
+            break
+        with s.get_buffer(step) as room:
+            n = min(step, len(room), len(wire) - pos)
+            room[:n] = wire[pos:pos + n]
+        s.buffer_updated(n)
+        pos += n
+        got += frames(s)
+    assert got == plain and s.buffered_bytes == 0
+    with s.get_buffer() as room:
+        assert len(room) == READ_BYTES  # the 768 KiB frame's buffer went once it was read
+
+
+def test_a_bad_length_is_refused_before_the_buffer_grows_for_it():
+    _, s = established()
+    with s.get_buffer() as room:
+        room[:4] = (MAX_FRAME_BYTES + 1).to_bytes(4, "big")
+    s.buffer_updated(4)
+    with s.get_buffer() as room:
+        assert len(room) <= READ_BYTES  # no room made for a frame that will never be accepted
+    with pytest.raises(TamperedFrame):
+        s.next_frame()

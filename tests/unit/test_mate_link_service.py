@@ -15,8 +15,13 @@ from pathlib import Path
 
 from pairmq.appliance.roles import Role
 from pairmq.appliance.spool import ops as o
+from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.local import LocalSpool
+from pairmq.appliance.spool.records import make_commit
+from pairmq.mate_link.messages import Ack, Catchup, Ops, Plan
+from pairmq.mate_link.secure import ActiveHandshake
 from pairmq.mate_link.service import ActiveReplication, StandbyReplication
+from tests.unit.test_mate_link_transport import End, port_of
 from tests.unit.test_spool_store import EVERY_OP, body
 
 SECRET, GROUP = os.urandom(32), "plant-7"
@@ -285,3 +290,28 @@ async def test_a_standby_stopped_in_the_middle_of_a_catch_up_leaves_the_usual_sw
         await stop(active, ap, sp)
     finally:
         sys.setswitchinterval(usual)
+
+
+@in_a_loop
+async def test_an_op_that_chains_but_does_not_decode_is_refused_unwritten_and_unacknowledged(tmp_path):
+    """An active (it holds the secret) ships a commit whose chain is sound but whose op is not an op: the standby
+    refuses it before its writer sees it (counted `bad_ops`), closes the link, and never acknowledges it."""
+    forged = End(ActiveHandshake(SECRET, GROUP, Role.PRIMARY, os.urandom(32)))
+    server = await asyncio.get_running_loop().create_server(lambda: forged.conn, "127.0.0.1", 0)
+    sp = Port(tmp_path / "standby")
+    standby = StandbyReplication(secret=SECRET, group=GROUP, me=Role.BACKUP, spool=sp,
+                                 active_address=lambda: ("127.0.0.1", port_of(server)), incarnation=1,
+                                 highest_epoch=lambda: 3, incoming_dir=tmp_path / "standby.incoming")
+    await standby.start()
+    await asyncio.wait_for(forged.established.wait(), 10)
+    join = await asyncio.wait_for(forged.received.get(), 10)
+    assert join.head == GENESIS
+    bad = make_commit(GENESIS, 4, [b"\xff" * 12])  # framed, CRC'd and chained: only the op itself is wrong
+    forged.conn.send([Plan(4, Catchup.IN_STEP, 0, GENESIS), Ops(4, (bad,))])
+    why = await asyncio.wait_for(forged.ended, 10)
+    assert "connection" in why  # the standby cut it
+    assert standby.counters["bad_ops"] == 1 and sp.writer.head == GENESIS and sp.writer.pending_ops == 0
+    heard = [forged.received.get_nowait() for _ in range(forged.received.qsize())]
+    assert not any(isinstance(m, Ack) for m in heard), heard
+    server.close()
+    await stop(standby, sp)
