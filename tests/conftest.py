@@ -204,7 +204,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ByScope(config, log)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-timeout's: the wait is not the test's time
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A JVM module holds the run's lock exclusively, a timed one shared, from its first test's set-up (a session
     fixture such as the shared SparkSession starts there) to its last one's teardown."""
