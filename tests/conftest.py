@@ -207,20 +207,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-timeout's: the wait is not the test's time
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A JVM module holds the run's lock exclusively, a timed one shared, from its first test's set-up (a session
-    fixture such as the shared SparkSession starts there) to its last one's teardown."""
+    fixture such as the shared SparkSession starts there) to its last one's teardown. A worker going on to a
+    module of the same kind keeps the lock it holds: a JVM module waiting on another worker would take it
+    in between and leave that worker's next timed module waiting for the whole JVM module."""
     kind = kind_of(scope_of(item.nodeid))
-    module = item.nodeid.split("::", 1)[0]
-    if kind != "cpu" and _held.get("module") != module:
+    if kind != "cpu" and _held.get("kind") != kind:
         lock = open(os.environ["PAIRMQ_SUITE_LOCK"], "w")
         fcntl.flock(lock, fcntl.LOCK_EX if kind == "jvm" else fcntl.LOCK_SH)
-        _held.update(module=module, file=lock)
+        _held.update(kind=kind, file=lock)
     yield
-    if _held and (nextitem is None or nextitem.nodeid.split("::", 1)[0] != module):
+    if _held and (nextitem is None or kind_of(scope_of(nextitem.nodeid)) != _held["kind"]):
         _held.pop("file").close()  # closing the file releases its lock
         _held.clear()
 
 
-_held: dict = {}  # this worker's lock while one of its modules runs: {"module": nodeid, "file": open file}
+_held: dict = {}  # this worker's lock while its modules of one kind run: {"kind": "jvm" or "timed", "file": ...}
 
 
 def mark_and_order(items: list[pytest.Item]) -> None:
