@@ -14,8 +14,11 @@ and of the coverage-guided fuzz run (tests/sim/test_hostile_fuzz.py, docs/securi
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,10 +33,17 @@ import pytest
 #   nothing with its neighbours (no module-scoped fixtures in tests/sim/): each is a scope of its own, so the
 #   blocks of one seeded run spread over the workers.
 # - Scopes start in SCOPE_ORDER, a scope taking the place of the longest entry it starts with: the ones whose
-#   nodes wait on real timers before the CPU-bound simulators and Spark, which would starve those timers if
-#   they ran alongside (the netns chain, the longest, first of all); within each part the longest scopes first,
-#   so that no long one starts last and leaves a worker idle at the end.
-WORKERS = 2  # 3 starved the nodes of handover and failover tests beside the Spark tests; 4 did so too
+#   nodes wait on real timers before the CPU-bound simulators and Spark (the netns chain, the longest, first of
+#   all); within each part the longest scopes first, so that no long one starts last and leaves a worker idle.
+# - Spark's JVMs starve the timers of nodes beside them: a module of JVM_SCOPES holds a lock exclusive of every
+#   module of TIMED_SCOPES and of every other JVM module (pytest_runtest_protocol below), so none of them starts on
+#   one worker while the other runs on another. The scheduler (ByScope, choose) gives a worker the first scope in
+#   SCOPE_ORDER that conflicts with nothing unfinished on the other workers: a JVM scope conflicts with a timed or
+#   a JVM one, and a CPU-bound one with a timed one and another CPU-bound one (beside timers, one core is theirs).
+#   Failing that, the first that is not a JVM scope if another worker already has one (it would wait for that
+#   whole JVM module), else the first: it waits for the lock. A worker never waits for the scheduler itself:
+#   xdist runs a worker's last test only once the worker has more work.
+WORKERS = 3  # the timed scopes mostly wait on their timers: the third worker runs them where two left a core idle
 FOLDER_MARKS = {"processes": "processes", "netns": "netns"}
 SHARED_SCOPES = {
     "netns": ("tests/netns/", "tests/processes/test_sd_notify_processes.py"),  # namespaces, nft tables, root
@@ -50,6 +60,8 @@ SCOPE_ORDER = (
     "tests/processes/test_analytics_",  # a JVM each: the product's own `pairmq analytics`
     "tests/sim/",
 )  # then the rest: tests/unit/ and any other
+TIMED_SCOPES = ("netns", "tests/processes/")
+JVM_SCOPES = ("spark", "tests/processes/test_analytics_")
 # - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the
 #   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled, except
 #   those marked `compiled` (they check the compiled build itself).
@@ -126,6 +138,13 @@ def pytest_configure(config: pytest.Config) -> None:
         first = os.environ.get("PAIRMQ_TEST_LOOPBACK", "127.0.0.1")
         base, last = first.rsplit(".", 1)
         os.environ["PAIRMQ_TEST_LOOPBACK"] = f"{base}.{int(last) + 10 * (int(worker[2:]) + 1)}"
+    else:  # before xdist starts the workers, which inherit it: one lock file per run
+        os.environ["PAIRMQ_SUITE_LOCK"] = str(Path(tempfile.mkdtemp(prefix="pairmq-suite-")) / "beside-jvm.lock")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and "PAIRMQ_SUITE_LOCK" in os.environ:
+        shutil.rmtree(Path(os.environ.pop("PAIRMQ_SUITE_LOCK")).parent, ignore_errors=True)
 
 
 def scope_of(nodeid: str) -> str:
@@ -141,6 +160,27 @@ def rank_of(scope: str) -> int:
     return max(matches)[1] if matches else len(SCOPE_ORDER)
 
 
+def kind_of(scope: str) -> str:
+    """"jvm", "timed" or "cpu" (simulators, unit tests and any other): what may run beside what."""
+    if scope.startswith(JVM_SCOPES):
+        return "jvm"
+    return "timed" if scope.startswith(TIMED_SCOPES) else "cpu"
+
+
+def conflicts(kind: str, elsewhere: list[str]) -> bool:
+    """Whether a scope of this kind would run beside the unfinished scopes of the other workers badly."""
+    if kind == "jvm":
+        return "timed" in elsewhere or "jvm" in elsewhere
+    return kind == "cpu" and "timed" in elsewhere and "cpu" in elsewhere
+
+
+def choose(queue: list[str], elsewhere: list[str]) -> str:
+    """The scope a worker starts next, given the queue in order and the kinds unfinished on the other workers."""
+    fine = [scope for scope in queue if not conflicts(kind_of(scope), elsewhere)]
+    not_jvm = [scope for scope in queue if kind_of(scope) != "jvm"] if "jvm" in elsewhere else []
+    return (fine or not_jvm or queue)[0]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.option.dist != "loadscope":
@@ -151,8 +191,37 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
+        def _assign_work_unit(self, node) -> None:
+            elsewhere = [kind_of(scope) for other, work in self.assigned_work.items() if other is not node
+                         for scope, tests in work.items() if not all(tests.values())]
+            scope = choose(list(self.workqueue), elsewhere)
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
     config.option.loadscopereorder = False  # keep the collection's order: SCOPE_ORDER
     return ByScope(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-timeout's: the wait is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A JVM module holds the run's lock exclusively, a timed one shared, from its first test's set-up (a session
+    fixture such as the shared SparkSession starts there) to its last one's teardown. A worker going on to a
+    module of the same kind keeps the lock it holds: a JVM module waiting on another worker would take it
+    in between and leave that worker's next timed module waiting for the whole JVM module."""
+    kind = kind_of(scope_of(item.nodeid))
+    if kind != "cpu" and _held.get("kind") != kind:
+        lock = open(os.environ["PAIRMQ_SUITE_LOCK"], "w")
+        fcntl.flock(lock, fcntl.LOCK_EX if kind == "jvm" else fcntl.LOCK_SH)
+        _held.update(kind=kind, file=lock)
+    yield
+    if _held and (nextitem is None or kind_of(scope_of(nextitem.nodeid)) != _held["kind"]):
+        _held.pop("file").close()  # closing the file releases its lock
+        _held.clear()
+
+
+_held: dict = {}  # this worker's lock while its modules of one kind run: {"kind": "jvm" or "timed", "file": ...}
 
 
 def mark_and_order(items: list[pytest.Item]) -> None:
