@@ -291,21 +291,27 @@ class EventLog:
         head = '{"v":%d,"ts":%%.6f,"mono_ms":%%d,"node":%s,"event":"%%s"' % (SCHEMA_VERSION, dumps(self.node))
         lines = []
         throttle = self.throttle
+        # The head of the last line, reused while the stamps are the very same objects: a `write_rendered_many`
+        # batch shares one clock read, and formatting the time is most of a head's cost.
+        last_ts = last_mono = last_event = line_head = None
         while queue:
             ts, mono_ms, event, fields, render = queue.popleft()
             if event in throttle.kinds:
                 self._summaries(lines, head, mono_ms)  # a window over before this event is summed before it
                 if not throttle.admit(event, fields, mono_ms):
                     continue
+            if ts is not last_ts or mono_ms is not last_mono or event is not last_event:
+                last_ts, last_mono, last_event = ts, mono_ms, event
+                line_head = head % (ts, mono_ms, event)
             # The common fields by format, the event's own by the C encoder: a third of the CPU of one dict encode.
             if render is None:
-                lines.append(head % (ts, mono_ms, event) + ("," + dumps(fields)[1:] if fields else "}"))
+                lines.append(line_head + ("," + dumps(fields)[1:] if fields else "}"))
             else:
                 try:
                     members = render(fields)
                 except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
                     members = ',"render_error":%s}' % dumps(repr(exc))
-                lines.append(head % (ts, mono_ms, event) + members)
+                lines.append(line_head + members)
         self._summaries(lines, head, self._mono() // 1_000_000, self._closing)
         if self._overflow:
             lost, self._overflow = self._overflow, 0

@@ -8,7 +8,10 @@ Prints, once a second during the load, each routing node's spool writer as its m
 (`/api/v1/message-spool`: submissions, commits, ops per commit, the last commit's ms, submissions of
 held-back ops alone) and the primary's inbound window and loop lag; then msg/s, each process's CPU per
 message, and each thread's (from /proc/<pid>/task/<tid>/stat: `main` is the event loop; the others are
-the spool writer, the event log writer and the heartbeat thread; py-spy dump names them). Not a goal
+the spool writer, the event log writer and the heartbeat thread; py-spy dump names them). Each process's CPU
+per message is also given net of what it spends idle (heartbeats, timers: measured over `--idle-s` before the
+load, per second, times the run's length): on a loaded machine the rate, and with it the share of those
+per-second costs in each message, moves from run to run, and the net figure moves much less. Not a goal
 measurement (bench/throughput.py is): a tool for finding what to make faster. The machine may be shared:
 the load average is printed with the numbers.
 """
@@ -81,22 +84,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload", type=int, default=100)
     parser.add_argument("--against", metavar="PYTHON", help="alternate runs under this interpreter (bench/builds.py)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle-s", type=float, default=3.0, help="how long the idle group is measured first")
     args = parser.parse_args(argv)
     if args.against:
         from bench.builds import compare
         compare(__file__, ["--duration-s", str(args.duration_s), "--window", str(args.window),
-                           "--payload", str(args.payload)], args.against, args.rounds,
+                           "--payload", str(args.payload), "--idle-s", str(args.idle_s)], args.against, args.rounds,
                 {"msg/s": r"([\d,]+) msg/s at the subscriber", "primary µs/msg": r"primary: ([\d.]+) µs CPU",
-                 "backup µs/msg": r"backup: ([\d.]+) µs CPU"})
+                 "backup µs/msg": r"backup: ([\d.]+) µs CPU",
+                 "primary net of idle µs/msg": r"primary: [\d.]+ µs CPU per message \(([-\d.]+) net",
+                 "backup net of idle µs/msg": r"backup: [\d.]+ µs CPU per message \(([-\d.]+) net"})
         return 0
-    if args.duration_s <= 0 or args.window < 1 or args.payload < 0:
-        parser.error("--duration-s must be positive, --window at least 1, --payload not negative")
+    if args.duration_s <= 0 or args.window < 1 or args.payload < 0 or args.idle_s < 0:
+        parser.error("--duration-s must be positive, --window at least 1, --payload and --idle-s not negative")
     work = Path(tempfile.mkdtemp(prefix="pairmq-qos1-probe-"))
     events = EventSettings(message_events=os.environ.get("PAIRMQ_MESSAGE_EVENTS", "1") != "0")
     with active_group(work / "pairmq", timeout_s=30, events=events) as g:
         target = Target("pairmq", g.address(Role.PRIMARY), g.config.ports.mqtt, g.pid(Role.PRIMARY))
         stop = threading.Event()
         watcher = threading.Thread(target=watch, args=(g, stop), daemon=True)
+        time.sleep(1.0)  # past the start-up's own work (first links, first checkpoints)
+        idle0, idle_started = {r: cpu_s(g.pid(r)) for r in Role}, time.monotonic()
+        time.sleep(args.idle_s)
+        idle_rate = {r: (cpu_s(g.pid(r)) - idle0[r]) / (time.monotonic() - idle_started) for r in Role}
         process0 = {r: cpu_s(g.pid(r)) for r in Role}
         threads0 = {r: thread_cpu_s(g.pid(r)) for r in ROUTING}
         started = time.monotonic()
@@ -104,12 +114,16 @@ def main(argv: list[str] | None = None) -> int:
         rate, acks, m = asyncio.run(qos1(target, args.window, args.duration_s, b"x" * args.payload))
         stop.set()
         # The CPU spent over the whole run (connects and warm-up too) per message measured: a slight overestimate.
-        messages = rate * (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        messages = rate * elapsed
         print(f"{rate:,.0f} msg/s at the subscriber, {acks:,.0f} PUBACKs/s; primary CPU {m.cpu:.0%}, other processes "
               f"{m.other_cpu:.0%} during the measurement; load average {os.getloadavg()[0]:.2f}"
               + ("" if events.message_events else "; per-message events OFF"))
         for role in Role:
-            print(f"{role.value}: {(cpu_s(g.pid(role)) - process0[role]) * 1e6 / messages:.1f} µs CPU per message")
+            spent = cpu_s(g.pid(role)) - process0[role]
+            print(f"{role.value}: {spent * 1e6 / messages:.1f} µs CPU per message "
+                  f"({(spent - idle_rate[role] * elapsed) * 1e6 / messages:.1f} net of idle, "
+                  f"{idle_rate[role] * 1000:.0f} ms/s idle)")
         for role in ROUTING:
             threads = thread_cpu_s(g.pid(role))
             per = {name: (s - threads0[role].get(name, 0.0)) * 1e6 / messages for name, s in threads.items()}

@@ -38,7 +38,8 @@ _HASH_MULT = 2654435761  # Knuth's multiplicative hash: spreads consecutive ids 
 
 
 _PUBLISHED = ',"msg_id":%d,"topic":%s,"qos":%d,"bytes":%d,"client":%s,"epoch":%d,"retain":%s,"created_ms":%d}'
-_json_str = json.JSONEncoder(separators=(",", ":")).encode
+# What json.dumps makes of a str (ASCII, escaped), without the encoder's Python-level dispatch around the C call.
+_json_str = json.encoder.encode_basestring_ascii
 
 
 def _published_members(value: tuple) -> str:

@@ -58,8 +58,9 @@ import collections
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Final, Protocol
 
 from ..clock import wall_ms
 from ..mqtt.overload import MateBackpressure
@@ -68,7 +69,8 @@ from ..spool.errors import SpoolBusy, SpoolFull
 from ..spool.local import LocalSpool
 from ..spool.store import Spool
 from ..spool.writer import SpoolWriter, WriterLimits
-from .core import BrokerCore, Close, Connacked, Durable, Persist, Send, restore
+from .core import BrokerCore, restore
+from .effects import Close, Connacked, Durable, Persist, Send
 from .message_events import MessageEvents
 
 log = logging.getLogger("pairmq.broker")
@@ -93,12 +95,16 @@ class ReleaseRule(Protocol):
     def allows(self, seq: int) -> bool: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class _Resolve:
     """The adapter's own effect: resolve `packet()`'s future once the effects before it have run; `read_at`:
     when each packet that waited on it was read (perf_counter), for the publish-to-ack histogram."""
-    future: asyncio.Future
-    read_at: tuple[float, ...] = ()
+
+    future: Final[asyncio.Future[None]]
+    read_at: Final[tuple[float, ...]]
+
+    def __init__(self, future: asyncio.Future[None], read_at: tuple[float, ...] = ()) -> None:
+        self.future = future
+        self.read_at = read_at
 
 
 class BrokerService:
@@ -118,29 +124,30 @@ class BrokerService:
         self.local = local
         self._observe_ack = observe_ack  # seconds from each waiting packet's read to its effects, a batch a call
         self._read_at: list[float] = []  # when the waiting packets of this callback were read
-        self._core_factory = core_factory or (lambda: BrokerCore(node_name=node_name))
+        self._core_factory: Callable[[], BrokerCore] = core_factory or (lambda: BrokerCore(node_name=node_name))
         self._history = self.writer.history  # the writer history self.core will be built on (see the rules)
         self.core = self._fresh_core()
         self._rebuild_waits = False  # a rebuild waits for the old core's last submission to settle
         self._epoch = epoch
-        self.conns: dict[int, object] = {}
+        self.conns: dict[int, Any] = {}  # the listener's connections (mqtt/connection.py)
         self._next_conn = 0
-        self._tick_task: asyncio.Task | None = None
+        self._tick_task: asyncio.Task[None] | None = None
         self.commit_failures = 0
-        self._ops: list = []  # ops of the Persists not yet submitted (see the rules)
-        self._thens: list = []  # their `then` tuples, in order
+        self._ops: list[Any] = []  # ops of the Persists not yet submitted (see the rules)
+        self._thens: list[tuple[Any, ...]] = []  # their `then` tuples, in order
         self._flush_scheduled = False
         self._defer_ms = defer_ms
         self._defer_timer: asyncio.TimerHandle | None = None  # armed while held-back ops wait (see the rules)
         self.deferred_submissions = 0  # submissions of held-back ops alone, at DEFER_MS or a drain
         self._evented = 0  # how many of `_ops` already went to message_events (held back ones)
-        self._held_future: asyncio.Future | None = None  # their commit, as message_events sees it
-        self._last: asyncio.Future | None = None  # the latest submission's future
-        self._out: dict[int, list] = {}  # conn id -> packets to write at the end of this callback (in order)
-        self._batch_done: asyncio.Future | None = None  # what `packet` returned during this callback
+        self._held_future: asyncio.Future[Any] | None = None  # their commit, as message_events sees it
+        self._last: asyncio.Future[Any] | None = None  # the latest submission's future
+        self._out: dict[int, list[Any]] = {}  # conn id -> packets to write at the end of this callback (in order)
+        self._batch_done: asyncio.Future[None] | None = None  # what `packet` returned during this callback
         self._release = release
         self.serving = serving
-        self._held: collections.deque = collections.deque()  # (last op seq, then, core): what the rule holds
+        # (last op seq, then, core): what the rule holds
+        self._held: collections.deque[tuple[int, tuple[Any, ...], BrokerCore]] = collections.deque()
         self.released_seq = 0  # the last op whose effects ran: what a re-admitted standby must hold
         self.mate_over_lag = mate_over_lag
         self.backpressure = MateBackpressure()  # its counters are this service's view's
@@ -148,9 +155,10 @@ class BrokerService:
 
     @classmethod
     def open(cls, spool_dir: Path, *, spool_max_bytes: int | None = None,
-             on_lost: Callable[[str], None] | None = None, **kw) -> BrokerService:
+             on_lost: Callable[[str], None] | None = None, **kw: Any) -> BrokerService:
         """A service on a spool of its own (tests, tools); a node's wiring makes the LocalSpool itself."""
-        factory = kw.get("core_factory") or (lambda: BrokerCore(node_name=kw.get("node_name", "pairmq")))
+        factory: Callable[[], BrokerCore] = kw.get("core_factory") or (
+            lambda: BrokerCore(node_name=kw.get("node_name", "pairmq")))
         limits = writer_limits(factory().limits.max_message_ids, spool_max_bytes)
         return cls(LocalSpool(spool_dir, limits, on_lost=on_lost), **kw)
 
@@ -168,7 +176,7 @@ class BrokerService:
         restore(core, self.spool.load_state(), wall_ms())
         return core
 
-    def set_limits(self, limits) -> None:
+    def set_limits(self, limits: Any) -> None:
         """New limits (config-sync) on the core now; a rebuilt core gets them from the core factory."""
         self.core.limits = limits
         self.core.router.limits = limits
@@ -191,7 +199,7 @@ class BrokerService:
 
     # --- called by the listener's connections ---------------------------------------------
 
-    def connect(self, conn, packet, username: str | None = None) -> int:
+    def connect(self, conn: Any, packet: Any, username: str | None = None) -> int:
         self._next_conn += 1
         conn_id = self._next_conn
         self.conns[conn_id] = conn
@@ -203,7 +211,7 @@ class BrokerService:
         conn = self.core.connections.get(conn_id)
         return conn.client_id if conn is not None else None
 
-    def packet(self, conn_id: int, packet) -> asyncio.Future | None:
+    def packet(self, conn_id: int, packet: Any) -> asyncio.Future[None] | None:
         """Run the packet's effects. Returns a future that resolves once those waiting for a commit have run,
         or None when nothing waits: the listener's in-flight window counts the packet until then."""
         if conn_id not in self.core.connections:
@@ -223,47 +231,50 @@ class BrokerService:
             done = self._batch_done = asyncio.get_running_loop().create_future()
         return done
 
-    def lost(self, conn_id: int, disconnect=None) -> None:
+    def lost(self, conn_id: int, disconnect: Any = None) -> None:
         self.conns.pop(conn_id, None)
         if conn_id in self.core.connections:
             self.execute(self.core.connection_lost(conn_id, wall_ms(), disconnect=disconnect))
 
     # --- effects ---------------------------------------------------------------------------
 
-    def execute(self, effects) -> None:
+    def execute(self, effects: Iterable[Any]) -> None:
         for effect in effects:
-            kind = type(effect)  # no subclasses of the effects: `is` tests, the most frequent first
-            if kind is Send:
+            # No subclasses of the effects: `type(...) is` tests, the most frequent first (compiled, each also
+            # narrows `effect`, so its fields are read natively).
+            if type(effect) is Send:
                 out = self._out.get(effect.conn)
                 if out is None:
                     self._out[effect.conn] = [effect.packet]
                     self._schedule()
                 else:
                     out.append(effect.packet)
-            elif kind is Close:
+            elif type(effect) is Persist:
+                self._persist(effect)
+            elif type(effect) is _Resolve:
+                if not effect.future.done():
+                    effect.future.set_result(None)
+                if effect.read_at:
+                    self._observe_read_to_ack(effect.read_at)
+            elif type(effect) is Close:
                 self._write(effect.conn, self._out.pop(effect.conn, None))  # what it was sent goes out first
                 conn = self.conns.pop(effect.conn, None)
                 if conn is not None:
                     conn.close_with(effect.reason_code, effect.reason)
                 if effect.conn in self.core.connections:
                     self.execute(self.core.connection_lost(effect.conn, wall_ms()))
-            elif kind is Persist:
-                self._persist(effect)
-            elif kind is Durable:
+            elif type(effect) is Durable:
                 self.execute(self.core.durable(effect, wall_ms()))
-            elif kind is Connacked:
+            elif type(effect) is Connacked:
                 self.execute(self.core.connacked(effect, wall_ms()))
-            elif kind is _Resolve:
-                if not effect.future.done():
-                    effect.future.set_result(None)
-                if effect.read_at:
-                    self._observe_read_to_ack(effect.read_at)
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
 
     def _observe_read_to_ack(self, read_at: tuple[float, ...]) -> None:
-        now = time.perf_counter()
-        self._observe_ack([now - t for t in read_at])
+        observe = self._observe_ack
+        if observe is not None:  # a read_at is stamped only with it
+            now = time.perf_counter()
+            observe([now - t for t in read_at])
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:
@@ -309,7 +320,7 @@ class BrokerService:
         for conn_id, packets in out.items():
             self._write(conn_id, packets)
 
-    def _write(self, conn_id: int, packets: list | None) -> None:
+    def _write(self, conn_id: int, packets: list[Any] | None) -> None:
         conn = self.conns.get(conn_id)
         if conn is None or not packets:
             return
@@ -376,15 +387,17 @@ class BrokerService:
             self._commit_failed(exc)
             return
         core = self.core
-        then = thens[0] if len(thens) == 1 else tuple(e for t in thens for e in t)
-        submission.future.add_done_callback(lambda fut: self._committed(fut, then, core))
+        then = thens[0] if len(thens) == 1 else tuple([e for t in thens for e in t])
+        future: asyncio.Future[Any] = submission.future  # type: ignore[assignment]  # submit_async's: the loop's
+        future.add_done_callback(lambda fut: self._committed(fut, then, core))
         if held_future is not None:
-            submission.future.add_done_callback(lambda fut: _copy_outcome(fut, held_future))
+            target = held_future
+            future.add_done_callback(lambda fut: _copy_outcome(fut, target))
         if self.message_events is not None and evented < len(op_list):  # docs/events.md: read off the ops
-            self.message_events.submitted(op_list[evented:], epoch, submission.future)
-        self._last = submission.future
+            self.message_events.submitted(op_list[evented:], epoch, future)
+        self._last = future
 
-    def _after_earlier(self, then: tuple) -> None:
+    def _after_earlier(self, then: tuple[Any, ...]) -> None:
         """A Persist without ops: its effects still wait behind every earlier Persist (e.g. a 3.1.1
         publisher's refusal closes the connection only after the PUBACKs of what it published before)."""
         if self._ops:
@@ -398,7 +411,7 @@ class BrokerService:
         else:
             self.execute(then)
 
-    def _committed(self, fut: asyncio.Future, then: tuple, core: BrokerCore) -> None:
+    def _committed(self, fut: asyncio.Future[Any], then: tuple[Any, ...], core: BrokerCore) -> None:
         exc = fut.exception()  # read even when ignored: asyncio logs an unread one ("never retrieved")
         if core is not self.core:
             return  # the core was rebuilt after a failed commit: these effects belong to the old one
@@ -474,9 +487,13 @@ class BrokerService:
             self.writer.fence()
             if not self._rebuild_waits:
                 self._rebuild_waits = True
-                last.add_done_callback(lambda _fut: self._rebuild_waits and self._rebuild_after_failure())
+                last.add_done_callback(self._rebuild_when_settled)
             return
         self._rebuild_after_failure()
+
+    def _rebuild_when_settled(self, _fut: asyncio.Future[Any]) -> None:
+        if self._rebuild_waits:
+            self._rebuild_after_failure()
 
     def _drop_clients(self, why: str) -> None:
         for conn_id, conn in list(self.conns.items()):
@@ -493,7 +510,7 @@ class BrokerService:
 
     # --- the management API's view -----------------------------------------------------------
 
-    def view(self) -> dict:
+    def view(self) -> dict[str, Any]:
         core, m = self.core, self.writer.metrics()
         return {
             "limits": {"session_queue_max_messages": core.limits.max_queued_messages,
@@ -517,7 +534,7 @@ class BrokerService:
         }
 
 
-def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
+def _copy_outcome(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
     """The held-back ops' commit, for message_events: a failure is a cancel (no exception left unread)."""
     if target.done():
         return

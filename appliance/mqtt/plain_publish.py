@@ -30,7 +30,11 @@ class PlainPublishEncoder:
             self._topic_fields[packet.topic] = encode_utf8(packet.topic)
             return None
         qos = packet.qos
-        pid = packet.packet_id.to_bytes(2, "big") if qos else b""
+        pid = b""
+        if qos:
+            packet_id = packet.packet_id
+            assert packet_id is not None, "a QoS 1/2 delivery without a packet id"  # the broker numbers each
+            pid = packet_id.to_bytes(2, "big")
         props = b"\x00" if version == MQTT_5 else b""
         payload = packet.payload
         return b"".join((_PUBLISH_FIRST_BYTE[qos << 1 | packet.retain | packet.dup << 3],

@@ -55,10 +55,10 @@ from collections.abc import Callable
 from . import ops as o
 from . import records as r
 from .chain import ChainPoint, Commit
-from .codec import encode_op
 from .errors import ChainError, SpoolBusy, SpoolFull
-from .received import added_bytes, read_commits
-from .state import DEFAULT_MAX_MESSAGE_IDS, check_op
+from .outgoing import encode_ops
+from .received import read_commits
+from .state import DEFAULT_MAX_MESSAGE_IDS
 from .store import Spool
 from ..errors import LocalProtocolError
 
@@ -228,11 +228,7 @@ class SpoolWriter:
 
     def _submit(self, ops, epoch: int, loop, future, history: int | None) -> Submission:
         ops = tuple(ops)
-        bodies = [encode_op(op) for op in ops]
-        for op in ops:
-            check_op(op)
-        sizes = tuple(map(len, bodies))
-        added = added_bytes(ops, sizes)
+        bodies, sizes, added = encode_ops(ops)
         with self._lock:
             if history is not None and history != self.history:
                 raise SpoolFull(f"spool {self.spool.path}: these ops were made on history {history}, which a failed "

@@ -23,6 +23,8 @@ from pairmq.appliance.spool.errors import ChainError, OpCodecError, SpoolBusy, S
 from pairmq.appliance.spool.state import StateModel
 from pairmq.appliance.spool.store import Spool
 from pairmq.appliance.spool.records import RecordError, make_commit, segment_name, verify_chain
+from pairmq.appliance.spool.outgoing import encode_ops
+from pairmq.appliance.spool.received import read_commits
 from pairmq.appliance.spool.writer import SpoolWriter, WriterLimits
 from tests.harness.commit_gate import commits_stalled
 from tests.harness.oplog import chained, ops_of
@@ -162,6 +164,29 @@ def test_the_byte_limit_refuses_whole_submissions_and_frees_on_ack(spool):
         writer.submit([stored(4), o.MessageQueued("a", 4, 1, False)], 1).future.result(5)
     state = spool.load_state()
     assert set(state.messages) == {2, 3, 4} and state.sessions["a"].subscriptions == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(RANDOM_OP, min_size=1, max_size=12))
+def test_a_submissions_one_pass_agrees_with_the_standbys_reading_of_its_commit(op_list):
+    """outgoing.encode_ops (the active, before the commit is made) and received.read_commits (the standby, on the
+    commit's bytes): the same bodies, the same sizes, the same stored bytes added."""
+    bodies, sizes, added = encode_ops(op_list)
+    assert bodies == [encode_op(op) for op in op_list]
+    assert read_commits([make_commit(GENESIS, 1, bodies)]) == (tuple(op_list), sizes, added)
+
+
+def test_an_op_that_cannot_be_encoded_or_is_out_of_its_domain_is_refused_before_it_gets_a_seq(spool):
+    with writer_of(spool) as writer:
+        writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(5)
+        head = writer.head
+        with pytest.raises(OpCodecError):
+            writer.submit([stored(1), o.MessageQueued("a", 2 ** 64, 1, False)], 1)  # past a varint's range
+        with pytest.raises(ValueError, match="qos"):
+            writer.submit([stored(2), o.MessageQueued("a", 2, 3, False)], 1)  # QoS 3
+        assert writer.head == head and writer.pending_ops == 0
+        writer.submit([stored(3), o.MessageQueued("a", 3, 1, False)], 1).future.result(5)
+    assert set(spool.load_state().messages) == {3}
 
 
 def test_close_commits_what_is_queued(spool):
