@@ -26,6 +26,7 @@ per node per step for the last steps, enough to replay and read the failure.
 from __future__ import annotations
 
 import dataclasses
+import os
 import heapq
 import random
 from collections import deque
@@ -457,3 +458,11 @@ def random_schedule(seed: int, duration_ms: int = 12_000, *, trace: bool = True,
         sim.unstall_broker(role)
     sim.run_for(4_000)
     return sim
+
+
+def seed_batches(default_schedules: int, batches: int) -> list[range]:
+    """PAIRMQ_SIM_SCHEDULES seeds from PAIRMQ_SIM_FIRST_SEED, cut into `batches` ranges that cover each seed once:
+    one test a batch, so the suite's workers share a simulation's cores."""
+    schedules = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", str(default_schedules)))
+    first = int(os.environ.get("PAIRMQ_SIM_FIRST_SEED", "0"))
+    return [range(first + schedules * b // batches, first + schedules * (b + 1) // batches) for b in range(batches)]

@@ -6,17 +6,13 @@ delay, duplication, replays and broker stalls; S1, S3 and epoch monotonicity are
 step (tests/harness/simulator.py). A failure prints its seed; `random_schedule(seed, handovers=True)` replays it.
 """
 
-import os
-
 import pytest
 
-from tests.harness.simulator import random_schedule
+from tests.harness.simulator import random_schedule, seed_batches
 
 # 1,000 by default: they come on top of test_quorum_random_schedules.py's 2,000, and CI's
 # 15-minute budget is shared. PAIRMQ_SIM_SCHEDULES=N runs N here too, for a longer soak.
-SCHEDULES = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", "1000"))
-FIRST_SEED = int(os.environ.get("PAIRMQ_SIM_FIRST_SEED", "0"))
-BATCHES = 4  # one test and one core each: the suite's workers share them (tests/conftest.py)
+BATCHES = seed_batches(1000, 4)  # one test and one core each: the suite's workers share them (tests/conftest.py)
 
 
 def _run_batch(seeds: range) -> tuple[int, int, int, int]:
@@ -30,18 +26,9 @@ def _run_batch(seeds: range) -> tuple[int, int, int, int]:
     return activations, begun, yields, refused
 
 
-def seeds_of(batch: int) -> range:
-    first, last = FIRST_SEED + SCHEDULES * batch // BATCHES, FIRST_SEED + SCHEDULES * (batch + 1) // BATCHES
-    return range(first, last)
-
-
-def test_the_batches_cover_every_seed_once():
-    assert [s for b in range(BATCHES) for s in seeds_of(b)] == list(range(FIRST_SEED, FIRST_SEED + SCHEDULES))
-
-
-@pytest.mark.parametrize("batch", range(BATCHES))
+@pytest.mark.parametrize("batch", range(len(BATCHES)))
 def test_random_schedules_with_handovers_keep_s1_s3_and_epochs(batch):
-    seeds = seeds_of(batch)
+    seeds = BATCHES[batch]
     activations, begun, yields, refused = _run_batch(seeds)
     # The schedules must exercise handovers that complete, not only refusals.
     assert yields > len(seeds) // 2 and begun > yields and refused > 0

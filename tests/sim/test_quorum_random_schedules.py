@@ -8,29 +8,22 @@ workers share (tests/conftest.py); a failure prints its seed and the per-node tr
 and `random_schedule(seed)` replays it.
 """
 
-import os
-
 import pytest
 
-from tests.harness.simulator import random_schedule
+from tests.harness.simulator import random_schedule, seed_batches
 
-SCHEDULES = int(os.environ.get("PAIRMQ_SIM_SCHEDULES", "2000"))
-FIRST_SEED = int(os.environ.get("PAIRMQ_SIM_FIRST_SEED", "0"))
-BATCHES = 8  # one core each: the scheduler spreads them, where a process pool inside one test hid its second core
+BATCHES = seed_batches(2000, 8)  # one core each: the scheduler spreads them over the workers
 
 
-def seeds_of(batch: int) -> range:
-    first, last = FIRST_SEED + SCHEDULES * batch // BATCHES, FIRST_SEED + SCHEDULES * (batch + 1) // BATCHES
-    return range(first, last)
+def test_the_batches_cover_every_seed_once(monkeypatch):
+    monkeypatch.setenv("PAIRMQ_SIM_SCHEDULES", "1001")
+    monkeypatch.setenv("PAIRMQ_SIM_FIRST_SEED", "7")
+    assert [seed for batch in seed_batches(2000, 8) for seed in batch] == list(range(7, 1008))
 
 
-def test_the_batches_cover_every_seed_once():
-    assert [s for b in range(BATCHES) for s in seeds_of(b)] == list(range(FIRST_SEED, FIRST_SEED + SCHEDULES))
-
-
-@pytest.mark.parametrize("batch", range(BATCHES))
+@pytest.mark.parametrize("batch", range(len(BATCHES)))
 def test_random_fault_schedules_keep_s1_s3_and_epochs(batch):
-    seeds = seeds_of(batch)
+    seeds = BATCHES[batch]
     steps = activations = 0
     for seed in seeds:
         sim = random_schedule(seed, trace=False)
