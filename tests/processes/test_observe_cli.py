@@ -31,6 +31,12 @@ def env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "PAIRMQ_GROUP"}
 
 
+def as_at_a_terminal() -> None:
+    """A child's Ctrl-C as at a terminal: a suite started from a script's background job ignores SIGINT, and
+    its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def pairmq(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pairmq.cli.main", *args], capture_output=True, text=True, timeout=60,
                           cwd=REPO, env=env())
@@ -41,7 +47,8 @@ class Tail:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "events", "follow", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env())
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),
+                                     preexec_fn=as_at_a_terminal)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -144,7 +151,8 @@ def test_show_redundancy_watch_redraws_in_a_terminal_until_ctrl_c(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "pairmq.cli.main", "show", "redundancy", "--watch",
                                  "--group", str(tmp_path / "group.toml")],
                                 stdin=follower, stdout=follower, stderr=follower, cwd=REPO,
-                                env={**env(), "COLUMNS": "160", "LINES": "40", "TERM": "xterm"})
+                                env={**env(), "COLUMNS": "160", "LINES": "40", "TERM": "xterm"},
+                                preexec_fn=as_at_a_terminal)
         os.close(follower)
         output = b""
         deadline = time.monotonic() + 4.5
