@@ -6,6 +6,7 @@ nodes' own event logs as well as from the probes.
 """
 
 import json
+import re
 import signal
 import time
 
@@ -64,7 +65,9 @@ def test_kill_9_active_backup_accepts_connect(group):
     group.wait_for("the backup's activation in its event log", lambda: group.decisions(B, "activate"), timeout_s=2)
     [activation] = group.decisions(B, "activate")
     assert activation["reason"].startswith("backup: primary unseen 0.6")
-    assert activation["reason"].endswith("monitor concurs, in sync → taking activity, epoch 2")
+    # in sync, or (its lease ran out while a loaded machine stalled it) tied with the last active: R4'
+    assert re.search(r"monitor concurs, (in sync|holds all the primary released \(spool \d+/\d+\)) → taking "
+                     r"activity, epoch 2$", activation["reason"]), activation["reason"]
 
 
 def test_sigstop_active_for_three_leases_never_two_accept(group, tmp_path):
