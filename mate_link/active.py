@@ -9,8 +9,9 @@ Rules:
 - What is shipped is commits (spool/chain.py), the bytes the segment holds, never re-encoded; a commit
   is one submission of the writer and is never split.
 - LIVE once everything up to our head was shipped: from then on every commit the writer makes
-  (`local_submitted`, before its local write even finishes) is shipped at once, in order, one
-  commit per OPS message.
+  (`local_submitted`, before its local write even finishes) is shipped at once, in order; commits
+  made before the adapter takes the messages ride in one OPS message (whole commits, at most
+  `max_batch_ops` and `max_batch_bytes` of them together): one frame per turn, not per submission.
   Log reads see durable commits only, so the last stretch of a catch-up comes from the commits the
   writer handed us recently (a bounded buffer), which bridges the read to the live stream.
 - `acked_seq` only grows; an ACK for an op we never shipped is the peer's fault (`LinkFault`).
@@ -123,6 +124,8 @@ class ActiveLink(Endpoint):
         self.unacked_bytes = 0
         self.catchup_done_ops = 0
         self.catchup_total_ops = 0
+        self._live_tail: Ops | None = None  # the live OPS not yet taken by the adapter, which later commits join
+        self._live_tail_size = (0, 0)  # its ops and bytes
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -287,7 +290,17 @@ class ActiveLink(Endpoint):
         if whole:  # the live path, once per submission
             if commits:
                 total = sum(len(c.data) for c in commits)
-                self._out.append(Ops(self.epoch, tuple(commits)))
+                ops = sum(c.ops for c in commits)
+                tail = self._live_tail
+                if (tail is not None and self._out and self._out[-1] is tail
+                        and self._live_tail_size[0] + ops <= self.limits.max_batch_ops
+                        and self._live_tail_size[1] + total <= self.limits.max_batch_bytes):
+                    self._live_tail = self._out[-1] = Ops(self.epoch, tail.commits + tuple(commits))
+                    self._live_tail_size = (self._live_tail_size[0] + ops, self._live_tail_size[1] + total)
+                else:  # nothing of this turn unsent (the adapter took it), or it is full
+                    self._live_tail = Ops(self.epoch, tuple(commits))
+                    self._live_tail_size = (ops, total)
+                    self._out.append(self._live_tail)
                 self.shipped_seq = commits[-1].last_seq
                 self._unacked_bytes.append((self.shipped_seq, total))
                 self.unacked_bytes += total

@@ -289,6 +289,10 @@ class SecureChannel:
         return b"\x00\x00\x00\x00" + counter.to_bytes(8, "big")
 
     def seal(self, plaintext: bytes) -> bytes:
+        return b"".join(self.seal_parts(plaintext))
+
+    def seal_parts(self, plaintext: bytes) -> tuple[bytes, bytes]:
+        """The frame as (length, ciphertext): a sender joins many frames' parts into one buffer, copied once."""
         length = len(plaintext) + _TAG_BYTES
         if length > MAX_FRAME_BYTES:
             raise ValueError(f"a {length}-byte frame is over the {MAX_FRAME_BYTES}-byte limit")
@@ -296,7 +300,7 @@ class SecureChannel:
         sealed = self._send.encrypt(self._nonce(self._send_counter), plaintext, header)
         self._send_counter += 1
         self.frames_sent += 1
-        return header + sealed
+        return header, sealed
 
     def receive_data(self, data: bytes) -> None:
         view = self.get_buffer(len(data))

@@ -3,7 +3,8 @@
 Rules:
 - The active listens on TCP 8301 (its node address). A link is accepted only while the node may
   serve (`may_serve()`, asked again once the handshake is done); a newer link from the standby
-  replaces an older one. Every op the spool writer gives a seq is handed to the link at once.
+  replaces an older one. Every op the spool writer gives a seq is handed to the link at once; what
+  the commits of one loop turn make to send goes out in one drain on the next (one socket send).
 - The standby dials the active it knows of (`active_address()`), retrying every `redial_s`, and
   applies what it receives through its own writer: commits via `submit_commits`, a snapshot via
   `SnapshotBuilder` and a swap of its spool files (`LocalSpool.replace_spool`). Both ends reach the
@@ -160,6 +161,7 @@ class ActiveReplication(_Replication):
         self._ticker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._imaging: asyncio.Lock | None = None  # one spool image at a time (they share a directory)
+        self._drain_pending = False  # a drain for new commits is queued on the loop
         self.links_made = 0
 
     async def start(self, host: str, port: int) -> None:
@@ -240,7 +242,13 @@ class ActiveReplication(_Replication):
     def _on_commit(self, commit: Commit) -> None:
         if self.link is not None and not self.conn.closed:
             self.link.local_submitted(commit)
-            self._loop.call_soon(self._drain)  # under the writer's lock now: send from the loop's next turn
+            if not self._drain_pending:  # under the writer's lock now: send from the loop's next turn, once
+                self._drain_pending = True  # for every commit made before it runs
+                self._loop.call_soon(self._drain_commits)
+
+    def _drain_commits(self) -> None:
+        self._drain_pending = False
+        self._drain()
 
     def _rolled_back(self, head: ChainPoint) -> None:
         if self.link is not None and not self.conn.closed:

@@ -12,7 +12,8 @@ Rules:
 - Bounded: reading pauses while more than `max_write_buffer_bytes` wait to be written to the
   peer (its acks and pongs cannot pile up), and the secure channel bounds what it buffers.
 - Messages are sealed as the socket takes them, not when sent: `send` queues them (in order) and
-  at most `PUMP_BYTES` are sealed per loop turn, more only once the socket drains. A full
+  at most `PUMP_BYTES` are sealed per loop turn, more only once the socket drains. What one turn
+  sealed goes to the socket as one buffer: one send per turn, however many frames. A full
   snapshot (a GiB of bodies) then neither stalls the event loop (the broker's, on the active)
   for seconds nor sits sealed in memory, and the peer's pongs and acks are still read meanwhile.
 """
@@ -178,12 +179,13 @@ class MateConnection(asyncio.BufferedProtocol):
         self._pump_scheduled = False
         if self.closed or not self._writable:
             return
-        channel, frames, size = self.handshake.channel, [], 0
+        channel, parts, size = self.handshake.channel, [], 0
         while self._outbox and size < PUMP_BYTES:
-            frames.append(channel.seal(self._encode(self._outbox.popleft())))
-            size += len(frames[-1])
-        if frames:
-            self.transport.writelines(frames)  # may call pause_writing
+            header, sealed = channel.seal_parts(self._encode(self._outbox.popleft()))
+            parts += header, sealed
+            size += len(header) + len(sealed)
+        if parts:
+            self.transport.write(b"".join(parts))  # one buffer, one send (may call pause_writing)
         if self.transport.get_write_buffer_size() > self._max_write_buffer:
             self.transport.pause_reading()  # the peer reads nothing: stop taking its input meanwhile
         if self._outbox and self._writable and not self._pump_scheduled:

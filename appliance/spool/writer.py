@@ -8,7 +8,11 @@ Rules:
   resolves with that commit only after the group commit holding it is durable
   (written and fdatasync'ed: segments.py).
   Futures resolve in seq order; a `concurrent.futures` future's callbacks run
-  in the writer thread (keep them short), an asyncio one's on its loop.
+  in the writer thread (keep them short), an asyncio one's on its loop: one
+  call_soon_threadsafe settles a whole group commit, and none is made while an
+  earlier one still waits on that loop (it settles the later ones too).
+- A submission wakes the writer thread only if it waits for work: while it
+  commits, what is queued is taken, all of it, once the fdatasync returned.
 - The thread drains every queued submission, up to `max_batch_ops` ops or
   `max_batch_bytes`, into ONE group commit: one write and one fdatasync of
   their commits' bytes as they are, then their ops applied to the spool's
@@ -136,6 +140,8 @@ class SpoolWriter:
         self._stored_bytes = spool.model.stored_bytes
         self.durable = self.head = spool.log.head
         self._checkpointer: threading.Thread | None = None
+        self._handoffs = _Handoffs()
+        self._idle = False  # the writer thread waits for work (under the lock)
         # The mate link's taps. `on_commit(commit)` runs under the writer's lock on the submitting
         # thread, right after the commit is made, so commits are seen in seq order and can be shipped
         # while the local commit runs; it must not submit. `on_rollback(head)` runs on the writer thread
@@ -201,7 +207,7 @@ class SpoolWriter:
             sub = Submission(tuple(commits), future, ops, sizes, added, loop=loop)
             self._enqueue(sub)
         if not commits:
-            _settle([(sub, (), None)])
+            self._handoffs.settle([(sub, (), None)])
         return sub
 
     def metrics(self) -> WriterMetrics:
@@ -242,7 +248,7 @@ class SpoolWriter:
                 if self.on_commit is not None:
                     self.on_commit(commits[0])
         if not commits:
-            _settle([(sub, (), None)])  # outside the lock: a callback may submit again
+            self._handoffs.settle([(sub, (), None)])  # outside the lock: a callback may submit again
         return sub
 
     def _admit(self, nops: int, added: int, epoch: int | None) -> None:
@@ -275,7 +281,8 @@ class SpoolWriter:
         self._pending_added += sub.added_bytes
         self._submissions += 1
         self._queue.append(sub)
-        self._wake.notify()
+        if self._idle:  # busy, it takes this after its fdatasync without a wake-up
+            self._wake.notify()
 
     # The writer thread.
 
@@ -291,7 +298,9 @@ class SpoolWriter:
         limits = self.limits
         with self._lock:
             while not self._queue and not self._closing and self._broken is None:
+                self._idle = True
                 self._wake.wait()
+                self._idle = False
             if not self._queue or self._broken is not None:
                 return None
             batch, n, nbytes = [], 0, 0
@@ -335,7 +344,7 @@ class SpoolWriter:
             self._ignored += model.ignored - ignored_before
             self._last_ms = elapsed_ms
             self._max_ms = max(self._max_ms, elapsed_ms)
-        _settle([(sub, sub.commits, None) for sub in batch])
+        self._handoffs.settle([(sub, sub.commits, None) for sub in batch])
 
     def _rollback(self, batch: list[Submission], exc: Exception) -> None:
         full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -359,7 +368,7 @@ class SpoolWriter:
                 self._broken = error
         if self.on_rollback is not None:
             self.on_rollback(self.durable)
-        _settle([(sub, None, error) for sub in batch] + [(sub, None, chained) for sub in behind])
+        self._handoffs.settle([(sub, None, error) for sub in batch] + [(sub, None, chained) for sub in behind])
 
     def _maybe_checkpoint(self) -> None:
         if self._checkpointer is not None and self._checkpointer.is_alive():
@@ -377,23 +386,58 @@ class SpoolWriter:
             log.warning("spool %s: could not write a checkpoint: %s", self.spool.path, exc)
 
 
-def _settle(outcomes: list[tuple[Submission, object, BaseException | None]]) -> None:
-    """Resolve futures: concurrent ones here, asyncio ones on their loop with one wake-up per loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for sub, result, error in outcomes:
-        if sub.loop is None:
-            if sub.future.set_running_or_notify_cancel():
-                sub.future.set_exception(error) if error is not None else sub.future.set_result(result)
-        else:
-            by_loop.setdefault(sub.loop, []).append((sub.future, result, error))
-    for loop, items in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle_on_loop, items)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
+class _Handoff:
+    """Outcomes for one event loop: at most one call_soon_threadsafe waits on that loop at a time, and it
+    settles every outcome posted until it runs (a loop slower than the writer is woken once, not per commit)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Future, object, BaseException | None]] = []
+
+    def post(self, items: list[tuple[asyncio.Future, object, BaseException | None]]) -> None:
+        with self._lock:
+            scheduled = bool(self._items)
+            self._items += items
+        if not scheduled:
+            try:
+                self.loop.call_soon_threadsafe(self._run)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                with self._lock:
+                    self._items.clear()
+
+    def _run(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for future, result, error in items:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
 
 
-def _settle_on_loop(items: list) -> None:
-    for future, result, error in items:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
+class _Handoffs:
+    """The writer's `_Handoff` per loop (a process has one loop; tests make and close many)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_loop: dict[asyncio.AbstractEventLoop, _Handoff] = {}
+
+    def settle(self, outcomes: list[tuple[Submission, object, BaseException | None]]) -> None:
+        """Resolve futures: concurrent ones here, asyncio ones on their loop (see `_Handoff`)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for sub, result, error in outcomes:
+            if sub.loop is None:
+                if sub.future.set_running_or_notify_cancel():
+                    sub.future.set_exception(error) if error is not None else sub.future.set_result(result)
+            else:
+                by_loop.setdefault(sub.loop, []).append((sub.future, result, error))
+        for loop, items in by_loop.items():
+            self._for(loop).post(items)
+
+    def _for(self, loop: asyncio.AbstractEventLoop) -> _Handoff:
+        with self._lock:
+            handoff = self._by_loop.get(loop)
+            if handoff is None:
+                for old in [lp for lp in self._by_loop if lp.is_closed()]:
+                    del self._by_loop[old]
+                handoff = self._by_loop[loop] = _Handoff(loop)
+            return handoff

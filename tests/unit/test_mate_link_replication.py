@@ -143,6 +143,43 @@ def test_a_standby_in_step_gets_only_live_ops():
     assert [type(m) for m in p.wire[2:]] == [Ops, Ack]
 
 
+def test_live_commits_made_before_the_adapter_drains_ride_in_one_ops_message():
+    p = Pair(10)
+    p.standby = StandbyLink(p.log[-1].point, 3, EPOCH, 0)
+    p.pump()
+    for n in (2, 1, 3):
+        p.write_locally(n)
+    p.pump()
+    ops = [m for m in p.wire if isinstance(m, Ops)]
+    assert len(ops) == 1 and [c.ops for c in ops[0].commits] == [2, 1, 3]  # whole commits, in order
+    assert p.active.acked_seq == 16 == p.standby.durable.seq and p.active.unacked_bytes == 0
+    p.write_locally(1)  # the adapter took the last one: a new message
+    p.pump()
+    assert len([m for m in p.wire if isinstance(m, Ops)]) == 2 and p.active.acked_seq == 17
+
+
+def _commit_bytes(n: int) -> int:
+    return len(make_commit(GENESIS, EPOCH, [b"live%d" % i for i in range(n)]).data)
+
+
+@pytest.mark.parametrize("limits, sizes", [
+    (LinkLimits(max_batch_ops=4), [[3], [2, 2], [4], [1]]),
+    (LinkLimits(max_batch_bytes=_commit_bytes(1) + _commit_bytes(2)), [[1, 2], [3], [1]]),
+])
+def test_a_merged_live_ops_message_stays_within_the_batch_limits(limits, sizes):
+    p = Pair(10, limits=limits)
+    p.standby = StandbyLink(p.log[-1].point, 3, EPOCH, 0)
+    p.pump()
+    for n in [n for group in sizes for n in group]:
+        p.write_locally(n)
+    p.active.receive(Ping(EPOCH, 0), p.now)  # a PONG queued between two commits: the OPS after it is new
+    p.write_locally(1)
+    p.pump()
+    ops = [m for m in p.wire if isinstance(m, Ops)]
+    assert [[c.ops for c in m.commits] for m in ops] == sizes + [[1]]
+    assert p.active.acked_seq == p.log[-1].last_seq == p.standby.durable.seq
+
+
 def test_a_diverged_standby_gets_a_snapshot_then_the_ops_after_it():
     diverged = make_commit(GENESIS, EPOCH - 1, [b"old"] * 3).point
     p = Pair(12, diverged, committed=10)
