@@ -71,6 +71,43 @@ async def test_a_link_carries_messages_both_ways():
     server.close()
 
 
+class CountedSends:
+    """The socket's transport, counting the sends asked of it and the buffers of each."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.buffers: list[int] = []  # per send
+
+    def write(self, data: bytes) -> None:
+        self.buffers.append(1)
+        self._transport.write(data)
+
+    def writelines(self, parts) -> None:
+        parts = list(parts)
+        self.buffers.append(len(parts))
+        self._transport.writelines(parts)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+@in_a_loop
+async def test_the_frames_of_one_turn_leave_in_one_send_and_open_in_order():
+    active, standby = active_end(), standby_end()
+    server = await serve(active)
+    await dial(port_of(server), standby)
+    await asyncio.wait_for(asyncio.gather(active.established.wait(), standby.established.wait()), 5)
+    counted = active.conn.transport = CountedSends(active.conn.transport)
+    sent = [Ping(3, 100 + i) for i in range(20)]
+    active.conn.send(sent[:12])
+    active.conn.send(sent[12:])  # a second call in the same turn: its own send
+    assert [await asyncio.wait_for(standby.received.get(), 5) for _ in sent] == sent
+    assert counted.buffers == [1, 1] and active.conn.handshake.channel.frames_sent == 20  # one buffer a send
+    standby.conn.close("test over")
+    assert await asyncio.wait_for(active.ended, 5)
+    server.close()
+
+
 @in_a_loop
 async def test_a_standby_with_another_secret_is_refused_and_counted():
     active, standby = active_end(), standby_end(secret=b"x" * 32)

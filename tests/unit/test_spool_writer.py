@@ -79,6 +79,41 @@ def test_the_asyncio_variant_resolves_on_the_callers_loop(spool):
     assert [c.last_seq for c in commits] == [1] and seen == [loop_thread]
 
 
+class WakeCountingLoop(asyncio.SelectorEventLoop):
+    """A real event loop that counts the wake-ups other threads post to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posted = 0
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        self.posted += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_group_commits_made_while_the_loop_is_busy_are_settled_by_one_wake_up(spool):
+    async def main():
+        with writer_of(spool) as writer:
+            subs = []
+            for n in range(3):  # the loop is busy (it never yields): each commit is durable before the next is made
+                subs.append(writer.submit_async([o.MessageIdSeen("c", f"m{n}", 1)], 1))
+                deadline = time.monotonic() + 10
+                while writer.durable.seq < subs[-1].commits[-1].last_seq and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            assert writer.metrics().commits == 3 and not any(s.future.done() for s in subs)
+            assert loop.posted == 1  # the first commit's; the two after it joined it
+            results = [await s.future for s in subs]
+            assert [r[0].last_seq for r in results] == [1, 2, 3]
+            more = writer.submit_async([o.MessageIdSeen("c", "later", 1)], 1)  # the loop idles: a wake-up of its own
+            assert (await more.future)[0].last_seq == 4 and loop.posted == 2
+
+    loop = WakeCountingLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
 def test_twenty_concurrent_submitters_share_one_commit(spool):
     with writer_of(spool) as writer:
         writer.submit([o.SessionOpened("a", 5, 0, 1)], 1).future.result(5)
