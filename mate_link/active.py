@@ -249,7 +249,7 @@ class ActiveLink(Endpoint):
 
     def caught_up(self, now_ms: int) -> bool:
         """LIVE, heard lately, within the lag bound, and the standby acknowledged everything up to where the
-        live stream began: from there on every OPS is a whole submission, so what it holds is never half of
+        live stream began: from there on every OPS holds whole submissions, so what it holds is never half of
         one (catch-up batches from log reads may end anywhere)."""
         return not self.behind(now_ms)
 
