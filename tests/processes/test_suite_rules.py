@@ -56,6 +56,7 @@ def test_no_jvm_module_runs_beside_a_timed_or_another_jvm_module(tmp_path):
     env = {**os.environ, "SUITE_RULES_LOG": str(log)}
     env.pop("PYTEST_XDIST_WORKER", None)  # this worker's own: the inner run starts workers of its own
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PAIRMQ_PURE_PYTHON", None)  # scheduling is the same on both builds; a pure run would keep no file here
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "3", "-p", "no:cacheprovider"], cwd=suite,
                          env=env, capture_output=True, text=True, timeout=240)
     total = sum(n for _, _, n, _ in LAYOUT)
