@@ -64,7 +64,8 @@ TIMED_SCOPES = ("netns", "tests/processes/")
 JVM_SCOPES = ("spark", "tests/processes/test_analytics_")
 # - On the uncompiled build (PAIRMQ_PURE_PYTHON=1, .venv-pure: docs/build.md) the suite is PURE_SUBSET only: the
 #   unit tests of the compiled modules and of what drives them, which the whole suite runs compiled, except
-#   those marked `compiled` (they check the compiled build itself).
+#   those marked `compiled` (they check the compiled build itself). With `--whole-suite` it is every test but
+#   those marked `compiled`: by hand, not in CI (docs/build.md), as the same behaviour on both builds is the rule.
 PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit/test_quorum_*",
                "tests/unit/test_heartbeat_*", "tests/unit/test_topics.py", "tests/unit/test_session_owners.py",
                "tests/unit/test_sans_io.py", "tests/unit/test_types.py", "tests/unit/test_explicit_init.py",
@@ -74,6 +75,18 @@ PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit
                # the spool's ops, its state model and the standby's end of the mate link
                "tests/unit/test_spool_ops.py", "tests/unit/test_spool_store.py", "tests/unit/test_spool_writer.py",
                "tests/unit/test_spool_snapshot.py", "tests/unit/test_spool_image.py")
+PURE = os.environ.get("PAIRMQ_PURE_PYTHON") == "1"
+
+
+def pure_subset_only(config: pytest.Config) -> bool:
+    """Whether this run keeps only PURE_SUBSET: the uncompiled build, without --whole-suite."""
+    return PURE and not config.getoption("--whole-suite")
+
+
+def pure_keeps(item: pytest.Item) -> bool:
+    """Whether an uncompiled run keeps this collected test."""
+    in_subset = any(fnmatch.fnmatch(item.nodeid.split("::")[0], pattern) for pattern in PURE_SUBSET)
+    return (in_subset or not pure_subset_only(item.config)) and not item.get_closest_marker("compiled")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -85,12 +98,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("fuzz", "coverage-guided fuzzing (tests/sim/test_hostile_fuzz.py)").addoption(
         "--fuzz-minutes", type=float, metavar="MINUTES", default=None,
         help="fuzz each decoder for this many minutes instead of the CI's fixed number of inputs")
+    parser.getgroup("build", "the uncompiled build (PAIRMQ_PURE_PYTHON=1, docs/build.md)").addoption(
+        "--whole-suite", action="store_true",
+        help="on the uncompiled build, run every test but those marked `compiled`, not only PURE_SUBSET")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """On the uncompiled build a test file outside PURE_SUBSET is not even imported: its imports (Spark, the
     harness) cost each worker seconds for tests it would deselect."""
-    if os.environ.get("PAIRMQ_PURE_PYTHON") != "1" or not collection_path.is_relative_to(config.rootpath) \
+    if not pure_subset_only(config) or not collection_path.is_relative_to(config.rootpath) \
             or collection_path.is_dir() or not collection_path.name.startswith("test_"):
         return None
     nodeid = collection_path.relative_to(config.rootpath).as_posix()
@@ -98,9 +114,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("PAIRMQ_PURE_PYTHON") == "1":
-        kept = [item for item in items if any(fnmatch.fnmatch(item.nodeid.split("::")[0], pattern)
-                                              for pattern in PURE_SUBSET) and not item.get_closest_marker("compiled")]
+    if PURE:
+        kept = [item for item in items if pure_keeps(item)]
         kept_ids = {id(item) for item in kept}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
         items[:] = kept

@@ -12,6 +12,7 @@ real node at the end.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 import shutil
@@ -132,10 +133,13 @@ def test_install_each_role_in_a_throwaway_root_then_again_changes_nothing(root, 
     unit = "pairmq-monitor.service" if role == "monitor" else f"pairmq@{role}.service"
     installed = root / "etc/systemd/system" / unit_file
     assert mode_owner(installed) == ("0o644", 0, 0)
-    # the shipped unit, pointed at the docs this venv (an editable install: the work tree's) really holds
+    # the shipped unit, pointed at the docs this venv really holds: the work tree's in an editable install, the
+    # venv's own copy, seen at /opt/pairmq/venv, in a regular one (.venv-pure's)
     shipped = (REPO / "systemd" / unit_file).read_text()
-    assert installed.read_text() == install.render_unit(shipped, Path("/opt/pairmq/venv"), REPO / "docs/operations.md")
-    assert f"Documentation=file://{REPO}/docs/operations.md\n" in installed.read_text()
+    docs = Path(str(importlib.resources.files("pairmq.docs").joinpath("operations.md")))
+    docs = Path("/opt/pairmq/venv") / docs.relative_to(VENV) if docs.is_relative_to(VENV) else docs
+    assert installed.read_text() == install.render_unit(shipped, Path("/opt/pairmq/venv"), docs)
+    assert f"Documentation=file://{docs}\n" in installed.read_text()
     assert "LoadCredential=pairmq-admin:/etc/pairmq/admin\n" in installed.read_text()
     wants = root / "etc/systemd/system/multi-user.target.wants" / unit
     assert os.readlink(wants) == f"/etc/systemd/system/{unit_file}"

@@ -1,7 +1,8 @@
 """The suite's own rules (tests/conftest.py) on a real pytest-xdist run: a small suite laid out like this one
 (timed modules in processes/, JVM modules named like the analytics ones, a simulator, unit tests) runs on three
 workers under a copy of tests/conftest.py; each test records when it ran and where. No JVM module's test runs
-while a timed or another JVM module's test runs on another worker, and every worker takes part.
+while a timed or another JVM module's test runs on another worker, and every worker takes part. And what the
+uncompiled build (PAIRMQ_PURE_PYTHON=1) runs: PURE_SUBSET, or with --whole-suite every test but those marked compiled.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def test_no_jvm_module_runs_beside_a_timed_or_another_jvm_module(tmp_path):
     env = {**os.environ, "SUITE_RULES_LOG": str(log)}
     env.pop("PYTEST_XDIST_WORKER", None)  # this worker's own: the inner run starts workers of its own
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PAIRMQ_PURE_PYTHON", None)  # scheduling is the same on both builds; a pure run would keep no file here
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "3", "-p", "no:cacheprovider"], cwd=suite,
                          env=env, capture_output=True, text=True, timeout=240)
     total = sum(n for _, _, n, _ in LAYOUT)
@@ -68,3 +70,33 @@ def test_no_jvm_module_runs_beside_a_timed_or_another_jvm_module(tmp_path):
               if a[0] != b[0] and a[2] < b[3] and b[2] < a[3] and "jvm" in (a[1], b[1]) and "cpu" not in (a[1], b[1])]
     assert beside == [], f"JVM tests beside timed or JVM ones: {beside}"
 
+
+
+PURE_LAYOUT = {"unit/test_broker_kept.py": "def test_in_subset():\n    pass\n",
+               "unit/test_elsewhere.py": "def test_outside_subset():\n    pass\n",
+               "processes/test_group.py": "def test_a_process_test():\n    pass\n",
+               "unit/test_mqtt_built.py": "import pytest\n\n@pytest.mark.compiled\ndef test_of_the_compiled_build():\n"
+                                          "    pass\n\ndef test_beside_it():\n    pass\n"}
+
+
+def test_the_pure_build_runs_its_subset_or_with_whole_suite_all_but_the_compiled_tests(tmp_path):
+    for path, text in PURE_LAYOUT.items():
+        (tmp_path / "tests" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / path).write_text(text)
+    shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "tests" / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = tests\nmarkers =\n    compiled: the compiled build\n")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "PAIRMQ_PURE_PYTHON")}
+
+    def run(*args: str, pure: bool) -> str:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rA", *args],
+                              cwd=tmp_path, env={**env, "PAIRMQ_PURE_PYTHON": "1"} if pure else env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    subset = run(pure=True)  # the files outside PURE_SUBSET are not even collected
+    assert "2 passed, 1 deselected" in subset and "test_in_subset" in subset and "test_beside_it" in subset, subset
+    whole = run("--whole-suite", pure=True)
+    assert "4 passed, 1 deselected" in whole and "test_of_the_compiled_build" not in whole, whole
+    assert "5 passed" in run(pure=False) and "5 passed" in run("--whole-suite", pure=False)
