@@ -152,6 +152,15 @@ class BrokerService:
         self.mate_over_lag = mate_over_lag
         self.backpressure = MateBackpressure()  # its counters are this service's view's
         self.message_events = message_events
+        self._loop_cache: asyncio.AbstractEventLoop | None = None  # see `_loop`
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, asked once: on Python 3.11 each get_running_loop() is a getpid() system call, and
+        this runs on every read. A closed one (the service outlived an asyncio.run) is asked again."""
+        loop = self._loop_cache
+        if loop is None or loop.is_closed():
+            loop = self._loop_cache = asyncio.get_running_loop()
+        return loop
 
     @classmethod
     def open(cls, spool_dir: Path, *, spool_max_bytes: int | None = None,
@@ -182,7 +191,8 @@ class BrokerService:
         self.core.router.limits = limits
 
     async def start(self) -> None:
-        self._tick_task = asyncio.get_running_loop().create_task(self._ticks())
+        self._loop_cache = asyncio.get_running_loop()
+        self._tick_task = self._loop_cache.create_task(self._ticks())
 
     async def stop(self) -> None:
         if self._tick_task:
@@ -228,7 +238,7 @@ class BrokerService:
         # its `_Resolve` behind all of their effects, so it resolves once the last of them has run.
         done = self._batch_done
         if done is None:
-            done = self._batch_done = asyncio.get_running_loop().create_future()
+            done = self._batch_done = self._loop().create_future()
         return done
 
     def lost(self, conn_id: int, disconnect: Any = None) -> None:
@@ -298,7 +308,7 @@ class BrokerService:
     def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._end_of_callback)
+            self._loop().call_soon(self._end_of_callback)
 
     def _end_of_callback(self) -> None:
         self._flush_scheduled = False
@@ -314,7 +324,7 @@ class BrokerService:
             self._flush()
         elif self._ops:
             if self._defer_timer is None:
-                self._defer_timer = asyncio.get_running_loop().call_later(self._defer_ms / 1000, self._deferred_due)
+                self._defer_timer = self._loop().call_later(self._defer_ms / 1000, self._deferred_due)
             self._events_of_held()
         out, self._out = self._out, {}
         for conn_id, packets in out.items():
@@ -345,7 +355,7 @@ class BrokerService:
         if self.message_events is None or self._evented == len(self._ops):
             return
         if self._held_future is None:
-            self._held_future = asyncio.get_running_loop().create_future()
+            self._held_future = self._loop().create_future()
         self.message_events.submitted(self._ops[self._evented:], self._epoch(), self._held_future)
         self._evented = len(self._ops)
 

@@ -64,7 +64,8 @@ def _of_session(name: str) -> property:
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
-        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained", "_waits")
+        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained", "_waits",
+        "_mate_clear")
 
     def __init__(self, listener: MqttListener) -> None:
         self._l = listener
@@ -87,6 +88,9 @@ class MqttConnection(asyncio.Protocol):
         self._preauth_addr: str | None = None  # counted by the listener's PreAuthBudget until admitted or gone
         self._held = 0  # bytes buffered while pre-auth, as the budget counts them
         self._drained: int | None = None  # bytes discarded since our half-close; None: not draining
+        # This turn's QoS 1/2 PUBLISHes need not ask `hold_for_mate` again: it said no, and the mate link's backlog
+        # moves only in other callbacks of this loop.
+        self._mate_clear = False
 
     # --- what the listener, the broker and the management API read --------------------------
 
@@ -185,6 +189,7 @@ class MqttConnection(asyncio.Protocol):
         try:
             budget = PACKETS_PER_TURN
             session.begin_turn()
+            self._mate_clear = False
             while not session.closing and not self._paused:
                 if not budget:
                     self._pause(_TURN)
@@ -235,8 +240,11 @@ class MqttConnection(asyncio.Protocol):
                 self._throttle()
         if kind is Publish:
             self._l.messages_in += 1
-            if packet.qos and self._l.hold_for_mate(self):
-                self._pause(_MATE)
+            if packet.qos and not self._mate_clear:
+                if self._l.hold_for_mate(self):
+                    self._pause(_MATE)
+                else:
+                    self._mate_clear = True
 
     # --- the in-flight window ----------------------------------------------------------------
 

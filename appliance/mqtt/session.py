@@ -209,7 +209,7 @@ class MqttSession:
         """The checks before credentials; False when the CONNECT was refused."""
         v5 = c.protocol_version == MQTT_5
         if v5:
-            self.peer_max_packet_size = c.properties.get(PropertyId.MAXIMUM_PACKET_SIZE)  # type: ignore[assignment]
+            self.peer_max_packet_size = c.properties.get(PropertyId.MAXIMUM_PACKET_SIZE)
         if not self._door.may_serve():
             reference = self._door.server_reference()
             if v5 and reference:
@@ -395,7 +395,8 @@ class MqttSession:
             if err.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 self.send(Connack(err.reason_code), MQTT_3_1_1)
             elif version == MQTT_5:
-                code = err.reason_code if err.reason_code in CONNACK_REASON_CODES else ReasonCode.UNSPECIFIED_ERROR
+                code: ReasonCode = (err.reason_code if err.reason_code in CONNACK_REASON_CODES
+                                    else ReasonCode.UNSPECIFIED_ERROR)
                 self.send(Connack(code, False, {PropertyId.REASON_STRING: why}), MQTT_5)
         elif version == MQTT_5:
             code = err.reason_code if err.reason_code in DISCONNECT_REASON_CODES else ReasonCode.PROTOCOL_ERROR

@@ -6,7 +6,10 @@ Rules:
   broker's event loop can stall for seconds under a connection storm; this
   loop only waits for the GIL (handed over every `sys.getswitchinterval()`).
 - Every call into the QuorumCore, from any thread, holds `lock`: the core is
-  not thread-safe. Callers read the clock inside the lock, so a caller that
+  not thread-safe. Releasing it publishes the core's `serving_bound()` as
+  `lock.gate`, so the MQTT gate (asked per read) takes no lock and never waits
+  for this thread: a reader sees what it would have seen holding the lock just
+  before or after whoever holds it now. Callers read the clock inside the lock, so a caller that
   waited for it never asks with a stale `now`; other threads go through
   `QuorumHandle.call` (quorum_handle.py), which does both.
 - Only this thread sends: heartbeats leave in the order the core made them.
@@ -50,6 +53,25 @@ LAG_REPORT_MS = 250  # broker loop stamps older than this are reported once per 
 STOP_WAIT_S = 2.0
 
 
+class GateLock:
+    """The core's lock; each release publishes `gate` (the core's `serving_bound()`) before unlocking."""
+
+    def __init__(self, core: QuorumCore) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self.gate: tuple[int, int] = (0, 0)  # (serving while now_ms < this, active epoch): not serving yet
+
+    def __enter__(self) -> "GateLock":
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.gate = self._core.serving_bound()  # one attribute store: a reader sees all of it or none
+        finally:
+            self._lock.release()
+
+
 class HeartbeatThread:
     def __init__(self, core: QuorumCore, bind: tuple[str, int], peers: list[tuple[str, int]], *,
                  on_decision: Callable[[Decision], None], on_ready: Callable[[], None],
@@ -59,7 +81,7 @@ class HeartbeatThread:
         self.core = core
         self._before_send = before_send
         self._on_position_echoed = on_position_echoed
-        self.lock = threading.Lock()
+        self.lock = GateLock(core)
         self.broker_alive_at = now_ms()  # written by the broker loop; an int store is atomic under the GIL
         self.send_errors = 0
         self.max_timer_late_ms = 0  # since start: how late the heartbeat timer ran at worst

@@ -9,7 +9,7 @@ Rules:
 
 from __future__ import annotations
 
-import threading
+from contextlib import AbstractContextManager
 from typing import Callable, TypeVar
 
 from ..clock import now_ms
@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 
 class QuorumHandle:
-    def __init__(self, core: QuorumCore, lock: threading.Lock, wake: Callable[[], None]) -> None:
+    def __init__(self, core: QuorumCore, lock: AbstractContextManager[object], wake: Callable[[], None]) -> None:
         self._core = core
         self._lock = lock
         self._wake = wake

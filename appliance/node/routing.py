@@ -26,6 +26,7 @@ from pairmq.monitor.node import MonitorNode
 
 from ..api.ports import RoutingPorts
 from ..api.reads import spool_disk
+from ..clock import now_ms
 from ..broker.authn import Authenticator
 from ..broker.core import BrokerCore, limits_from_config
 from ..broker import outcomes
@@ -130,9 +131,10 @@ class RoutingNode(MonitorNode):
     # --- the activity gate (what the MQTT listener asks, from the broker loop) ------
 
     def may_serve(self) -> bool:
-        """The lease, and a broker core rebuilt for this epoch from the replicated spool."""
-        serving, epoch = self.quorum.call(lambda core, now: (core.may_serve(now), core.active_epoch))
-        return serving and self.replication.ready(epoch)
+        """The lease, and a broker core rebuilt for this epoch from the replicated spool. Asked per read: it reads
+        what the quorum core published at its lock's last release, taking no lock (heartbeats.py)."""
+        until, epoch = self.heartbeats.lock.gate
+        return now_ms() < until and self.replication.ready(epoch)
 
     def _serves(self) -> bool:
         return self.may_serve()

@@ -73,7 +73,8 @@ R9 advertise before acknowledging alone. While the mate is out of sync and its i
    vote to a candidate behind it; a tie left for the primary can only be a true tie. One
    advertisement is in flight at a time (sent at once, answered at once by the peers, its echo asks
    for the next): a heartbeat round trip and a save per batch while redundancy is down, nothing
-   while in sync.
+   while in sync (then the timer saves the position at most once a second: what a restart reads is
+   older, so it claims less, never more).
 
 R6 a stalled broker releases activity. The node's I/O runs heartbeats on their
    own thread, so a hung broker event loop would otherwise keep activity while
@@ -105,6 +106,7 @@ from .wire import (FLAG_BID_FORCED, FLAG_MATE_IN_SYNC, FLAG_REDUNDANCY_UP, FLAG_
                    Activity,
                    Heartbeat, PeerView)
 
+POSITION_SAVE_MS = 1000  # in sync, our position is on disk at most this late (a restart claims less, never more)
 SENT_HISTORY = 512  # our own send times kept for echo lookups (512 x 50 ms = 25 s)
 DECISION_HISTORY = 64
 
@@ -143,6 +145,7 @@ class QuorumCore(HandoverRules):
         self.handover = HandoverState()
         self.auto_revert = False  # group.auto_revert (H7)
         self._position_saved_at = 0
+        self._position_unsaved = False  # in sync, a position copied in memory that the timer saves (R9's note)
         self._echoed_seq = -1  # R9: our highest position at this epoch a peer echoed back
         self.position_echoes = 0  # R9: how often _echoed_seq rose while alone (the adapter releases on a change)
 
@@ -187,6 +190,8 @@ class QuorumCore(HandoverRules):
         self._evaluate(now_ms)
         if now_ms >= self._next_heartbeat_at:
             self._send_heartbeat(now_ms)
+        if self._position_unsaved and now_ms - self._position_saved_at >= POSITION_SAVE_MS:
+            self._save_position(now_ms)
 
     def broker_alive(self, alive_at_ms: int) -> None:
         """R6 input: the broker's event loop was running at `alive_at_ms` (same clock as now_ms)."""
@@ -236,7 +241,7 @@ class QuorumCore(HandoverRules):
         less than we acknowledged. While acknowledgements need the mate we advertise what was released; once
         they do not (R9) we advertise what is durable here, on disk first, in a heartbeat at once (True: wake
         the sender), and release only what a peer echoed back (`release_bound`). Else on disk at most once a
-        second."""
+        second, by `handle_timer`: the caller (the broker loop) never waits for that save."""
         if self.activity is not Activity.ACTIVE or self.state.spool_epoch != self.active_epoch:
             return False
         alone = not self.acks_need_mate(now_ms)
@@ -247,12 +252,13 @@ class QuorumCore(HandoverRules):
             return False  # one advertisement in flight at a time: its echo asks for the next (one save per round trip)
         before = self.state.spool_seq
         self.state.spool_seq = target
-        if alone or not self.mate_sync.synced or now_ms - self._position_saved_at >= 1000:
-            if self._save(now_ms):
-                self._position_saved_at = now_ms
-            elif alone:  # R8: a position not on disk is not advertised, so nothing is released on it
+        if alone or not self.mate_sync.synced:
+            # R8: a position not on disk is not advertised, so nothing is released on it
+            if not self._save_position(now_ms) and alone:
                 self.state.spool_seq = before
                 return False
+        else:
+            self._position_unsaved = True
         if alone:
             self._send_heartbeat(now_ms)
         return alone
@@ -316,6 +322,13 @@ class QuorumCore(HandoverRules):
 
     def may_serve(self, now_ms: int) -> bool:
         return self.activity is Activity.ACTIVE and now_ms < self.lease_expiry and self.handover.draining is None
+
+    def serving_bound(self) -> tuple[int, int]:
+        """`may_serve` as one value for a reader that holds no lock: (serving while now < the first, the
+        active epoch). The adapter publishes it whenever it releases the core (heartbeats.py)."""
+        if self.activity is Activity.ACTIVE and self.handover.draining is None:
+            return self.lease_expiry, self.active_epoch
+        return 0, self.active_epoch
 
     def sees(self, role: Role, now_ms: int) -> bool:
         """Mutual visibility: a round trip completed within the lease."""
@@ -707,6 +720,13 @@ class QuorumCore(HandoverRules):
             claim_ago = min(now_ms - peer.claim_at, NEVER_MS - 1)
         return PeerView(role, hb.incarnation, hb.seq, min(now_ms - peer.heard_at, NEVER_MS - 1), claim_ago,
                         hb.epoch, hb.spool_epoch, hb.spool_seq)
+
+    def _save_position(self, now_ms: int) -> bool:
+        if not self._save(now_ms):
+            return False
+        self._position_saved_at = now_ms
+        self._position_unsaved = False
+        return True
 
     def _save(self, now_ms: int) -> bool:
         """R8: save the state; False (reported once per episode) if the store could not."""

@@ -93,3 +93,34 @@ def test_heartbeat_port_in_use_is_refused_at_start_up(tmp_path):
         thread.stop()  # nothing started: stopping is a no-op, not an error
     finally:
         taken.close()
+
+
+def test_the_gate_is_what_the_core_said_at_the_lock_s_last_release():
+    """The MQTT gate reads `lock.gate` without the lock (heartbeats.py): published on every release, it answers
+    as `may_serve` would have at that release, for any later instant; a change not yet released is not seen."""
+    from pairmq.appliance.node.heartbeats import GateLock
+    from pairmq.appliance.quorum.wire import Activity
+    from tests.harness.simulator import Simulation
+
+    sim = Simulation(3)
+    sim.run_until(2_000)
+    [active] = sim.serving()
+    core, node = sim.core(active), sim.nodes[active]
+    lock = GateLock(core)
+    assert lock.gate == (0, 0), "nothing published yet: not serving"
+    with lock:
+        pass
+    until, epoch = lock.gate
+    assert epoch == core.active_epoch > 0
+    now = node.local(sim.t)
+    for t in (now, until - 1, until, until + 1):
+        assert (t < until) == core.may_serve(t), t
+    with lock:  # held: a reader does not wait, and sees the last published value
+        assert lock.gate == (until, epoch)
+    sim.isolate(active)
+    sim.run_for(2 * TIMERS.lease_ms)
+    assert core.activity is not Activity.ACTIVE, "the lease ran out: stepped down"
+    assert lock.gate == (until, epoch), "the step-down happened outside this lock: not published by it"
+    with lock:
+        pass
+    assert lock.gate[0] == 0, "stepped down: serving at no instant"

@@ -93,3 +93,34 @@ def test_in_sync_acknowledgements_wait_only_for_the_mate():
         sim.run_for(50)
         assert sync(sim, P, caught_up=True, released=10, durable=25) == -1
     assert sim.core(P).state.spool_seq == 10, "in sync the released position is advertised, not the durable one"
+
+
+def test_in_sync_the_position_reaches_disk_from_the_timer_not_from_the_caller():
+    """The broker loop's sync never waits for a save while the mate is in sync: the core's timer (the heartbeat
+    thread's) writes the position at most POSITION_SAVE_MS later, and a restart in between claims less."""
+    from pairmq.appliance.quorum.core import POSITION_SAVE_MS
+
+    sim = Simulation(12)
+    sim.run_until(2_000)
+    active = sim.serving()[0]
+    store = sim.nodes[active].store
+    for _ in range(30):  # the mate caught up and in sync
+        sim.run_for(50)
+        sync(sim, active, caught_up=True, released=10, durable=10)
+    assert sync(sim, active, caught_up=True, released=10, durable=10) == -1, "in sync: only the mate releases"
+    sim.run_for(POSITION_SAVE_MS + 100)  # any earlier position is on disk by now
+    saves = store.saves
+    sync(sim, active, caught_up=True, released=500, durable=500)
+    assert sim.core(active).state.spool_seq == 500, "advertised at once, from memory"
+    assert (store.saves, store._state.spool_seq) == (saves, 10), "the caller did not save"
+    sim.run_for(POSITION_SAVE_MS + 100)
+    assert store._state.spool_seq == 500 and store.saves == saves + 1, "the timer saved it, once"
+    sim.run_for(POSITION_SAVE_MS + 100)
+    assert store.saves == saves + 1, "nothing new: no save"
+
+
+def test_alone_the_position_is_still_on_disk_before_the_call_returns():
+    sim = active_backup_with_the_primary_out_of_sync()
+    saves = sim.nodes[B].store.saves
+    sync(sim, B, caught_up=False, released=940, durable=1200)
+    assert sim.nodes[B].store._state.spool_seq == 1200 and sim.nodes[B].store.saves == saves + 1, "R9: disk first"
