@@ -53,11 +53,13 @@ def test_a_standalone_cluster_gives_exactly_the_reports_of_local_mode(tmp_path):
     backup = sorted((logs / "backup" / "events").glob("events-backup-*.jsonl"))
     backup[-1].rename(backup[-1].with_name("events.jsonl"))  # the backup's log still growing: an active segment
     work = tmp_path / "cluster"
-    with ThreadPoolExecutor(1) as pool:  # the local run's JVM works while the cluster's JVMs start
+    # The local run's JVM works while the cluster's JVMs start, and the remote run starts as soon as the cluster
+    # is up, beside it: neither reads the other's output.
+    with ThreadPoolExecutor(1) as pool:
         local_run = pool.submit(summarize, logs, tmp_path / "local", "local[2]")
         with standalone_cluster(ADDRESS, work, workers=2) as url:
-            local = local_run.result()
             remote = summarize(logs, tmp_path / "remote", url)
+            local = local_run.result()
     assert local["messages"]["published_per_node"] == {**expected["published"], "monitor": 0}
     assert local["inputs"]["active_segments"] == 1 and local["inputs"]["segments_ingested_now"] > 3
     assert remote == local

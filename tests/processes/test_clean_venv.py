@@ -1,6 +1,6 @@
 """What a stranger gets from `pip install`: the wheel of this tree in a fresh virtualenv, then as an operator.
 
-The wheel is built once, uncompiled (PAIRMQ_PURE_PYTHON=1: no C compiler in the loop), from a copy of the tree.
+The wheel is the run's one wheel of this tree (tests/harness/wheel.py: uncompiled, from a copy of the tree).
 The base install resolves the wheel's own dependencies into a venv that starts empty (no system site-packages),
 so what is in it afterwards is exactly the base dependencies' closure: the test checks that no extra's package
 came along, then runs `pairmq pub` and `pairmq sub` from that venv against a real group. pip's cache makes the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,26 +20,18 @@ import pytest
 
 from pairmq.appliance.roles import Role
 from tests.harness.group import REPO, active_group
+from tests.harness.wheel import pure_wheel
 
 # Building the wheel, resolving the venvs and a first Spark session take minutes on a loaded machine: the
 # default per-test timeout is for tests that only start nodes.
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(1200)]
 
 EXTRA_PACKAGES = {"pyspark", "pyarrow", "pandas", "matplotlib", "pyroute2", "scapy", "pytest", "mypy"}
-COPY_IGNORE = shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-                                     ".hypothesis", "local", "node_modules", "*.so", "_native_build.py")
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(REPO, work / "src", ignore=COPY_IGNORE)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir",
-                           str(work / "out"), str(work / "src")], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PAIRMQ_PURE_PYTHON": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    [built] = (work / "out").glob("pairmq-*.whl")
-    return built
+def wheel() -> Path:
+    return pure_wheel()
 
 
 @pytest.fixture(scope="module")

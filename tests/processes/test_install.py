@@ -3,7 +3,8 @@
 The root gets a real /etc/passwd (useradd --root writes it), real files with modes and owners, units
 enabled with `systemctl --root` (symlinks). The software is the venv these tests run in, linked into the
 root at /opt/pairmq/venv and passed with --venv, except in the two tests that let the installer build the
-venv with pip (from the machine's local mirror, and from pip's configured index and cache).
+venv with pip (this tree from the machine's local mirror; the run's wheel of it with the vip extra from pip's
+configured index and cache).
 systemd is not PID 1 here, so nothing is started: see docs/operations.md. What systemd would do with
 LoadCredential= (hand the node a copy of the admin file in $CREDENTIALS_DIRECTORY) is done by hand for a
 real node at the end.
@@ -26,6 +27,7 @@ from pairmq.appliance.api.admin_credential import admin_path, new_credential, re
 from pairmq.appliance.roles import Role
 from pairmq.cli import install
 from tests.harness.group import LOOPBACK, REPO, Group
+from tests.harness.wheel import pure_wheel
 
 VENV = Path(sys.executable).parent.parent  # the venv running these tests: has bin/pairmq
 ADMIN_PASSWORD = "an admin password of some length"
@@ -452,18 +454,16 @@ def test_a_pairmq_without_its_unit_files_is_refused_before_anything_changes(root
 @pytest.mark.timeout(900)  # pip builds and installs: minutes on a loaded machine
 def test_a_routing_host_of_a_vip_group_gets_the_vip_extra_in_its_venv(root, source, tmp_path):
     """The venv is built with `pairmq[vip]` (pyroute2, scapy) when the group file has [vip]: the
-    dependencies come from pip's configured index and cache, as on a host."""
+    dependencies come from pip's configured index and cache, as on a host. The package is the run's wheel of
+    this tree (tests/harness/wheel.py): building from a source tree is the test above's."""
     (root / "opt/pairmq/venv").unlink()
-    tree = tmp_path / "pairmq-src"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "__pycache__",
-                                                              ".pytest_cache", ".hypothesis", "local", "node_modules",
-                                                              "*.so"))
+    wheel = pure_wheel()
     (source / "group.toml").write_text(GROUP + '[vip]\naddress = "10.0.0.100/24"\ninterface = "eth0"\n')
     built = subprocess.run([sys.executable, "-m", "pairmq.cli.main", "install", "--role", "backup", "--group",
-                            str(source / "group.toml"), "--root", str(root), "--package", str(tree)],
-                           capture_output=True, text=True, timeout=900, env={**os.environ, "PAIRMQ_PURE_PYTHON": "1"})
+                            str(source / "group.toml"), "--root", str(root), "--package", str(wheel)],
+                           capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stderr
-    assert f"built: /opt/pairmq/venv with {tree}[vip]" in built.stdout.splitlines()
+    assert f"built: /opt/pairmq/venv with {wheel}[vip]" in built.stdout.splitlines()
     venv = root / "opt/pairmq/venv"
     imported = subprocess.run([str(venv / "bin/python"), "-c", "import pyroute2, scapy, paho.mqtt"],
                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
