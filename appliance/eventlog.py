@@ -2,8 +2,12 @@
 
 Rules:
 - `write` never blocks and never raises: it stamps the record's times and
-  appends it to a bounded in-memory queue; one writer thread encodes and
-  writes. The broker loop pays an append, not a JSON encoding or a write.
+  appends it to a bounded in-memory queue (under a lock held only for an
+  append, and by the writer for a swap of the whole queue); one writer thread
+  encodes and writes. The broker loop pays an append, not a JSON encoding or
+  a write. `write_many` queues a batch of one event (a submission's
+  message_published) as one entry, its lines made by the writer
+  (`eventlines`, compiled).
 - A full queue (the disk slower than the events) loses the event but counts
   it; the writer records the count as an `events_lost` event once it can.
   Nothing is lost silently.
@@ -29,7 +33,6 @@ Rules:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import logging
@@ -38,17 +41,16 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from . import eventlines
 from .errors import ConfigError
 from .private_files import private_dir, private_opener
 
 log = logging.getLogger("pairmq.events")
 
-SCHEMA_VERSION = 2
 ACTIVE_NAME = "events.jsonl"
 _CLOSED = re.compile(r"^events-(?P<node>[a-z]+)-(?P<seq>\d{8})\.jsonl$")
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 WRITER_WAKE_S = 0.02  # how long an event may wait in the queue when few arrive
 
 
@@ -203,7 +205,11 @@ class EventLog:
         self.lost = 0  # queue overflow, or after a failure
         self.failed: str | None = None
         self.rotations = 0
-        self._queue: collections.deque = collections.deque()
+        # The queue: (ts, mono_ms, event, fields, render) entries; a `write_many` entry holds a batch of events.
+        # A producer holds the lock for an append, the writer for a swap of the whole list.
+        self._lock = threading.Lock()
+        self._entries: list[tuple] = []
+        self._queued = 0  # events in `_entries`
         self._overflow = 0  # lost to a full queue, not yet recorded in the log
         self.throttle = RefusalThrottle(settings.refusal_events_per_s)  # the writer thread's alone
         self._wake = threading.Event()
@@ -224,48 +230,48 @@ class EventLog:
     # --- producers (any thread) ---------------------------------------------------------------
 
     def write(self, event: str, **fields) -> None:
-        self._enqueue(event, fields, None)
+        entry = (self._clock(), self._mono() // 1_000_000, event, fields, None)
+        with self._lock:
+            if self.failed is not None or self._closing:
+                self.lost += 1
+            elif self._queued >= self.settings.queue_max_events:
+                self._overflow += 1
+                self.lost += 1
+            else:
+                self._entries.append(entry)
+                self._queued += 1
 
-    def write_rendered(self, event: str, render: Callable[[object], str], value: object) -> None:
-        """`write` for the message path's busiest event: no dict is built on the caller's thread; the writer
-        thread makes the event's own members with `render(value)` (',"k":v,...}', valid JSON by the caller's
-        care; a render that raises is written as a `render_error` member, never kills the writer)."""
-        self._enqueue(event, value, render)
-
-    def write_rendered_many(self, event: str, render: Callable[[object], str], values: list) -> None:
-        """`write_rendered` for each of `values`, made at one moment (one submission's ops): one clock read."""
+    def write_many(self, event: str, render: Callable[[str, list, Any], str], values: list, context: Any) -> None:
+        """One `event` per value, made at one moment (one submission's ops: one clock read, one queue entry), for
+        the message path's busiest event. The writer thread makes their lines with `render(head, values, context)`:
+        one line per value, each `head` + its own members + a newline, valid JSON by the caller's care (a render
+        that raises is written as one `render_error` line and the rest counted as lost; the writer goes on)."""
         if not values:
             return
-        if self.failed is not None or self._closing:
-            self.lost += len(values)
-            return
-        room = self.settings.queue_max_events - len(self._queue)
-        if room < len(values):
-            lost = len(values) - max(room, 0)
-            self._overflow += lost
-            self.lost += lost
-            values = values[:max(room, 0)]
-        ts, mono_ms = self._clock(), self._mono() // 1_000_000
-        self._queue.extend([(ts, mono_ms, event, value, render) for value in values])  # one atomic extend
-
-    def _enqueue(self, event: str, fields, render) -> None:
-        if self.failed is not None or self._closing:
-            self.lost += 1
-            return
-        if len(self._queue) >= self.settings.queue_max_events:
-            self._overflow += 1
-            self.lost += 1
-            return
-        # deque.append is atomic: no lock on the message path.
-        self._queue.append((self._clock(), self._mono() // 1_000_000, event, fields, render))
+        entry = (self._clock(), self._mono() // 1_000_000, event, (values, context), render)
+        with self._lock:
+            if self.failed is not None or self._closing:
+                self.lost += len(values)
+                return
+            room = self.settings.queue_max_events - self._queued
+            if room < len(values):
+                lost = len(values) - max(room, 0)
+                self._overflow += lost
+                self.lost += lost
+                if room <= 0:
+                    return
+                entry = (*entry[:3], (values[:room], context), render)
+            self._entries.append(entry)
+            self._queued += len(entry[3][0])
 
     def view(self) -> dict:
         return {"written": self.written, "lost": self.lost, "failed": self.failed, "rotations": self.rotations,
-                "queued": len(self._queue), "segment": str(self.path), "suppressed": self.throttle.suppressed}
+                "queued": self._queued, "segment": str(self.path), "suppressed": self.throttle.suppressed}
 
     def close(self) -> None:
         """Write what is queued, then stop. Events written after this are counted as lost."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
         self._wake.set()
         self._thread.join(timeout=10)
 
@@ -287,63 +293,79 @@ class EventLog:
                 pass
 
     def _drain(self) -> None:
-        queue, dumps = self._queue, _ENCODER.encode
-        head = '{"v":%d,"ts":%%.6f,"mono_ms":%%d,"node":%s,"event":"%%s"' % (SCHEMA_VERSION, dumps(self.node))
-        lines = []
-        throttle = self.throttle
-        # The head of the last line, reused while the stamps are the very same objects: a `write_rendered_many`
-        # batch shares one clock read, and formatting the time is most of a head's cost.
-        last_ts = last_mono = last_event = line_head = None
-        while queue:
-            ts, mono_ms, event, fields, render = queue.popleft()
+        with self._lock:
+            entries, self._entries, self._queued = self._entries, [], 0
+            lost, self._overflow = self._overflow, 0
+        node, throttle = self.node, self.throttle
+        texts: list[str] = []  # each one line or more, every line ended by a newline
+        lines = 0
+        for ts, mono_ms, event, fields, render in entries:
             if event in throttle.kinds:
-                self._summaries(lines, head, mono_ms)  # a window over before this event is summed before it
+                lines += self._summaries(texts, mono_ms)  # a window over before this event is summed before it
                 if not throttle.admit(event, fields, mono_ms):
                     continue
-            if ts is not last_ts or mono_ms is not last_mono or event is not last_event:
-                last_ts, last_mono, last_event = ts, mono_ms, event
-                line_head = head % (ts, mono_ms, event)
-            # The common fields by format, the event's own by the C encoder: a third of the CPU of one dict encode.
+            line_head = eventlines.head(node, ts, mono_ms, event)
             if render is None:
-                lines.append(line_head + ("," + dumps(fields)[1:] if fields else "}"))
-            else:
-                try:
-                    members = render(fields)
-                except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
-                    members = ',"render_error":%s}' % dumps(repr(exc))
-                lines.append(line_head + members)
-        self._summaries(lines, head, self._mono() // 1_000_000, self._closing)
-        if self._overflow:
-            lost, self._overflow = self._overflow, 0
-            lines.append(head % (self._clock(), self._mono() // 1_000_000, "events_lost")
-                         + ',"count":%d,"reason":"event queue full"}' % lost)
-        if not lines or self.failed is not None:
-            if self.failed is not None:
-                self.lost += len(lines)
+                texts.append(eventlines.line(line_head, fields))
+                lines += 1
+                continue
+            values, context = fields
+            try:
+                texts.append(render(line_head, values, context))
+                lines += len(values)
+            except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
+                texts.append(eventlines.line(line_head, {"render_error": repr(exc)}))
+                lines += 1
+                with self._lock:
+                    self.lost += len(values) - 1
+        lines += self._summaries(texts, self._mono() // 1_000_000, self._closing)
+        if lost:
+            texts.append(eventlines.head(node, self._clock(), self._mono() // 1_000_000, "events_lost")
+                         + ',"count":%d,"reason":"event queue full"}\n' % lost)
+            lines += 1
+        if not texts:
             return
-        limit, size, start = self.settings.segment_max_bytes, 0, 0
+        if self.failed is not None:
+            with self._lock:
+                self.lost += lines
+            return
+        text, written = "".join(texts), self.written
         try:
             size = self._file.tell()
-            for i, text in enumerate(lines):
-                size += len(text) + 1  # ASCII: json escapes everything else
-                if size >= limit:  # a segment ends within one line of its limit, however big the batch
-                    self._write_lines(lines[start:i + 1])
-                    start, size = i + 1, 0
-                    self._rotate()
-            self._write_lines(lines[start:])
+            if size + len(text) < self.settings.segment_max_bytes:  # ASCII: json escapes everything else
+                self._write(text, lines)
+            else:
+                split = text.split("\n")[:-1]
+                lines = len(split)
+                self._write_across(split, size)
         except OSError as exc:
-            self.lost += len(lines) - start
+            with self._lock:
+                self.lost += lines - (self.written - written)
             self._fail(exc)
 
-    def _summaries(self, lines: list[str], head: str, now_ms: int, closing: bool = False) -> None:
-        for fields in self.throttle.due(now_ms, closing):
-            lines.append(head % (self._clock(), now_ms, "events_suppressed") + "," + _ENCODER.encode(fields)[1:])
+    def _write_across(self, lines: list[str], size: int) -> None:
+        """Lines that reach the segment's limit: a segment ends within one line of it, however big the batch."""
+        limit, start = self.settings.segment_max_bytes, 0
+        for i, text in enumerate(lines):
+            size += len(text) + 1
+            if size >= limit:
+                self._write("\n".join(lines[start:i + 1]) + "\n", i + 1 - start)
+                start, size = i + 1, 0
+                self._rotate()
+        self._write("\n".join(lines[start:]) + "\n", len(lines) - start)
 
-    def _write_lines(self, lines: list[str]) -> None:
+    def _summaries(self, texts: list[str], now_ms: int, closing: bool = False) -> int:
+        due = self.throttle.due(now_ms, closing)
+        for fields in due:
+            texts.append(eventlines.line(eventlines.head(self.node, self._clock(), now_ms, "events_suppressed"),
+                                         fields))
+        return len(due)
+
+    def _write(self, text: str, lines: int) -> None:
         if lines:
-            self._file.write("\n".join(lines) + "\n")
+            self._file.write(text)
             self._file.flush()
-            self.written += len(lines)
+            self.written += lines
 
     def _maybe_rotate(self) -> None:
         """Age counts even on an idle node: an hour-old segment closes though nothing was written since."""

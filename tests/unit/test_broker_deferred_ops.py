@@ -35,12 +35,11 @@ class Recorder:
     def write(self, event: str, **fields) -> None:
         self.events.append((event, fields))
 
-    def write_rendered(self, event: str, render, value) -> None:
-        self.events.append((event, json.loads("{" + render(value)[1:])))
-
-    def write_rendered_many(self, event: str, render, values) -> None:
-        for value in values:
-            self.write_rendered(event, render, value)
+    def write_many(self, event: str, render, values, context) -> None:
+        for line in render('{"event":null', values, context).splitlines():  # each line: the head, then its own
+            fields = json.loads(line)
+            del fields["event"]
+            self.events.append((event, fields))
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in list(self.events)]

@@ -1,0 +1,210 @@
+"""Event log lines byte for byte (appliance/eventlines.py, appliance/eventlog.py, appliance/broker/message_events.py):
+analytics reads these bytes, so every line a node writes is pinned here, odd strings included; message_published's
+batch renderer reads as json.dumps would for any input; and the log's rules for batches: a segment ends within one
+line of its limit inside a batch, a batch that finds the queue nearly full is cut and the rest counted."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pairmq.appliance import eventlines
+from pairmq.appliance.broker.message_events import MessageEvents
+from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
+from pairmq.appliance.spool import ops
+from pairmq.appliance.spool.chain import GENESIS
+from pairmq.appliance.spool.records import make_commit
+
+
+def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def scenario(directory: Path) -> bytes:
+    """Every kind of line a routing node writes on the message path, and some of the group's, at fixed times."""
+    now, mono = [1795958807.1365492], [71926872_654321]
+    log = EventLog(directory, "primary", EventSettings(refusal_events_per_s=1), clock=lambda: now[0],
+                   mono=lambda: mono[0])
+    acked, mate_needed = [0], [True]
+    events = MessageEvents(log, 1.0, acked_seq=lambda: acked[0], mate_needed=lambda: mate_needed[0])
+    odd = ops.MessageStored(7, 'plant/"hall"\\5/ünï\n', b"x" * 3, 2, True, b"", 0, 'pub "1"\u2028\U0001F600', 1234)
+    routed = [ops.MessageRouted(10 + i, "bench/q1", b"y" * 100, 1, False, b"", 0, "bench-q1-pub",
+                                1795958807133 + i // 2, "bench-q1-sub", 1, False, ()) for i in range(4)]
+    first = concurrent.futures.Future()
+    events.submitted([odd, *routed[:2], ops.MessageQueued("s", 7, 1, False),
+                      ops.MessagesInflight("bench-q1-sub", (10, 11), (1, 2)), routed[2], ops.MessageInflight("s", 7, 3)],
+                     3, first)
+    now[0], mono[0] = 1795958807.2, 71926872_999999
+    events.submitted([routed[3], ops.MessagesAcked("bench-q1-sub", (10, 11)), ops.MessageAcked("s", 7),
+                      ops.MessageDropped("s", 12, "expired"), ops.MessageDropped("s", 13, "not authorized")], 3,
+                     concurrent.futures.Future())
+    first.set_result((make_commit(GENESIS, 3, [b"op"] * 9),))
+    mate_needed[0] = False
+    second = concurrent.futures.Future()
+    events.submitted([ops.MessageStored(2**40, "", b"", 0, False, b"", 0, "", 0)], 4, second)
+    second.set_result((make_commit(GENESIS, 4, [b"op"] * 12),))
+    acked[0] = 12
+    events.check_replicated()
+    now[0] = 1795958808.0000004
+    log.write("client_refused", client_id="c", peer="192.0.2.7:5", reason_code=135, reason='bad "password"', epoch=3)
+    log.write("client_refused", client_id="c", peer="192.0.2.7:6", reason_code=135, reason="x", epoch=3)
+    log.write("node_alive", serving=True, epoch=3)
+    log.write("node_stopped")
+    log.write("publish_outcomes", epoch=3, outcomes=[{"topic": "a/b", "qos": 1, "outcome": "queued", "messages": 2}],
+              extra=Path("/x"), ratio=0.1, none=None)
+    sampled = MessageEvents(log, 0.25)
+    sampled.submitted([ops.MessageStored(i, "s/t", b"z", 1, False, b"", 0, "p", 99) for i in range(1, 9)], 5,
+                      concurrent.futures.Future())
+    sampled.flush_counts()
+    mono[0] += 5_000_000_000  # past the throttle's window: its summary is written at close
+    log.close()
+    return b"".join(p.read_bytes() for p in segments(directory))
+
+
+# What the log wrote before message_published was rendered in batches by compiled code: these bytes may not change.
+EXPECTED = (
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":7,'
+    '"topic":"plant/\\"hall\\"\\\\5/\\u00fcn\\u00ef\\n","qos":2,"bytes":3,'
+    '"client":"pub \\"1\\"\\u2028\\ud83d\\ude00","epoch":3,"retain":true,"created_ms":1234}\n'
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":10,'
+    '"topic":"bench/q1","qos":1,"bytes":100,"client":"bench-q1-pub","epoch":3,"retain":false,'
+    '"created_ms":1795958807133}\n'
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":11,'
+    '"topic":"bench/q1","qos":1,"bytes":100,"client":"bench-q1-pub","epoch":3,"retain":false,'
+    '"created_ms":1795958807133}\n'
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_delivered",'
+    '"client":"bench-q1-sub","msg_ids":[10,11],"epoch":3}\n'
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":12,'
+    '"topic":"bench/q1","qos":1,"bytes":100,"client":"bench-q1-pub","epoch":3,"retain":false,'
+    '"created_ms":1795958807134}\n'
+    '{"v":2,"ts":1795958807.136549,"mono_ms":71926872,"node":"primary","event":"message_delivered",'
+    '"client":"s","msg_ids":[7],"epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":13,'
+    '"topic":"bench/q1","qos":1,"bytes":100,"client":"bench-q1-pub","epoch":3,"retain":false,'
+    '"created_ms":1795958807134}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_acknowledged",'
+    '"client":"bench-q1-sub","msg_ids":[10,11],"epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_acknowledged",'
+    '"client":"s","msg_ids":[7],"epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_expired","client":"s",'
+    '"msg_id":12,"reason":"expired","epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_dropped","client":"s",'
+    '"msg_id":13,"reason":"not authorized","epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_spooled",'
+    '"msg_ids":[7,10,11,12],"seq":9,"epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_published",'
+    '"msg_id":1099511627776,"topic":"","qos":0,"bytes":0,"client":"","epoch":4,"retain":false,"created_ms":0}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_spooled",'
+    '"msg_ids":[1099511627776],"seq":12,"epoch":4}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_replicated",'
+    '"msg_ids":[7,10,11,12],"seq":9,"epoch":3}\n'
+    '{"v":2,"ts":1795958807.200000,"mono_ms":71926872,"node":"primary","event":"message_replicated",'
+    '"msg_ids":[1099511627776],"seq":12,"epoch":4,"after_resync":true}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"client_refused",'
+    '"client_id":"c","peer":"192.0.2.7:5","reason_code":135,"reason":"bad \\"password\\"","epoch":3}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"node_alive","serving":true,'
+    '"epoch":3}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"node_stopped"}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"publish_outcomes","epoch":3,'
+    '"outcomes":[{"topic":"a/b","qos":1,"outcome":"queued","messages":2}],"extra":"/x","ratio":0.1,'
+    '"none":null}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":2,'
+    '"topic":"s/t","qos":1,"bytes":1,"client":"p","epoch":5,"retain":false,"created_ms":99}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"message_published","msg_id":5,'
+    '"topic":"s/t","qos":1,"bytes":1,"client":"p","epoch":5,"retain":false,"created_ms":99}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71926872,"node":"primary","event":"message_events_unsampled",'
+    '"counts":{"message_published":6}}\n'
+    '{"v":2,"ts":1795958808.000000,"mono_ms":71931872,"node":"primary","event":"events_suppressed",'
+    '"kind":"client_refused","count":1,"window_s":5.0,"by_source":{"192.0.2.7":1},"other_sources":0,'
+    '"reason":"suppressed 1 client_refused events in the last 5.0 s (1 from 192.0.2.7)"}\n'
+)
+
+
+def test_every_line_is_byte_for_byte_what_analytics_reads(tmp_path):
+    assert scenario(tmp_path).decode("ascii").splitlines(keepends=True) == EXPECTED.splitlines(keepends=True)
+
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(["", "a/b", '"', "\\", "\u2028", "\x00"])
+INT = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(INT, TEXT, st.integers(0, 2), st.binary(max_size=40), st.booleans(), TEXT, INT,
+                          st.booleans()), min_size=1, max_size=6), INT)
+def test_published_lines_read_as_json_dumps_makes_the_dict(messages, epoch):
+    batch = [ops.MessageRouted(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms, "sub", 1, False,
+                               ()) if routed else
+             ops.MessageStored(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms)
+             for msg_id, topic, qos, payload, retain, publisher, created_ms, routed in messages]
+    head = eventlines.head("primary", 1795958807.25, 7, "message_published")
+    expected = "".join(json.dumps({"v": 2, "ts": 0, "mono_ms": 7, "node": "primary", "event": "message_published",
+                                   "msg_id": op.msg_id, "topic": op.topic, "qos": op.qos, "bytes": len(op.payload),
+                                   "client": op.publisher, "epoch": epoch, "retain": op.retain,
+                                   "created_ms": op.created_at_ms}, separators=(",", ":"))
+                       .replace('"ts":0', '"ts":1795958807.250000') + "\n" for op in batch)
+    assert eventlines.published_lines(head, batch, epoch) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(TEXT, st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
+def test_a_dict_events_line_reads_as_json_dumps_makes_it(fields):
+    head = eventlines.head('n"1', 0.5, 0, "e")
+    assert eventlines.line(head, fields) == json.dumps({"v": 2, "ts": 0.5, "mono_ms": 0, "node": 'n"1', "event": "e",
+                                                        **fields}, separators=(",", ":")).replace("0.5", "0.500000",
+                                                                                                 1) + "\n"
+
+
+def test_a_batch_across_the_segment_limit_ends_each_segment_within_one_line(tmp_path):
+    limit = 4096
+    log = EventLog(tmp_path, "primary", EventSettings(segment_max_bytes=limit))
+    batch = [ops.MessageStored(i, f"t/{i}", b"x" * (i % 7), 1, False, b"", 0, "pub", i) for i in range(200)]
+    events = MessageEvents(log, 1.0)
+    log.write("before")
+    events.submitted(batch, 1, concurrent.futures.Future())  # one queue entry of 200 lines, ~40 KB
+    log.close()
+    closed = [p for p in segments(tmp_path) if p.name != ACTIVE_NAME]
+    assert len(closed) >= 8
+    for path in closed:
+        text = path.read_text()
+        last = text.splitlines(keepends=True)[-1]
+        assert len(text) >= limit > len(text) - len(last), path.name
+    got = read_events(tmp_path)
+    assert [e["event"] for e in got] == ["before"] + ["message_published"] * 200
+    assert [e["msg_id"] for e in got[1:]] == list(range(200)) and log.written == 201 and log.lost == 0
+
+
+def test_a_batch_that_finds_the_queue_nearly_full_is_cut_and_the_rest_counted(tmp_path):
+    gate, now = threading.Event(), time.time
+
+    def clock():  # the writer thread stops in its age check until the test opens the gate
+        if threading.current_thread().name.startswith("eventlog") and not gate.is_set():
+            gate.wait(10)
+        return now()
+
+    log = EventLog(tmp_path, "primary", EventSettings(queue_max_events=100), clock=clock)
+    log.write("first")
+    wait_until(lambda: log.written == 1, "the writer to take the first event")
+    time.sleep(0.1)  # it is now held in its age check
+    events = MessageEvents(log, 1)  # a whole number, as the group file may give it
+    events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(60)], 1,
+                     concurrent.futures.Future())
+    events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(60, 120)], 1,
+                     concurrent.futures.Future())
+    log.write("full")
+    assert log.lost == 21 and log.view()["queued"] == 100
+    gate.set()
+    log.close()
+    got = read_events(tmp_path)
+    assert [e["msg_id"] for e in got if e["event"] == "message_published"] == list(range(100))
+    assert [(e["count"], e["reason"]) for e in got if e["event"] == "events_lost"] == [(21, "event queue full")]
+    assert log.written == 102
