@@ -205,7 +205,7 @@ class EventLog:
         self.lost = 0  # queue overflow, or after a failure
         self.failed: str | None = None
         self.rotations = 0
-        # The queue: (ts, mono_ms, event, fields, render) entries; a `write_many` entry holds a batch of events.
+        # The queue: (ts, mono_ms, event, render, args, count) entries, `count` events each (a `write_many`: more).
         # A producer holds the lock for an append, the writer for a swap of the whole list.
         self._lock = threading.Lock()
         self._entries: list[tuple] = []
@@ -230,39 +230,38 @@ class EventLog:
     # --- producers (any thread) ---------------------------------------------------------------
 
     def write(self, event: str, **fields) -> None:
-        entry = (self._clock(), self._mono() // 1_000_000, event, fields, None)
-        with self._lock:
-            if self.failed is not None or self._closing:
-                self.lost += 1
-            elif self._queued >= self.settings.queue_max_events:
-                self._overflow += 1
-                self.lost += 1
-            else:
-                self._entries.append(entry)
-                self._queued += 1
+        self._put((self._clock(), self._mono() // 1_000_000, event, eventlines.line, (fields,), 1))
+
+    def write_line(self, event: str, render: Callable[..., str], *args: Any) -> None:
+        """`write` for the message path's events: the writer thread makes the line with `render(head, *args)`
+        (the head, the event's own members, a newline: valid JSON by the caller's care), so the caller builds no
+        dict. A render that raises is written as a `render_error` line; the writer goes on."""
+        self._put((self._clock(), self._mono() // 1_000_000, event, render, args, 1))
 
     def write_many(self, event: str, render: Callable[[str, list, Any], str], values: list, context: Any) -> None:
         """One `event` per value, made at one moment (one submission's ops: one clock read, one queue entry), for
-        the message path's busiest event. The writer thread makes their lines with `render(head, values, context)`:
-        one line per value, each `head` + its own members + a newline, valid JSON by the caller's care (a render
-        that raises is written as one `render_error` line and the rest counted as lost; the writer goes on)."""
-        if not values:
-            return
-        entry = (self._clock(), self._mono() // 1_000_000, event, (values, context), render)
+        the message path's busiest event. The writer thread makes their lines with `render(head, values, context)`,
+        one per value (a render that raises is written as one `render_error` line, the rest counted as lost)."""
+        if values:
+            self._put((self._clock(), self._mono() // 1_000_000, event, render, (values, context), len(values)))
+
+    def _put(self, entry: tuple) -> None:
+        count = entry[5]
         with self._lock:
             if self.failed is not None or self._closing:
-                self.lost += len(values)
+                self.lost += count
                 return
             room = self.settings.queue_max_events - self._queued
-            if room < len(values):
-                lost = len(values) - max(room, 0)
+            if room < count:
+                lost = count - max(room, 0)
                 self._overflow += lost
                 self.lost += lost
                 if room <= 0:
                     return
-                entry = (*entry[:3], (values[:room], context), render)
+                values, context = entry[4]  # only a batch has room for some of it
+                entry = (*entry[:4], (values[:room], context), room)
             self._entries.append(entry)
-            self._queued += len(entry[3][0])
+            self._queued += entry[5]
 
     def view(self) -> dict:
         return {"written": self.written, "lost": self.lost, "failed": self.failed, "rotations": self.rotations,
@@ -299,25 +298,20 @@ class EventLog:
         node, throttle = self.node, self.throttle
         texts: list[str] = []  # each one line or more, every line ended by a newline
         lines = 0
-        for ts, mono_ms, event, fields, render in entries:
+        for ts, mono_ms, event, render, args, count in entries:
             if event in throttle.kinds:
                 lines += self._summaries(texts, mono_ms)  # a window over before this event is summed before it
-                if not throttle.admit(event, fields, mono_ms):
+                if not throttle.admit(event, args[0], mono_ms):
                     continue
             line_head = eventlines.head(node, ts, mono_ms, event)
-            if render is None:
-                texts.append(eventlines.line(line_head, fields))
-                lines += 1
-                continue
-            values, context = fields
             try:
-                texts.append(render(line_head, values, context))
-                lines += len(values)
+                texts.append(render(line_head, *args))
+                lines += count
             except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
                 texts.append(eventlines.line(line_head, {"render_error": repr(exc)}))
                 lines += 1
                 with self._lock:
-                    self.lost += len(values) - 1
+                    self.lost += count - 1
         lines += self._summaries(texts, self._mono() // 1_000_000, self._closing)
         if lost:
             texts.append(eventlines.head(node, self._clock(), self._mono() // 1_000_000, "events_lost")

@@ -23,8 +23,9 @@ Rules:
 - Bounded: commits waiting for the standby's ack are held up to
   MAX_PENDING_COMMITS; older ones are counted as `replication_unobserved`.
 - The published events of a run of stored ops go to the log as one batch
-  (one clock read, one queue entry), rendered on the log's writer thread
-  (`eventlines.published_lines`), never ahead of an earlier op's event.
+  (one clock read, one queue entry), never ahead of an earlier op's event.
+  The lines of every event with msg_ids are made on the log's writer thread
+  (`eventlines`): the loop passes the ops and ids, never a dict.
   Compiled by mypyc (docs/build.md): ops are told apart by `isinstance`, the
   hot ones first.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Protocol
 
-from ..eventlines import Stored, published_lines
+from ..eventlines import Stored, commit_line, delivery_line, published_lines
 from ..spool.ops import (MessageAcked, MessageDropped, MessageInflight, MessageRouted, MessagesAcked,
                          MessagesInflight, MessageStored)
 
@@ -46,6 +47,8 @@ class EventSink(Protocol):
     """What this module writes to: the node's EventLog (tests pass a recorder)."""
 
     def write(self, event: str, **fields: Any) -> None: ...
+
+    def write_line(self, event: str, render: Callable[..., str], *args: Any) -> None: ...
 
     def write_many(self, event: str, render: Callable[[str, list[Any], Any], str], values: list[Any],
                    context: Any) -> None: ...
@@ -117,7 +120,7 @@ class MessageEvents:
             if len(ids) != len(msg_ids):
                 self._skip(kind, len(msg_ids) - len(ids))
         if ids:
-            self.events.write(kind, client=client_id, msg_ids=ids, epoch=epoch)
+            self.events.write_line(kind, delivery_line, client_id, ids, epoch)
 
     def _dropped(self, op: MessageDropped, epoch: int) -> None:
         event = "message_expired" if op.reason == "expired" else "message_dropped"
@@ -131,7 +134,7 @@ class MessageEvents:
             return  # the broker drops every client and rebuilds: these were never acknowledged
         commits = fut.result()
         seq: int = commits[-1].last_seq if commits else 0
-        self.events.write("message_spooled", msg_ids=msg_ids, seq=seq, epoch=epoch)
+        self.events.write_line("message_spooled", commit_line, msg_ids, seq, epoch, False)
         if self._acked_seq is not None:
             self._pending.append((seq, msg_ids, epoch, not self._mate_needed()))
             if len(self._pending) > MAX_PENDING_COMMITS:
@@ -145,10 +148,7 @@ class MessageEvents:
         acked = self._acked_seq()
         while self._pending and self._pending[0][0] <= acked:
             seq, msg_ids, epoch, late = self._pending.popleft()
-            if late:
-                self.events.write("message_replicated", msg_ids=msg_ids, seq=seq, epoch=epoch, after_resync=True)
-            else:
-                self.events.write("message_replicated", msg_ids=msg_ids, seq=seq, epoch=epoch)
+            self.events.write_line("message_replicated", commit_line, msg_ids, seq, epoch, late)
 
     def flush_counts(self) -> None:
         """Once a second (the node's watchdog) and at stop: what sampling skipped since the last call."""

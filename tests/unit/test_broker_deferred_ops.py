@@ -35,6 +35,9 @@ class Recorder:
     def write(self, event: str, **fields) -> None:
         self.events.append((event, fields))
 
+    def write_line(self, event: str, render, *args) -> None:
+        self.write_many(event, lambda head, values, context: render(head, *args), [None], None)
+
     def write_many(self, event: str, render, values, context) -> None:
         for line in render('{"event":null', values, context).splitlines():  # each line: the head, then its own
             fields = json.loads(line)

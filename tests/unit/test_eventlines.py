@@ -156,6 +156,22 @@ def test_published_lines_read_as_json_dumps_makes_the_dict(messages, epoch):
 
 
 @settings(max_examples=200, deadline=None)
+@given(TEXT, st.lists(INT, min_size=1, max_size=300), INT, INT, st.booleans(), st.booleans())
+def test_the_lines_with_msg_ids_read_as_json_dumps_makes_them(client, ids, seq, epoch, after_resync, as_tuple):
+    head = eventlines.head("backup", 0.25, 1, "e")
+    msg_ids = tuple(ids) if as_tuple else ids  # a batch op's tuple, or a commit's list
+
+    def dumps(fields):
+        return json.dumps({"v": 2, "ts": 0.25, "mono_ms": 1, "node": "backup", "event": "e", **fields},
+                          separators=(",", ":")).replace("0.25", "0.250000", 1) + "\n"
+
+    assert eventlines.delivery_line(head, client, msg_ids, epoch) == dumps({"client": client, "msg_ids": ids,
+                                                                            "epoch": epoch})
+    assert eventlines.commit_line(head, msg_ids, seq, epoch, after_resync) == dumps(
+        {"msg_ids": ids, "seq": seq, "epoch": epoch} | ({"after_resync": True} if after_resync else {}))
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(TEXT, st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
 def test_a_dict_events_line_reads_as_json_dumps_makes_it(fields):
     head = eventlines.head('n"1', 0.5, 0, "e")
