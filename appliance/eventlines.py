@@ -1,15 +1,17 @@
-"""An event log line's text (docs/events.md, "Schema"): the head every line opens with, a dict event's members,
-and message_published's lines, a batch at a time.
+"""An event log line's text (docs/events.md, "Schema"): the stamp every line opens with, a dict event's line, and
+the message events' lines, a submission or a commit at a time.
 
 Rules:
 - A line is one JSON object, ASCII only (json's escapes for everything else), ended by a newline: the common
   members first, in their order (v, ts, mono_ms, node, event), then the event's own in the order given.
 - Every line reads byte for byte as `json.dumps(..., separators=(",", ":"))` makes the same dict, key order kept:
   analytics reads these bytes, and tests/unit/test_eventlines.py holds them.
-- message_published is the busiest line, one per stored message: it is made here from the ops themselves, a whole
-  batch in one call on the log's writer thread, so the broker loop builds neither a dict nor a string for it.
-  The other message events carry a batch's `msg_ids` (every stored message's id is in four of them): a list of
-  ints is formatted by one `%` with a "%d" per id, which writes the digits straight into the line.
+- Message events are made here, on the log's writer thread, from what the broker loop kept of a submission's ops
+  (`submission_lines`) or of a commit (`commit_line`): the loop builds neither a dict nor a string for them, and
+  the log takes one entry and one clock read per submission.
+- Lists of message ids (every stored message's id is in four lines) are formatted by one `%` with a "%d" per id,
+  which writes the digits straight into the text; a commit's ids are formatted once for its spooled and its
+  replicated line (`CommitIds`).
 - No I/O, no clock: the writer passes the times its producers stamped. Compiled by mypyc (docs/build.md).
 """
 
@@ -24,44 +26,53 @@ SCHEMA_VERSION: Final = 2
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str)
 # What json.dumps makes of a str (ASCII, escaped), without the encoder's Python-level dispatch around the C call.
 _json_str: Final = json.encoder.encode_basestring_ascii
-
-Stored = Union[MessageRouted, MessageStored]  # a message_published each
-_ID_FORMATS: Final[dict[int, str]] = {}  # n -> "[%d,...]" for n ids: json's bytes for a list of ints, made in C
+_QOS: Final = ("0", "1", "2")
+_ID_FORMATS: Final[dict[int, str]] = {}  # n -> "[%d,...,%d]": json's text of n ints, made by one % in C
 _ID_FORMATS_MAX: Final = 256
 
 
-def head(node: str, ts: float, mono_ms: int, event: str) -> str:
-    """A line's common members, its brace left open for the event's own."""
-    return '{"v":%d,"ts":%.6f,"mono_ms":%d,"node":%s,"event":"%s"' % (SCHEMA_VERSION, ts, mono_ms, _json_str(node),
-                                                                      event)
+class Delivery:
+    """A message_delivered or message_acknowledged line: one batch op's client and the ids sampling kept."""
+
+    def __init__(self, event: str, client: str, msg_ids: tuple[int, ...]) -> None:
+        self.event: Final = event
+        self.client: Final = client
+        self.msg_ids: Final = msg_ids
 
 
-def line(head: str, fields: dict[str, Any]) -> str:
-    """A dict event's line: its head, then `fields` as the C encoder makes them (anything else as its str)."""
+class Dropped:
+    """A message_expired or message_dropped line."""
+
+    def __init__(self, event: str, client: str, msg_id: int, reason: str) -> None:
+        self.event: Final = event
+        self.client: Final = client
+        self.msg_id: Final = msg_id
+        self.reason: Final = reason
+
+
+class CommitIds:
+    """The ids of a commit's stored messages, for its message_spooled and message_replicated lines: their text is
+    made once, by the first of them (on the writer thread, the only one that reads or sets it)."""
+
+    def __init__(self, msg_ids: list[int]) -> None:
+        self.msg_ids: Final = msg_ids
+        self.text = ""
+
+
+Stored = Union[MessageRouted, MessageStored]  # a message_published line each
+Item = Union[MessageRouted, MessageStored, Delivery, Dropped]  # a line of `submission_lines` each
+
+
+def stamp(node_json: str, ts: float, mono_ms: int) -> str:
+    """A line's common members, up to its event's name: '{"v":2,"ts":...,"mono_ms":...,"node":"...","event":"'."""
+    return '{"v":%d,"ts":%.6f,"mono_ms":%d,"node":%s,"event":"' % (SCHEMA_VERSION, ts, mono_ms, node_json)
+
+
+def line(stamp: str, event: str, fields: dict[str, Any]) -> str:
+    """A dict event's line: `fields` as the C encoder makes them (anything it cannot encode as its str)."""
     if not fields:
-        return head + "}\n"
-    return f"{head},{_ENCODER.encode(fields)[1:]}\n"
-
-
-def published_lines(head: str, ops: list[Stored], epoch: int) -> str:
-    """message_published's line of each op (its msg_id, topic, qos, bytes, client, epoch, retain, created_ms).
-
-    A batch is mostly one stream: a topic or a publisher repeated from the op before is not escaped again."""
-    parts: list[str] = []
-    topic, topic_json = "", '""'
-    client, client_json = "", '""'
-    retained = f',"epoch":{epoch},"retain":true,"created_ms":'
-    plain = f',"epoch":{epoch},"retain":false,"created_ms":'
-    for op in ops:
-        if op.topic != topic:
-            topic = op.topic
-            topic_json = _json_str(topic)
-        if op.publisher != client:
-            client = op.publisher
-            client_json = _json_str(client)
-        parts.append(f'{head},"msg_id":{op.msg_id},"topic":{topic_json},"qos":{op.qos},"bytes":{len(op.payload)},'
-                     f'"client":{client_json}{retained if op.retain else plain}{op.created_at_ms}}}\n')
-    return "".join(parts)
+        return f'{stamp}{event}"}}\n'
+    return f'{stamp}{event}",{_ENCODER.encode(fields)[1:]}\n'
 
 
 def ids_json(msg_ids: Sequence[int]) -> str:
@@ -75,13 +86,54 @@ def ids_json(msg_ids: Sequence[int]) -> str:
     return form % tuple(msg_ids)
 
 
-def delivery_line(head: str, client: str, msg_ids: Sequence[int], epoch: int) -> str:
-    """message_delivered's or message_acknowledged's line: client, msg_ids, epoch."""
-    return f'{head},"client":{_json_str(client)},"msg_ids":{ids_json(msg_ids)},"epoch":{epoch}}}\n'
+def submission_lines(stamp: str, event: str, items: list[Item], epoch: int) -> str:
+    """The lines of what the loop kept of one submission's ops, in their order, one per item: message_published
+    (msg_id, topic, qos, bytes, client, epoch, retain, created_ms) of a stored op, message_delivered or
+    message_acknowledged (client, msg_ids, epoch) of a Delivery, message_expired or message_dropped (client,
+    msg_id, reason, epoch) of a Dropped. `event` names the entry (a render_error line's), not its lines.
+
+    A submission is mostly one stream: what repeats from the stored op before (topic, publisher, size, creation
+    time) is not formatted again."""
+    parts: list[str] = []
+    published = f'{stamp}message_published","msg_id":'
+    retained = f',"epoch":{epoch},"retain":true,"created_ms":'
+    plain = f',"epoch":{epoch},"retain":false,"created_ms":'
+    epoch_end = f',"epoch":{epoch}}}\n'
+    topic, topic_json = "", '""'
+    client, client_json = "", '""'
+    size, size_text = 0, "0"
+    created, created_text = 0, "0"
+    for item in items:
+        if isinstance(item, MessageRouted) or isinstance(item, MessageStored):
+            if item.topic != topic:
+                topic = item.topic
+                topic_json = _json_str(topic)
+            if item.publisher != client:
+                client = item.publisher
+                client_json = _json_str(client)
+            if len(item.payload) != size:
+                size = len(item.payload)
+                size_text = str(size)
+            if item.created_at_ms != created:
+                created = item.created_at_ms
+                created_text = str(created)
+            qos = item.qos
+            parts.append(f'{published}{item.msg_id},"topic":{topic_json},'
+                         f'"qos":{_QOS[qos] if 0 <= qos <= 2 else str(qos)},"bytes":{size_text},'
+                         f'"client":{client_json}{retained if item.retain else plain}{created_text}}}\n')
+        elif isinstance(item, Delivery):
+            parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},'
+                         f'"msg_ids":{ids_json(item.msg_ids)}{epoch_end}')
+        else:
+            parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},"msg_id":{item.msg_id},'
+                         f'"reason":{_json_str(item.reason)}{epoch_end}')
+    return "".join(parts)
 
 
-def commit_line(head: str, msg_ids: Sequence[int], seq: int, epoch: int, after_resync: bool) -> str:
+def commit_line(stamp: str, event: str, ids: CommitIds, seq: int, epoch: int, after_resync: bool) -> str:
     """message_spooled's or message_replicated's line: msg_ids, seq, epoch, and after_resync only when true."""
+    if not ids.text:
+        ids.text = ids_json(ids.msg_ids)
     if after_resync:
-        return f'{head},"msg_ids":{ids_json(msg_ids)},"seq":{seq},"epoch":{epoch},"after_resync":true}}\n'
-    return f'{head},"msg_ids":{ids_json(msg_ids)},"seq":{seq},"epoch":{epoch}}}\n'
+        return f'{stamp}{event}","msg_ids":{ids.text},"seq":{seq},"epoch":{epoch},"after_resync":true}}\n'
+    return f'{stamp}{event}","msg_ids":{ids.text},"seq":{seq},"epoch":{epoch}}}\n'

@@ -5,11 +5,12 @@ Rules:
   appends it to a bounded in-memory queue (under a lock held only for an
   append, and by the writer for a swap of the whole queue); one writer thread
   encodes and writes. The broker loop pays an append, not a JSON encoding or
-  a write. `write_many` queues a batch of one event (a submission's
-  message_published) as one entry, its lines made by the writer
+  a write. `write_lines` queues several events made at one moment (a
+  submission's message events) as one entry, their lines made by the writer
   (`eventlines`, compiled).
 - A full queue (the disk slower than the events) loses the event but counts
-  it; the writer records the count as an `events_lost` event once it can.
+  it (an entry of several, all of them); the writer records the count as an
+  `events_lost` event once it can.
   Nothing is lost silently.
 - A failed write (a full disk) stops event logging for good: one clear error
   in the node's log, `failed` says why, `lost` counts every event since. The
@@ -199,13 +200,14 @@ class EventLog:
         self.directory = directory
         self.path = directory / ACTIVE_NAME
         self.node = node
+        self._node_json = json.dumps(node)
         self.settings = settings
         self._clock, self._mono = clock, mono
         self.written = 0
         self.lost = 0  # queue overflow, or after a failure
         self.failed: str | None = None
         self.rotations = 0
-        # The queue: (ts, mono_ms, event, render, args, count) entries, `count` events each (a `write_many`: more).
+        # The queue: (ts, mono_ms, event, count, render, args) entries: `count` events, lines by render(stamp, event, *args).
         # A producer holds the lock for an append, the writer for a swap of the whole list.
         self._lock = threading.Lock()
         self._entries: list[tuple] = []
@@ -230,38 +232,26 @@ class EventLog:
     # --- producers (any thread) ---------------------------------------------------------------
 
     def write(self, event: str, **fields) -> None:
-        self._put((self._clock(), self._mono() // 1_000_000, event, eventlines.line, (fields,), 1))
+        self._put((self._clock(), self._mono() // 1_000_000, event, 1, eventlines.line, (fields,)))
 
-    def write_line(self, event: str, render: Callable[..., str], *args: Any) -> None:
-        """`write` for the message path's events: the writer thread makes the line with `render(head, *args)`
-        (the head, the event's own members, a newline: valid JSON by the caller's care), so the caller builds no
-        dict. A render that raises is written as a `render_error` line; the writer goes on."""
-        self._put((self._clock(), self._mono() // 1_000_000, event, render, args, 1))
-
-    def write_many(self, event: str, render: Callable[[str, list, Any], str], values: list, context: Any) -> None:
-        """One `event` per value, made at one moment (one submission's ops: one clock read, one queue entry), for
-        the message path's busiest event. The writer thread makes their lines with `render(head, values, context)`,
-        one per value (a render that raises is written as one `render_error` line, the rest counted as lost)."""
-        if values:
-            self._put((self._clock(), self._mono() // 1_000_000, event, render, (values, context), len(values)))
+    def write_lines(self, event: str, count: int, render: Callable[..., str], *args: Any) -> None:
+        """`count` events made at one moment (one clock read, one queue entry), for the message path: the writer
+        thread makes their lines with `render(stamp, event, *args)` (`eventlines`: each line the stamp, its event's
+        name and members, a newline), so the caller builds no dict. A render that raises is written as one
+        `render_error` line of `event`, the rest counted as lost; the writer goes on."""
+        self._put((self._clock(), self._mono() // 1_000_000, event, count, render, args))
 
     def _put(self, entry: tuple) -> None:
-        count = entry[5]
+        count = entry[3]
         with self._lock:
             if self.failed is not None or self._closing:
                 self.lost += count
-                return
-            room = self.settings.queue_max_events - self._queued
-            if room < count:
-                lost = count - max(room, 0)
-                self._overflow += lost
-                self.lost += lost
-                if room <= 0:
-                    return
-                values, context = entry[4]  # only a batch has room for some of it
-                entry = (*entry[:4], (values[:room], context), room)
-            self._entries.append(entry)
-            self._queued += entry[5]
+            elif self._queued + count > self.settings.queue_max_events:
+                self._overflow += count
+                self.lost += count
+            else:
+                self._entries.append(entry)
+                self._queued += count
 
     def view(self) -> dict:
         return {"written": self.written, "lost": self.lost, "failed": self.failed, "rotations": self.rotations,
@@ -295,27 +285,27 @@ class EventLog:
         with self._lock:
             entries, self._entries, self._queued = self._entries, [], 0
             lost, self._overflow = self._overflow, 0
-        node, throttle = self.node, self.throttle
+        node, throttle = self._node_json, self.throttle
         texts: list[str] = []  # each one line or more, every line ended by a newline
         lines = 0
-        for ts, mono_ms, event, render, args, count in entries:
+        for ts, mono_ms, event, count, render, args in entries:
             if event in throttle.kinds:
                 lines += self._summaries(texts, mono_ms)  # a window over before this event is summed before it
                 if not throttle.admit(event, args[0], mono_ms):
                     continue
-            line_head = eventlines.head(node, ts, mono_ms, event)
+            stamp = eventlines.stamp(node, ts, mono_ms)
             try:
-                texts.append(render(line_head, *args))
+                texts.append(render(stamp, event, *args))
                 lines += count
             except Exception as exc:  # noqa: BLE001 - a bug of the caller's: the line says so, the log goes on
-                texts.append(eventlines.line(line_head, {"render_error": repr(exc)}))
+                texts.append(eventlines.line(stamp, event, {"render_error": repr(exc)}))
                 lines += 1
                 with self._lock:
                     self.lost += count - 1
         lines += self._summaries(texts, self._mono() // 1_000_000, self._closing)
         if lost:
-            texts.append(eventlines.head(node, self._clock(), self._mono() // 1_000_000, "events_lost")
-                         + ',"count":%d,"reason":"event queue full"}\n' % lost)
+            texts.append(eventlines.line(eventlines.stamp(node, self._clock(), self._mono() // 1_000_000),
+                                         "events_lost", {"count": lost, "reason": "event queue full"}))
             lines += 1
         if not texts:
             return
@@ -351,7 +341,7 @@ class EventLog:
     def _summaries(self, texts: list[str], now_ms: int, closing: bool = False) -> int:
         due = self.throttle.due(now_ms, closing)
         for fields in due:
-            texts.append(eventlines.line(eventlines.head(self.node, self._clock(), now_ms, "events_suppressed"),
+            texts.append(eventlines.line(eventlines.stamp(self._node_json, self._clock(), now_ms), "events_suppressed",
                                          fields))
         return len(due)
 

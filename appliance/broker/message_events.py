@@ -22,10 +22,9 @@ Rules:
   `message_events_unsampled`: never silently.
 - Bounded: commits waiting for the standby's ack are held up to
   MAX_PENDING_COMMITS; older ones are counted as `replication_unobserved`.
-- The published events of a run of stored ops go to the log as one batch
-  (one clock read, one queue entry), never ahead of an earlier op's event.
-  The lines of every event with msg_ids are made on the log's writer thread
-  (`eventlines`): the loop passes the ops and ids, never a dict.
+- One submission's events go to the log as one entry (one clock read), in
+  the order of its ops; their lines are made on the log's writer thread
+  (`eventlines`): the loop passes the ops it kept, never a dict or a string.
   Compiled by mypyc (docs/build.md): ops are told apart by `isinstance`, the
   hot ones first.
 """
@@ -35,7 +34,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Protocol
 
-from ..eventlines import Stored, commit_line, delivery_line, published_lines
+from ..eventlines import CommitIds, Delivery, Dropped, Item, commit_line, submission_lines
 from ..spool.ops import (MessageAcked, MessageDropped, MessageInflight, MessageRouted, MessagesAcked,
                          MessagesInflight, MessageStored)
 
@@ -48,10 +47,7 @@ class EventSink(Protocol):
 
     def write(self, event: str, **fields: Any) -> None: ...
 
-    def write_line(self, event: str, render: Callable[..., str], *args: Any) -> None: ...
-
-    def write_many(self, event: str, render: Callable[[str, list[Any], Any], str], values: list[Any],
-                   context: Any) -> None: ...
+    def write_lines(self, event: str, count: int, render: Callable[..., str], *args: Any) -> None: ...
 
 
 class MessageEvents:
@@ -63,7 +59,7 @@ class MessageEvents:
         self._acked_seq = acked_seq
         self._mate_needed = mate_needed  # whether acks wait for the standby now (false: it is out of sync)
         # (seq, msg_ids, epoch, late) of the commits not yet replicated
-        self._pending: collections.deque[tuple[int, list[int], int, bool]] = collections.deque()
+        self._pending: collections.deque[tuple[int, CommitIds, int, bool]] = collections.deque()
         self.unsampled: dict[str, int] = {}
 
     def keep(self, msg_id: int) -> bool:
@@ -75,70 +71,56 @@ class MessageEvents:
     def submitted(self, op_list: list[Any], epoch: int, future: Any) -> None:
         """One submission to the spool writer (on the broker loop): its ops, and the future of its commit."""
         stored: list[int] = []
-        published: list[Stored] = []  # the stored ops since the last other event: one batch of message_published
+        items: list[Item] = []  # what makes a line, in the ops' order: made into lines on the log's writer thread
         every = self._all
         for op in op_list:
             if isinstance(op, MessageRouted) or isinstance(op, MessageStored):
                 msg_id = op.msg_id
                 if every or self.keep(msg_id):
                     stored.append(msg_id)
-                    published.append(op)
+                    items.append(op)
                 else:
                     self._skip("message_published")
-                continue
-            if isinstance(op, MessagesInflight):
-                published = self._published(published, epoch)
-                self._batch("message_delivered", op.client_id, op.msg_ids, epoch)
+            elif isinstance(op, MessagesInflight):
+                self._delivery(items, "message_delivered", op.client_id, op.msg_ids)
             elif isinstance(op, MessagesAcked):
-                published = self._published(published, epoch)
-                self._batch("message_acknowledged", op.client_id, op.msg_ids, epoch)
+                self._delivery(items, "message_acknowledged", op.client_id, op.msg_ids)
             elif isinstance(op, MessageInflight):
-                published = self._published(published, epoch)
-                self._batch("message_delivered", op.client_id, (op.msg_id,), epoch)
+                self._delivery(items, "message_delivered", op.client_id, (op.msg_id,))
             elif isinstance(op, MessageAcked):
-                published = self._published(published, epoch)
-                self._batch("message_acknowledged", op.client_id, (op.msg_id,), epoch)
+                self._delivery(items, "message_acknowledged", op.client_id, (op.msg_id,))
             elif isinstance(op, MessageDropped):
-                published = self._published(published, epoch)
-                self._dropped(op, epoch)
-        self._published(published, epoch)
+                event = "message_expired" if op.reason == "expired" else "message_dropped"
+                if self.keep(op.msg_id):
+                    items.append(Dropped(event, op.client_id, op.msg_id, op.reason))
+                else:
+                    self._skip(event)
+        if items:
+            self.events.write_lines("message_events", len(items), submission_lines, items, epoch)
         if stored:
-            future.add_done_callback(lambda fut: self._spooled(fut, stored, epoch))
+            ids = CommitIds(stored)
+            future.add_done_callback(lambda fut: self._spooled(fut, ids, epoch))
 
-    def _published(self, published: list[Stored], epoch: int) -> list[Stored]:
-        """Hand the batch on (the log keeps the ops' order); the list to gather the next one in."""
-        if not published:
-            return published
-        self.events.write_many("message_published", published_lines, published, epoch)
-        return []
-
-    def _batch(self, kind: str, client_id: str, msg_ids: tuple[int, ...], epoch: int) -> None:
+    def _delivery(self, items: list[Item], event: str, client_id: str, msg_ids: tuple[int, ...]) -> None:
         if self._all:
             ids = msg_ids
         else:
             ids = tuple([m for m in msg_ids if self.keep(m)])
             if len(ids) != len(msg_ids):
-                self._skip(kind, len(msg_ids) - len(ids))
+                self._skip(event, len(msg_ids) - len(ids))
         if ids:
-            self.events.write_line(kind, delivery_line, client_id, ids, epoch)
+            items.append(Delivery(event, client_id, ids))
 
-    def _dropped(self, op: MessageDropped, epoch: int) -> None:
-        event = "message_expired" if op.reason == "expired" else "message_dropped"
-        if self.keep(op.msg_id):
-            self.events.write(event, client=op.client_id, msg_id=op.msg_id, reason=op.reason, epoch=epoch)
-        else:
-            self._skip(event)
-
-    def _spooled(self, fut: Any, msg_ids: list[int], epoch: int) -> None:
+    def _spooled(self, fut: Any, ids: CommitIds, epoch: int) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return  # the broker drops every client and rebuilds: these were never acknowledged
         commits = fut.result()
         seq: int = commits[-1].last_seq if commits else 0
-        self.events.write_line("message_spooled", commit_line, msg_ids, seq, epoch, False)
+        self.events.write_lines("message_spooled", 1, commit_line, ids, seq, epoch, False)
         if self._acked_seq is not None:
-            self._pending.append((seq, msg_ids, epoch, not self._mate_needed()))
+            self._pending.append((seq, ids, epoch, not self._mate_needed()))
             if len(self._pending) > MAX_PENDING_COMMITS:
-                self._skip("replication_unobserved", len(self._pending.popleft()[1]))
+                self._skip("replication_unobserved", len(self._pending.popleft()[1].msg_ids))
             self.check_replicated()
 
     def check_replicated(self) -> None:
@@ -147,8 +129,8 @@ class MessageEvents:
             return
         acked = self._acked_seq()
         while self._pending and self._pending[0][0] <= acked:
-            seq, msg_ids, epoch, late = self._pending.popleft()
-            self.events.write_line("message_replicated", commit_line, msg_ids, seq, epoch, late)
+            seq, ids, epoch, late = self._pending.popleft()
+            self.events.write_lines("message_replicated", 1, commit_line, ids, seq, epoch, late)
 
     def flush_counts(self) -> None:
         """Once a second (the node's watchdog) and at stop: what sampling skipped since the last call."""

@@ -35,14 +35,10 @@ class Recorder:
     def write(self, event: str, **fields) -> None:
         self.events.append((event, fields))
 
-    def write_line(self, event: str, render, *args) -> None:
-        self.write_many(event, lambda head, values, context: render(head, *args), [None], None)
-
-    def write_many(self, event: str, render, values, context) -> None:
-        for line in render('{"event":null', values, context).splitlines():  # each line: the head, then its own
+    def write_lines(self, event: str, count: int, render, *args) -> None:
+        for line in render('{"event":"', event, *args).splitlines():  # each line: the stamp, its event, its own
             fields = json.loads(line)
-            del fields["event"]
-            self.events.append((event, fields))
+            self.events.append((fields.pop("event"), fields))
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in list(self.events)]

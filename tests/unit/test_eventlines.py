@@ -1,7 +1,7 @@
 """Event log lines byte for byte (appliance/eventlines.py, appliance/eventlog.py, appliance/broker/message_events.py):
-analytics reads these bytes, so every line a node writes is pinned here, odd strings included; message_published's
-batch renderer reads as json.dumps would for any input; and the log's rules for batches: a segment ends within one
-line of its limit inside a batch, a batch that finds the queue nearly full is cut and the rest counted."""
+analytics reads these bytes, so every line a node writes is pinned here, odd strings included; the renderers read
+as json.dumps would for any input; and the log's rules for entries of many events: a segment ends within one line
+of its limit inside an entry, an entry that finds the queue too full is lost whole and counted."""
 
 from __future__ import annotations
 
@@ -136,48 +136,58 @@ def test_every_line_is_byte_for_byte_what_analytics_reads(tmp_path):
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(["", "a/b", '"', "\\", "\u2028", "\x00"])
 INT = st.integers(min_value=0, max_value=2**63 - 1)
+IDS = st.lists(INT, min_size=1, max_size=300)
+
+
+def dumps(event: str, fields: dict) -> str:
+    """json.dumps's line of an event at the stamp below."""
+    return json.dumps({"v": 2, "ts": 0.25, "mono_ms": 7, "node": 'n"1', "event": event, **fields},
+                      separators=(",", ":")).replace('"ts":0.25', '"ts":0.250000', 1) + "\n"
+
+
+STAMP = eventlines.stamp(json.dumps('n"1'), 0.25, 7)
+STORED = st.builds(lambda msg_id, topic, payload, qos, retain, publisher, created_ms, routed: (
+    ops.MessageRouted(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms, "sub", 1, False, ())
+    if routed else ops.MessageStored(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms)),
+    INT, TEXT, st.binary(max_size=40), st.integers(0, 2), st.booleans(), TEXT, INT, st.booleans())
+DELIVERY = st.builds(eventlines.Delivery, st.sampled_from(["message_delivered", "message_acknowledged"]), TEXT,
+                     IDS.map(tuple))
+DROPPED = st.builds(eventlines.Dropped, st.sampled_from(["message_expired", "message_dropped"]), TEXT, INT, TEXT)
+
+
+def fields_of(item, epoch: int) -> tuple[str, dict]:
+    """An item's event and members as docs/events.md names them."""
+    if isinstance(item, eventlines.Delivery):
+        return item.event, {"client": item.client, "msg_ids": list(item.msg_ids), "epoch": epoch}
+    if isinstance(item, eventlines.Dropped):
+        return item.event, {"client": item.client, "msg_id": item.msg_id, "reason": item.reason, "epoch": epoch}
+    return "message_published", {"msg_id": item.msg_id, "topic": item.topic, "qos": item.qos,
+                                 "bytes": len(item.payload), "client": item.publisher, "epoch": epoch,
+                                 "retain": item.retain, "created_ms": item.created_at_ms}
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(INT, TEXT, st.integers(0, 2), st.binary(max_size=40), st.booleans(), TEXT, INT,
-                          st.booleans()), min_size=1, max_size=6), INT)
-def test_published_lines_read_as_json_dumps_makes_the_dict(messages, epoch):
-    batch = [ops.MessageRouted(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms, "sub", 1, False,
-                               ()) if routed else
-             ops.MessageStored(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms)
-             for msg_id, topic, qos, payload, retain, publisher, created_ms, routed in messages]
-    head = eventlines.head("primary", 1795958807.25, 7, "message_published")
-    expected = "".join(json.dumps({"v": 2, "ts": 0, "mono_ms": 7, "node": "primary", "event": "message_published",
-                                   "msg_id": op.msg_id, "topic": op.topic, "qos": op.qos, "bytes": len(op.payload),
-                                   "client": op.publisher, "epoch": epoch, "retain": op.retain,
-                                   "created_ms": op.created_at_ms}, separators=(",", ":"))
-                       .replace('"ts":0', '"ts":1795958807.250000') + "\n" for op in batch)
-    assert eventlines.published_lines(head, batch, epoch) == expected
+@given(st.lists(STORED | STORED | DELIVERY | DROPPED, min_size=1, max_size=8), INT)
+def test_a_submissions_lines_read_as_json_dumps_makes_them(items, epoch):
+    expected = "".join(dumps(*fields_of(item, epoch)) for item in items)
+    assert eventlines.submission_lines(STAMP, "message_events", items, epoch) == expected
 
 
 @settings(max_examples=200, deadline=None)
-@given(TEXT, st.lists(INT, min_size=1, max_size=300), INT, INT, st.booleans(), st.booleans())
-def test_the_lines_with_msg_ids_read_as_json_dumps_makes_them(client, ids, seq, epoch, after_resync, as_tuple):
-    head = eventlines.head("backup", 0.25, 1, "e")
-    msg_ids = tuple(ids) if as_tuple else ids  # a batch op's tuple, or a commit's list
-
-    def dumps(fields):
-        return json.dumps({"v": 2, "ts": 0.25, "mono_ms": 1, "node": "backup", "event": "e", **fields},
-                          separators=(",", ":")).replace("0.25", "0.250000", 1) + "\n"
-
-    assert eventlines.delivery_line(head, client, msg_ids, epoch) == dumps({"client": client, "msg_ids": ids,
-                                                                            "epoch": epoch})
-    assert eventlines.commit_line(head, msg_ids, seq, epoch, after_resync) == dumps(
-        {"msg_ids": ids, "seq": seq, "epoch": epoch} | ({"after_resync": True} if after_resync else {}))
+@given(IDS, INT, INT, st.booleans())
+def test_a_commits_lines_read_as_json_dumps_makes_them(ids, seq, epoch, after_resync):
+    commit = eventlines.CommitIds(ids)
+    spooled = eventlines.commit_line(STAMP, "message_spooled", commit, seq, epoch, False)
+    replicated = eventlines.commit_line(STAMP, "message_replicated", commit, seq, epoch, after_resync)
+    assert spooled == dumps("message_spooled", {"msg_ids": ids, "seq": seq, "epoch": epoch})
+    assert replicated == dumps("message_replicated", {"msg_ids": ids, "seq": seq, "epoch": epoch}
+                               | ({"after_resync": True} if after_resync else {}))
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(TEXT, st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
 def test_a_dict_events_line_reads_as_json_dumps_makes_it(fields):
-    head = eventlines.head('n"1', 0.5, 0, "e")
-    assert eventlines.line(head, fields) == json.dumps({"v": 2, "ts": 0.5, "mono_ms": 0, "node": 'n"1', "event": "e",
-                                                        **fields}, separators=(",", ":")).replace("0.5", "0.500000",
-                                                                                                 1) + "\n"
+    assert eventlines.line(STAMP, "e", fields) == dumps("e", fields)
 
 
 def test_a_batch_across_the_segment_limit_ends_each_segment_within_one_line(tmp_path):
@@ -199,7 +209,7 @@ def test_a_batch_across_the_segment_limit_ends_each_segment_within_one_line(tmp_
     assert [e["msg_id"] for e in got[1:]] == list(range(200)) and log.written == 201 and log.lost == 0
 
 
-def test_a_batch_that_finds_the_queue_nearly_full_is_cut_and_the_rest_counted(tmp_path):
+def test_a_submission_that_finds_the_queue_too_full_is_lost_whole_and_counted(tmp_path):
     gate, now = threading.Event(), time.time
 
     def clock():  # the writer thread stops in its age check until the test opens the gate
@@ -212,15 +222,18 @@ def test_a_batch_that_finds_the_queue_nearly_full_is_cut_and_the_rest_counted(tm
     wait_until(lambda: log.written == 1, "the writer to take the first event")
     time.sleep(0.1)  # it is now held in its age check
     events = MessageEvents(log, 1)  # a whole number, as the group file may give it
-    events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(60)], 1,
-                     concurrent.futures.Future())
-    events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(60, 120)], 1,
-                     concurrent.futures.Future())
-    log.write("full")
-    assert log.lost == 21 and log.view()["queued"] == 100
+    for first in (0, 60, 120):  # 45 events each: the third finds room for 10
+        events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(first, first + 44)]
+                         + [ops.MessagesInflight("s", (first,), (1,))], 1, concurrent.futures.Future())
+    assert log.lost == 45 and log.view()["queued"] == 90
+    for i in range(15):
+        log.write("tick", i=i)
+    assert log.lost == 50 and log.view()["queued"] == 100
     gate.set()
     log.close()
     got = read_events(tmp_path)
-    assert [e["msg_id"] for e in got if e["event"] == "message_published"] == list(range(100))
-    assert [(e["count"], e["reason"]) for e in got if e["event"] == "events_lost"] == [(21, "event queue full")]
-    assert log.written == 102
+    assert [e["msg_id"] for e in got if e["event"] == "message_published"] == [*range(44), *range(60, 104)]
+    assert [e["msg_ids"] for e in got if e["event"] == "message_delivered"] == [[0], [60]]
+    assert [e["i"] for e in got if e["event"] == "tick"] == list(range(10))
+    assert [(e["count"], e["reason"]) for e in got if e["event"] == "events_lost"] == [(50, "event queue full")]
+    assert log.written == 1 + 90 + 10 + 1

@@ -209,8 +209,8 @@ def test_events_settings_round_trip(tmp_path):
 
 
 def test_a_published_event_rendered_on_the_writer_thread_reads_as_the_dict_would(tmp_path):
-    """message_published is made on the writer thread (EventLog.write_many): the same JSON as `write`'s, escapes
-    included; a batch whose render raises leaves one `render_error` line, the rest of it counted as lost, and the
+    """message_published is made on the writer thread (EventLog.write_lines): the same JSON as `write`'s, escapes
+    included; an entry whose render raises leaves one `render_error` line, the rest of it counted as lost, and the
     writer still running."""
     def fields(op, epoch):  # message_published's own fields, as docs/events.md names them
         return {"msg_id": op.msg_id, "topic": op.topic, "qos": op.qos, "bytes": len(op.payload),
@@ -219,7 +219,7 @@ def test_a_published_event_rendered_on_the_writer_thread_reads_as_the_dict_would
     odd = ops.MessageStored(7, 'plant/"hall"\\5/ünï\n', b"x" * 3, 2, True, b"", 0, 'pub "1"\u2028', 1234)
     log = EventLog(tmp_path, "primary")
     MessageEvents(log, 1.0).submitted([odd, stored(8)], 5, concurrent.futures.Future())
-    log.write_many("message_published", lambda head, values, context: 1 // 0, [1, 2, 3], None)
+    log.write_lines("message_published", 3, lambda stamp, event: 1 // 0)
     log.write("after", n=1)
     log.close()
     got = read_events(tmp_path)
@@ -244,6 +244,5 @@ def test_a_submissions_published_events_are_written_in_the_order_of_its_ops(tmp_
 def test_a_batch_of_rendered_events_after_close_is_counted_as_lost(tmp_path):
     log = EventLog(tmp_path, "primary")
     log.close()
-    log.write_many("message_published", lambda head, values, context: "", list(range(150)), None)
-    log.write_many("message_published", lambda head, values, context: "", [], None)
+    log.write_lines("message_published", 150, lambda stamp, event: "")
     assert log.lost == 150 and read_events(tmp_path) == []
