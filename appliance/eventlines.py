@@ -9,9 +9,9 @@ Rules:
 - Message events are made here, on the log's writer thread, from what the broker loop kept of a submission's ops
   (`submission_lines`) or of a commit (`commit_line`): the loop builds neither a dict nor a string for them, and
   the log takes one entry and one clock read per submission.
-- Lists of message ids (every stored message's id is in four lines) are formatted by one `%` with a "%d" per id,
-  which writes the digits straight into the text; a commit's ids are formatted once for its spooled and its
-  replicated line (`CommitIds`).
+- A commit's list of ids is made once for its spooled and its replicated line (`CommitIds`).
+- What repeats from one stored op to the next in a submission (topic, qos, size, publisher, retain: mostly one
+  stream) is formatted once.
 - No I/O, no clock: the writer passes the times its producers stamped. Compiled by mypyc (docs/build.md).
 """
 
@@ -26,9 +26,6 @@ SCHEMA_VERSION: Final = 2
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str)
 # What json.dumps makes of a str (ASCII, escaped), without the encoder's Python-level dispatch around the C call.
 _json_str: Final = json.encoder.encode_basestring_ascii
-_QOS: Final = ("0", "1", "2")
-_ID_FORMATS: Final[dict[int, str]] = {}  # n -> "[%d,...,%d]": json's text of n ints, made by one % in C
-_ID_FORMATS_MAX: Final = 256
 
 
 class Delivery:
@@ -77,50 +74,33 @@ def line(stamp: str, event: str, fields: dict[str, Any]) -> str:
 
 def ids_json(msg_ids: Sequence[int]) -> str:
     """A list of message ids as json.dumps makes it ("[1,2,3]")."""
-    n = len(msg_ids)
-    form = _ID_FORMATS.get(n)
-    if form is None:
-        form = "[" + ",".join(["%d"] * n) + "]"
-        if len(_ID_FORMATS) < _ID_FORMATS_MAX:
-            _ID_FORMATS[n] = form
-    return form % tuple(msg_ids)
+    return "[" + ",".join([str(m) for m in msg_ids]) + "]"
 
 
 def submission_lines(stamp: str, event: str, items: list[Item], epoch: int) -> str:
     """The lines of what the loop kept of one submission's ops, in their order, one per item: message_published
     (msg_id, topic, qos, bytes, client, epoch, retain, created_ms) of a stored op, message_delivered or
     message_acknowledged (client, msg_ids, epoch) of a Delivery, message_expired or message_dropped (client,
-    msg_id, reason, epoch) of a Dropped. `event` names the entry (a render_error line's), not its lines.
-
-    A submission is mostly one stream: what repeats from the stored op before (topic, publisher, size, creation
-    time) is not formatted again."""
+    msg_id, reason, epoch) of a Dropped. `event` names the entry (a render_error line's), not its lines."""
     parts: list[str] = []
     published = f'{stamp}message_published","msg_id":'
-    retained = f',"epoch":{epoch},"retain":true,"created_ms":'
-    plain = f',"epoch":{epoch},"retain":false,"created_ms":'
     epoch_end = f',"epoch":{epoch}}}\n'
-    topic, topic_json = "", '""'
-    client, client_json = "", '""'
-    size, size_text = 0, "0"
+    middle = ""  # a stored op's members from topic to created_ms's name: the same for most of a submission
+    topic = client = ""
+    size = qos = 0
+    retain = False
     created, created_text = 0, "0"
     for item in items:
         if isinstance(item, MessageRouted) or isinstance(item, MessageStored):
-            if item.topic != topic:
-                topic = item.topic
-                topic_json = _json_str(topic)
-            if item.publisher != client:
-                client = item.publisher
-                client_json = _json_str(client)
-            if len(item.payload) != size:
-                size = len(item.payload)
-                size_text = str(size)
+            if (not middle or item.topic != topic or item.publisher != client or len(item.payload) != size
+                    or item.qos != qos or item.retain != retain):
+                topic, client, size, qos, retain = item.topic, item.publisher, len(item.payload), item.qos, item.retain
+                middle = (f',"topic":{_json_str(topic)},"qos":{qos},"bytes":{size},"client":{_json_str(client)},'
+                          f'"epoch":{epoch},"retain":{"true" if retain else "false"},"created_ms":')
             if item.created_at_ms != created:
                 created = item.created_at_ms
                 created_text = str(created)
-            qos = item.qos
-            parts.append(f'{published}{item.msg_id},"topic":{topic_json},'
-                         f'"qos":{_QOS[qos] if 0 <= qos <= 2 else str(qos)},"bytes":{size_text},'
-                         f'"client":{client_json}{retained if item.retain else plain}{created_text}}}\n')
+            parts.append(f'{published}{item.msg_id}{middle}{created_text}}}\n')
         elif isinstance(item, Delivery):
             parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},'
                          f'"msg_ids":{ids_json(item.msg_ids)}{epoch_end}')
