@@ -139,6 +139,9 @@ INT = st.integers(min_value=0, max_value=2**63 - 1)
 IDS = st.lists(INT, min_size=1, max_size=300)
 
 
+COMMON = ("v", "ts", "mono_ms", "node", "event")  # every line's first members: an event's own never repeat them
+
+
 def dumps(event: str, fields: dict) -> str:
     """json.dumps's line of an event at the stamp below."""
     return json.dumps({"v": 2, "ts": 0.25, "mono_ms": 7, "node": 'n"1', "event": event, **fields},
@@ -185,7 +188,7 @@ def test_a_commits_lines_read_as_json_dumps_makes_them(ids, seq, epoch, after_re
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(TEXT, st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
+@given(st.dictionaries(TEXT.filter(lambda k: k not in COMMON), st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
 def test_a_dict_events_line_reads_as_json_dumps_makes_it(fields):
     assert eventlines.line(STAMP, "e", fields) == dumps("e", fields)
 
