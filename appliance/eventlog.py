@@ -207,8 +207,8 @@ class EventLog:
         self.lost = 0  # queue overflow, or after a failure
         self.failed: str | None = None
         self.rotations = 0
-        # The queue: (ts, mono_ms, event, count, render, args) entries: `count` events, lines by render(stamp, event, *args).
-        # A producer holds the lock for an append, the writer for a swap of the whole list.
+        # The queue: (ts, mono_ms, event, count, render, args) entries, `count` events each, their lines made by
+        # render(stamp, event, *args). A producer holds the lock for an append, the writer for a swap of the list.
         self._lock = threading.Lock()
         self._entries: list[tuple] = []
         self._queued = 0  # events in `_entries`
@@ -307,8 +307,11 @@ class EventLog:
             texts.append(eventlines.line(eventlines.stamp(node, self._clock(), self._mono() // 1_000_000),
                                          "events_lost", {"count": lost, "reason": "event queue full"}))
             lines += 1
-        if not texts:
-            return
+        if texts:
+            self._write_texts(texts, lines)
+
+    def _write_texts(self, texts: list[str], lines: int) -> None:
+        """One write while the segment's limit is not reached (a drain's lines are mostly well under it)."""
         if self.failed is not None:
             with self._lock:
                 self.lost += lines

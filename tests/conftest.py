@@ -74,7 +74,9 @@ PURE_SUBSET = ("tests/unit/test_broker_*", "tests/unit/test_mqtt_*", "tests/unit
                "tests/unit/test_mate_link_messages.py", "tests/unit/test_mate_link_replication.py",
                # the spool's ops, its state model and the standby's end of the mate link
                "tests/unit/test_spool_ops.py", "tests/unit/test_spool_store.py", "tests/unit/test_spool_writer.py",
-               "tests/unit/test_spool_snapshot.py", "tests/unit/test_spool_image.py")
+               "tests/unit/test_spool_snapshot.py", "tests/unit/test_spool_image.py",
+               # per-message events: read off the ops on the loop, their lines made on the log's writer thread
+               "tests/unit/test_eventlines.py", "tests/unit/test_eventlog.py")
 PURE = os.environ.get("PAIRMQ_PURE_PYTHON") == "1"
 
 

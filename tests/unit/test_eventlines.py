@@ -42,8 +42,8 @@ def scenario(directory: Path) -> bytes:
                                 1795958807133 + i // 2, "bench-q1-sub", 1, False, ()) for i in range(4)]
     first = concurrent.futures.Future()
     events.submitted([odd, *routed[:2], ops.MessageQueued("s", 7, 1, False),
-                      ops.MessagesInflight("bench-q1-sub", (10, 11), (1, 2)), routed[2], ops.MessageInflight("s", 7, 3)],
-                     3, first)
+                      ops.MessagesInflight("bench-q1-sub", (10, 11), (1, 2)), routed[2],
+                      ops.MessageInflight("s", 7, 3)], 3, first)
     now[0], mono[0] = 1795958807.2, 71926872_999999
     events.submitted([routed[3], ops.MessagesAcked("bench-q1-sub", (10, 11)), ops.MessageAcked("s", 7),
                       ops.MessageDropped("s", 12, "expired"), ops.MessageDropped("s", 13, "not authorized")], 3,
@@ -188,7 +188,8 @@ def test_a_commits_lines_read_as_json_dumps_makes_them(ids, seq, epoch, after_re
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(TEXT.filter(lambda k: k not in COMMON), st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
+@given(st.dictionaries(TEXT.filter(lambda k: k not in COMMON),
+                       st.none() | st.booleans() | INT | TEXT | st.lists(INT, max_size=5), max_size=5))
 def test_a_dict_events_line_reads_as_json_dumps_makes_it(fields):
     assert eventlines.line(STAMP, "e", fields) == dumps("e", fields)
 
