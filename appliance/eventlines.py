@@ -85,6 +85,7 @@ def submission_lines(stamp: str, event: str, items: list[Item], epoch: int) -> s
     parts: list[str] = []
     published = f'{stamp}message_published","msg_id":'
     epoch_end = f',"epoch":{epoch}}}\n'
+    epoch_list_end = "]" + epoch_end
     middle = ""  # a stored op's members from topic to created_ms's name: the same for most of a submission
     topic = client = ""
     size = qos = 0
@@ -100,10 +101,16 @@ def submission_lines(stamp: str, event: str, items: list[Item], epoch: int) -> s
             if item.created_at_ms != created:
                 created = item.created_at_ms
                 created_text = str(created)
-            parts.append(f'{published}{item.msg_id}{middle}{created_text}}}\n')
+            # pieces, not a line: the one join below copies each once
+            parts.append(published)
+            parts.append(str(item.msg_id))
+            parts.append(middle)
+            parts.append(created_text)
+            parts.append("}\n")
         elif isinstance(item, Delivery):
-            parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},'
-                         f'"msg_ids":{ids_json(item.msg_ids)}{epoch_end}')
+            parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},"msg_ids":[')
+            parts.append(",".join([str(m) for m in item.msg_ids]))
+            parts.append(epoch_list_end)
         else:
             parts.append(f'{stamp}{item.event}","client":{_json_str(item.client)},"msg_id":{item.msg_id},'
                          f'"reason":{_json_str(item.reason)}{epoch_end}')
