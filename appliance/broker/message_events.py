@@ -58,7 +58,7 @@ class MessageEvents:
         self._all = sample_ratio >= 1.0
         self._acked_seq = acked_seq
         self._mate_needed = mate_needed  # whether acks wait for the standby now (false: it is out of sync)
-        # (seq, msg_ids, epoch, late) of the commits not yet replicated
+        # (seq, ids, epoch, late) of the commits not yet replicated
         self._pending: collections.deque[tuple[int, CommitIds, int, bool]] = collections.deque()
         self.unsampled: dict[str, int] = {}
 
