@@ -8,6 +8,8 @@ Rules:
 
 from __future__ import annotations
 
+from typing import Final
+
 from .errors import OpCodecError
 
 MAX_INT = (1 << 63) - 1
@@ -38,6 +40,34 @@ def put_varint(out: bytearray, value: int) -> None:
     out.append(rest)
     if len(out) - at > 3:  # timestamps (ids change every time)
         _last_varint = (value, bytes(out[at:]))
+
+
+# One bytes object per one-byte varint: the encoders join parts, and most fields are small ints.
+_SMALL: Final = tuple(bytes((i,)) for i in range(0x80))
+
+
+def varint_bytes(value: int) -> bytes:
+    """`put_varint`'s bytes on their own: the op encoders' parts (_opcodec.py) are joined once, not appended."""
+    if value < 0x80:
+        if value < 0:
+            raise OpCodecError(f"negative integer {value} cannot be encoded")
+        return _SMALL[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+    out = bytearray()
+    put_varint(out, value)
+    return bytes(out)
+
+
+def uints_bytes(values: tuple[object, ...]) -> bytes:
+    """`put_uints`'s bytes on their own."""
+    if type(values) is tuple and not values:
+        return _SMALL[0]
+    out = bytearray()
+    put_uints(out, values)
+    return bytes(out)
 
 
 def varint(data: bytes, pos: int) -> tuple[int, int]:
