@@ -62,12 +62,17 @@ def varint_bytes(value: int) -> bytes:
 
 
 def uints_bytes(values: tuple[object, ...]) -> bytes:
-    """`put_uints`'s bytes on their own."""
-    if type(values) is tuple and not values:
+    """`put_uints`'s bytes on their own, as parts joined once (a batch op's ids: hundreds of varints)."""
+    if type(values) is not tuple:  # compiled code refuses anything else when the op is made; uncompiled, here
+        raise OpCodecError(f"a tuple of ints is a {type(values).__name__}, not a tuple")
+    if not values:
         return _SMALL[0]
-    out = bytearray()
-    put_uints(out, values)
-    return bytes(out)
+    parts = [varint_bytes(len(values))]
+    for item in values:
+        if type(item) is not int:
+            raise OpCodecError(f"tuple item {item!r} is not an int")
+        parts.append(varint_bytes(item))
+    return b"".join(parts)
 
 
 def varint(data: bytes, pos: int) -> tuple[int, int]:
