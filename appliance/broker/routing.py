@@ -46,7 +46,7 @@ from .session import Connection, EntryState, Message, QueueEntry, Session, Subsc
 if TYPE_CHECKING:
     from .core import BrokerCore, Limits, ReceiveCheck
 
-_NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
+_NOT_FORWARDED: Final = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
 _Target = tuple[int, tuple[int, ...], bool]  # (QoS, subscription ids, RETAIN flag to send) of one copy
 # What became of a client's PUBLISH (outcomes.py says what each means), as an index into OUTCOME_NAMES: here,
 # where routing decides it, so that counting is a compiled call on a per-topic row, no key built per message.
@@ -520,7 +520,7 @@ def _encode_props(props: Properties) -> bytes:
     return encode_properties(props, PacketType.PUBLISH) if props else b""
 
 
-STORED_OVERHEAD_BYTES = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
+STORED_OVERHEAD_BYTES: Final = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
 
 
 def stored_estimate(msg: Message, stored_props: bytes) -> int:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Final
 
-NEVER = 0xFFFFFFFF  # session expiry interval meaning "never expires"
+NEVER: Final = 0xFFFFFFFF  # session expiry interval meaning "never expires"
 
 
 # The per-message records have explicit `__init__`s: the one `dataclass` generates is never compiled

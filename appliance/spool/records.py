@@ -28,37 +28,40 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from .chain import CHECKSUM_BYTES, ChainPoint, Commit, checksum, follows
 from .errors import ChainError
 
-FORMAT = 2
-SEGMENT_MAGIC = b"PAIRMQSG"
-CHECKPOINT_MAGIC = b"PAIRMQCP"
-SEGMENT_SUFFIX = ".seg"
-CHECKPOINT_SUFFIX = ".ckpt"
-MAX_PAYLOAD = 64 << 20  # no record is larger: a bigger length is damage, not a record
+FORMAT: Final = 2
+SEGMENT_MAGIC: Final = b"PAIRMQSG"
+CHECKPOINT_MAGIC: Final = b"PAIRMQCP"
+SEGMENT_SUFFIX: Final = ".seg"
+CHECKPOINT_SUFFIX: Final = ".ckpt"
+MAX_PAYLOAD: Final = 64 << 20  # no record is larger: a bigger length is damage, not a record
 
-OP, COMMIT, SNAPSHOT_OP, CHECKPOINT_END = b"O"[0], b"C"[0], b"S"[0], b"E"[0]
+OP: Final = 0x4F  # b"O"
+COMMIT: Final = 0x43  # b"C"
+SNAPSHOT_OP: Final = 0x53  # b"S"
+CHECKPOINT_END: Final = 0x45  # b"E"
 
-_FRAME = struct.Struct(">II")
-_HEADER = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epoch, seq, checksum)
-_CRC = struct.Struct(">I")
-_OP_FRAME = struct.Struct(">IIB")  # an op record's frame and kind byte: its payload's first byte
-_COMMIT = struct.Struct(f">BQQI{CHECKSUM_BYTES}s")
-_END = struct.Struct(">BQQ")
-SNAPSHOT_ITEM = struct.Struct(">qI")
-CHUNK_BYTES = 1 << 20
-HEADER_BYTES = _HEADER.size + _CRC.size
-FRAME_BYTES = _FRAME.size
-OP_OVERHEAD = _OP_FRAME.size  # bytes a record adds to an op's own
-COMMIT_BYTES = FRAME_BYTES + _COMMIT.size
-_crc32 = zlib.crc32
-_OP_CRC = _crc32(bytes((OP,)))  # an op record's CRC starts from its kind byte's
-_frame_from = _FRAME.unpack_from
-_op_frame_pack = _OP_FRAME.pack
-_commit_from = _COMMIT.unpack_from
+_FRAME: Final = struct.Struct(">II")
+_HEADER: Final = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epoch, seq, checksum)
+_CRC: Final = struct.Struct(">I")
+_OP_FRAME: Final = struct.Struct(">IIB")  # an op record's frame and kind byte: its payload's first byte
+_COMMIT: Final = struct.Struct(f">BQQI{CHECKSUM_BYTES}s")
+_END: Final = struct.Struct(">BQQ")
+SNAPSHOT_ITEM: Final = struct.Struct(">qI")
+CHUNK_BYTES: Final = 1 << 20
+HEADER_BYTES: Final = _HEADER.size + _CRC.size
+FRAME_BYTES: Final = _FRAME.size
+OP_OVERHEAD: Final = _OP_FRAME.size  # bytes a record adds to an op's own
+COMMIT_BYTES: Final = FRAME_BYTES + _COMMIT.size
+_crc32: Final = zlib.crc32
+_OP_CRC: Final = _crc32(bytes((OP,)))  # an op record's CRC starts from its kind byte's
+_frame_from: Final = _FRAME.unpack_from
+_op_frame_pack: Final = _OP_FRAME.pack
+_commit_from: Final = _COMMIT.unpack_from
 
 
 class RecordError(ValueError):

@@ -12,7 +12,7 @@ from typing import Final
 
 from .errors import OpCodecError
 
-MAX_INT = (1 << 63) - 1
+MAX_INT: Final = (1 << 63) - 1
 
 
 # The last large value encoded and its bytes, as one tuple (swapped atomically: any thread may encode). Why: a
