@@ -24,7 +24,10 @@ Rules:
   MAX_PENDING_COMMITS; older ones are counted as `replication_unobserved`.
 - One submission's events go to the log as one entry (one clock read), in
   the order of its ops; their lines are made on the log's writer thread
-  (`eventlines`): the loop passes the ops it kept, never a dict or a string.
+  (`submission_lines`, `commit_line` below): the loop passes the ops it
+  kept, never a dict or a string. A commit's list of ids is made once for
+  its spooled and its replicated line (`CommitIds`); what repeats from one
+  stored op to the next (topic, qos, size, publisher, retain) once.
   Compiled by mypyc (docs/build.md): ops are told apart by `isinstance`, the
   hot ones first.
 """
@@ -32,14 +35,45 @@ Rules:
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Final, Protocol, Union
 
-from ..eventlines import CommitIds, Delivery, Dropped, Item, commit_line, submission_lines
+from ..eventlines import ids_json, json_str
 from ..spool.ops import (MessageAcked, MessageDropped, MessageInflight, MessageRouted, MessagesAcked,
                          MessagesInflight, MessageStored)
 
 MAX_PENDING_COMMITS = 10_000
 _HASH_MULT = 2654435761  # Knuth's multiplicative hash: spreads consecutive ids over the 32-bit range
+
+
+class Delivery:
+    """A message_delivered or message_acknowledged line: one batch op's client and the ids sampling kept."""
+
+    def __init__(self, event: str, client: str, msg_ids: tuple[int, ...]) -> None:
+        self.event: Final = event
+        self.client: Final = client
+        self.msg_ids: Final = msg_ids
+
+
+class Dropped:
+    """A message_expired or message_dropped line."""
+
+    def __init__(self, event: str, client: str, msg_id: int, reason: str) -> None:
+        self.event: Final = event
+        self.client: Final = client
+        self.msg_id: Final = msg_id
+        self.reason: Final = reason
+
+
+class CommitIds:
+    """The ids of a commit's stored messages, for its message_spooled and message_replicated lines: their text is
+    made once, by the first of them (on the writer thread, the only one that reads or sets it)."""
+
+    def __init__(self, msg_ids: list[int]) -> None:
+        self.msg_ids: Final = msg_ids
+        self.text = ""
+
+
+Item = Union[MessageRouted, MessageStored, Delivery, Dropped]  # a line of `submission_lines` each
 
 
 class EventSink(Protocol):
@@ -137,3 +171,52 @@ class MessageEvents:
         if self.unsampled:
             counts, self.unsampled = self.unsampled, {}
             self.events.write("message_events_unsampled", counts=counts)
+
+
+def submission_lines(stamp: str, event: str, items: list[Item], epoch: int) -> str:
+    """The lines of what the loop kept of one submission's ops, in their order, one per item: message_published
+    (msg_id, topic, qos, bytes, client, epoch, retain, created_ms) of a stored op, message_delivered or
+    message_acknowledged (client, msg_ids, epoch) of a Delivery, message_expired or message_dropped (client,
+    msg_id, reason, epoch) of a Dropped. `event` names the entry (a render_error line's), not its lines."""
+    parts: list[str] = []
+    published = f'{stamp}message_published","msg_id":'
+    epoch_end = f',"epoch":{epoch}}}\n'
+    epoch_list_end = "]" + epoch_end
+    middle = ""  # a stored op's members from topic to created_ms's name: the same for most of a submission
+    topic = client = ""
+    size = qos = 0
+    retain = False
+    created, created_text = 0, "0"
+    for item in items:
+        if isinstance(item, MessageRouted) or isinstance(item, MessageStored):
+            if (not middle or item.topic != topic or item.publisher != client or len(item.payload) != size
+                    or item.qos != qos or item.retain != retain):
+                topic, client, size, qos, retain = item.topic, item.publisher, len(item.payload), item.qos, item.retain
+                middle = (f',"topic":{json_str(topic)},"qos":{qos},"bytes":{size},"client":{json_str(client)},'
+                          f'"epoch":{epoch},"retain":{"true" if retain else "false"},"created_ms":')
+            if item.created_at_ms != created:
+                created = item.created_at_ms
+                created_text = str(created)
+            # pieces, not a line: the one join below copies each once
+            parts.append(published)
+            parts.append(str(item.msg_id))
+            parts.append(middle)
+            parts.append(created_text)
+            parts.append("}\n")
+        elif isinstance(item, Delivery):
+            parts.append(f'{stamp}{item.event}","client":{json_str(item.client)},"msg_ids":[')
+            parts.append(",".join([str(m) for m in item.msg_ids]))
+            parts.append(epoch_list_end)
+        else:
+            parts.append(f'{stamp}{item.event}","client":{json_str(item.client)},"msg_id":{item.msg_id},'
+                         f'"reason":{json_str(item.reason)}{epoch_end}')
+    return "".join(parts)
+
+
+def commit_line(stamp: str, event: str, ids: CommitIds, seq: int, epoch: int, after_resync: bool) -> str:
+    """message_spooled's or message_replicated's line: msg_ids, seq, epoch, and after_resync only when true."""
+    if not ids.text:
+        ids.text = ids_json(ids.msg_ids)
+    if after_resync:
+        return f'{stamp}{event}","msg_ids":{ids.text},"seq":{seq},"epoch":{epoch},"after_resync":true}}\n'
+    return f'{stamp}{event}","msg_ids":{ids.text},"seq":{seq},"epoch":{epoch}}}\n'

@@ -1,4 +1,4 @@
-"""Event log lines byte for byte (appliance/eventlines.py, appliance/eventlog.py, appliance/broker/message_events.py):
+"""Event log lines byte for byte (appliance/eventlines.py, eventlog.py, broker/message_events.py):
 analytics reads these bytes, so every line a node writes is pinned here, odd strings included; the renderers read
 as json.dumps would for any input; and the log's rules for entries of many events: a segment ends within one line
 of its limit inside an entry, an entry that finds the queue too full is lost whole and counted."""
@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pairmq.appliance import eventlines
+from pairmq.appliance.broker import message_events
 from pairmq.appliance.broker.message_events import MessageEvents
 from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
 from pairmq.appliance.spool import ops
@@ -153,16 +154,16 @@ STORED = st.builds(lambda msg_id, topic, payload, qos, retain, publisher, create
     ops.MessageRouted(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms, "sub", 1, False, ())
     if routed else ops.MessageStored(msg_id, topic, payload, qos, retain, b"", 0, publisher, created_ms)),
     INT, TEXT, st.binary(max_size=40), st.integers(0, 2), st.booleans(), TEXT, INT, st.booleans())
-DELIVERY = st.builds(eventlines.Delivery, st.sampled_from(["message_delivered", "message_acknowledged"]), TEXT,
+DELIVERY = st.builds(message_events.Delivery, st.sampled_from(["message_delivered", "message_acknowledged"]), TEXT,
                      IDS.map(tuple))
-DROPPED = st.builds(eventlines.Dropped, st.sampled_from(["message_expired", "message_dropped"]), TEXT, INT, TEXT)
+DROPPED = st.builds(message_events.Dropped, st.sampled_from(["message_expired", "message_dropped"]), TEXT, INT, TEXT)
 
 
 def fields_of(item, epoch: int) -> tuple[str, dict]:
     """An item's event and members as docs/events.md names them."""
-    if isinstance(item, eventlines.Delivery):
+    if isinstance(item, message_events.Delivery):
         return item.event, {"client": item.client, "msg_ids": list(item.msg_ids), "epoch": epoch}
-    if isinstance(item, eventlines.Dropped):
+    if isinstance(item, message_events.Dropped):
         return item.event, {"client": item.client, "msg_id": item.msg_id, "reason": item.reason, "epoch": epoch}
     return "message_published", {"msg_id": item.msg_id, "topic": item.topic, "qos": item.qos,
                                  "bytes": len(item.payload), "client": item.publisher, "epoch": epoch,
@@ -173,15 +174,15 @@ def fields_of(item, epoch: int) -> tuple[str, dict]:
 @given(st.lists(STORED | STORED | DELIVERY | DROPPED, min_size=1, max_size=8), INT)
 def test_a_submissions_lines_read_as_json_dumps_makes_them(items, epoch):
     expected = "".join(dumps(*fields_of(item, epoch)) for item in items)
-    assert eventlines.submission_lines(STAMP, "message_events", items, epoch) == expected
+    assert message_events.submission_lines(STAMP, "message_events", items, epoch) == expected
 
 
 @settings(max_examples=200, deadline=None)
 @given(IDS, INT, INT, st.booleans())
 def test_a_commits_lines_read_as_json_dumps_makes_them(ids, seq, epoch, after_resync):
-    commit = eventlines.CommitIds(ids)
-    spooled = eventlines.commit_line(STAMP, "message_spooled", commit, seq, epoch, False)
-    replicated = eventlines.commit_line(STAMP, "message_replicated", commit, seq, epoch, after_resync)
+    commit = message_events.CommitIds(ids)
+    spooled = message_events.commit_line(STAMP, "message_spooled", commit, seq, epoch, False)
+    replicated = message_events.commit_line(STAMP, "message_replicated", commit, seq, epoch, after_resync)
     assert spooled == dumps("message_spooled", {"msg_ids": ids, "seq": seq, "epoch": epoch})
     assert replicated == dumps("message_replicated", {"msg_ids": ids, "seq": seq, "epoch": epoch}
                                | ({"after_resync": True} if after_resync else {}))

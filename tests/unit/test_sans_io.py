@@ -57,7 +57,8 @@ LAYERS = [
     ("foundation", ("pairmq.appliance.errors", "pairmq.appliance.roles",
                     "pairmq.appliance.native", "pairmq.appliance._native_build",
                     "pairmq.appliance.clock", "pairmq.appliance.config", "pairmq.appliance.private_files",
-                    "pairmq.appliance.keyring", "pairmq.appliance.eventlog", "pairmq.appliance.tls",
+                    "pairmq.appliance.keyring", "pairmq.appliance.eventlog", "pairmq.appliance.eventlines",
+                    "pairmq.appliance.tls",
                     "pairmq.appliance.management_settings", "pairmq.appliance.hooks_settings",
                     "pairmq.appliance.instruments")),
 ]
