@@ -33,6 +33,7 @@ from pairmq.appliance.mqtt.codec import Connect, Disconnect, Packet
 from pairmq.appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.mqtt.session import HANDLED, MqttSession
+from pairmq.appliance.mqtt.traffic import ListenerTraffic
 from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ DRAIN_MAX_BYTES: Final = 1024 * 1024
 # and uvloop take any object with the protocol's methods (neither has `get_buffer`, which would make it buffered).
 class MqttConnection:
     __slots__ = (
-        "_l", "_loop", "_broker", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused",
+        "_l", "_t", "_loop", "_broker", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused",
         "_out", "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained",
         "_waits", "_mate_clear")
 
@@ -73,6 +74,7 @@ class MqttConnection:
         loop = listener._loop
         assert loop is not None, "a connection before its listener started"
         self._l = listener
+        self._t: ListenerTraffic = listener.traffic  # what every packet counts and reads: native, not the listener's
         self._loop = loop
         self._broker: BrokerService | None = listener.broker
         self.peer = "?"
@@ -151,7 +153,7 @@ class MqttConnection:
 
     def data_received(self, data: bytes) -> None:
         session = self.session
-        self._l.bytes_in += len(data)
+        self._t.bytes_in += len(data)
         if session.closing:
             if self._drained is not None:
                 self._drained += len(data)
@@ -230,7 +232,7 @@ class MqttConnection:
                     self._connect_arrived(packet)
                 else:
                     self._to_broker(conn_id, packet)
-            self._l.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
+            self._t.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
             self._transmit()
         except Exception:
             log.exception("MQTT connection %s failed", self.peer)
@@ -264,10 +266,10 @@ class MqttConnection:
                 pending.add_done_callback(self._completed)
             else:
                 waits[pending] = n + 1
-            if self.inflight >= self._l.window:
+            if self.inflight >= self._t.window:
                 self._throttle()
         if type(packet) is Publish:
-            self._l.messages_in += 1
+            self._t.messages_in += 1
             if packet.qos and not self._mate_clear:
                 if self._l.hold_for_mate(self):
                     self._pause(_MATE)
@@ -283,7 +285,7 @@ class MqttConnection:
 
     def _completed(self, future: asyncio.Future[None]) -> None:
         self.inflight -= self._waits.pop(future)
-        if self._paused & _WINDOW and self.inflight < self._l.window:
+        if self._paused & _WINDOW and self.inflight < self._t.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
 
@@ -291,7 +293,7 @@ class MqttConnection:
         self._resume(_MATE)
 
     def window_grew(self) -> None:
-        if self.inflight < self._l.window:
+        if self.inflight < self._t.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
 
@@ -403,22 +405,22 @@ class MqttConnection:
             self._shut_down()
 
     def _write(self, data: bytes) -> None:
-        self._l.packets_out += 1  # one packet per call
+        self._t.packets_out += 1  # one packet per call
         out = self._out
         if out is None:
             self._out = [data]
-            self._l.mark_dirty(self)
+            self._t.mark_dirty(self)
         else:
             out.append(data)
 
     def _write_many(self, datas: list[bytes]) -> None:
         if not datas:
             return
-        self._l.packets_out += len(datas)
+        self._t.packets_out += len(datas)
         out = self._out
         if out is None:
             self._out = datas
-            self._l.mark_dirty(self)
+            self._t.mark_dirty(self)
         else:
             out += datas
 
@@ -428,7 +430,7 @@ class MqttConnection:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         self._written += len(data)
-        self._l.bytes_out += len(data)
+        self._t.bytes_out += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > self._l.max_output_bytes:
             self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
@@ -506,9 +508,9 @@ class MqttConnection:
             # encoder's cost per packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
             return b"\x40\x02" + packet.packet_id.to_bytes(2, "big") if limit is None or limit >= 4 else b""
         if type(packet) is Publish:
-            self._l.messages_out += 1
+            self._t.messages_out += 1
             if not packet.properties:
-                data = self._l.encode_plain_publish(packet, self.session.protocol_version)
+                data = self._t.plain_publish.encode(packet, self.session.protocol_version)
                 if data is not None:
                     # Larger than the client accepts: discarded, as v5 §3.1.2.11.4 says.
                     return data if limit is None or len(data) <= limit else b""
