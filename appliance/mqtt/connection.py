@@ -58,8 +58,8 @@ DRAIN_S: Final = 1.0
 DRAIN_MAX_BYTES: Final = 1024 * 1024
 
 
-# Not a subclass of asyncio.Protocol: compiled, it is a native class, which cannot derive from a Python one; asyncio
-# and uvloop take any object with the protocol's methods (neither has `get_buffer`, which would make it buffered).
+# Not a subclass of asyncio.Protocol: asyncio and uvloop take any object with a protocol's methods (one with
+# `get_buffer` as a buffered one), and compiled, a class derived from a Python one would get a __dict__ per instance.
 class MqttConnection:
     __slots__ = (
         "_l", "_t", "_loop", "_broker", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused",
