@@ -6,7 +6,8 @@ Rules:
 - Histograms are observed where the time is measured already, with seconds (base units), from any thread
   (each instrument takes its own lock). `observe` is the only call on a hot path: one per spool commit,
   one per mate-link pong, one per bid. Acknowledged publishes come a commit's worth at a time, so theirs
-  is a `BatchHistogram`, observed once per batch (`observe_many`): one lock and no call per value.
+  is a `BatchHistogram`, observed once per batch: one lock and no call per value (`observe_n`: the packets of
+  one read, which share their read's time).
 - Bucket bounds fit what each one measures: a PUBACK waits a commit (and the mate's ack), milliseconds;
   a failover is detected after a lease, around a second.
 """
@@ -80,6 +81,12 @@ class BatchHistogram(Collector):
                 counts[bisect.bisect_left(bounds, value)] += 1  # "le": a value on a bound counts in that bucket
                 total += value  # one by one, as prometheus_client sums: the same float
             self._sum = total
+
+    def observe_n(self, value: float, n: int) -> None:
+        """`n` observations of `value`: the packets one read brought, timed from that read together."""
+        with self._lock:
+            self._counts[bisect.bisect_left(self._bounds, value)] += n
+            self._sum += value * n
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:

@@ -1,14 +1,15 @@
 """What the /metrics histograms cost on the message path, per acknowledged PUBLISH.
 
-    python bench/metrics_cost.py [--n 1000000] [--rounds 5]
+    python bench/metrics_cost.py [--n 1000000] [--rounds 5] [--per-read 10]
 
 Theory of operation
 -------------------
-The broker stamps each PUBLISH that waits for durability when it is read (one `time.perf_counter()` and a
-list append) and observes it once its acknowledgement is released (one more `perf_counter()` per batch and
-one `Histogram.observe` per PUBLISH): appliance/broker/service.py. This measures that per-message work
-against a peer measured in the same run, in the same process: a bare `perf_counter()` call, the cheapest
-thing the path does anyway. Best of --rounds, so other load on the machine inflates neither side.
+The broker counts each packet that waits for durability, stamps the read that brought it once (one
+`time.perf_counter()` per read), and observes a read's packets together once their acknowledgements are released
+(one more `perf_counter()` and one `BatchHistogram.observe_n`): appliance/broker/service.py. This measures that
+per-message work, with `--per-read` PUBLISHes per read, against a peer measured in the same run, in the same
+process: a bare `perf_counter()` call, the cheapest thing the path does anyway. Best of --rounds, so other load
+on the machine inflates neither side.
 """
 
 from __future__ import annotations
@@ -23,19 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pairmq.appliance.instruments import NodeInstruments  # noqa: E402
 
 
-def per_message_ns(n: int) -> float:
-    """Stamp n reads, then observe them as one released batch would (appliance/broker/service.py)."""
-    observe = NodeInstruments().publish_ack.observe
+def per_message_ns(n: int, per_read: int) -> float:
+    """Count n waiting reads' packets, stamp each read, observe each read's packets as their released batch would
+    (appliance/broker/service.py)."""
+    observe = NodeInstruments().publish_ack.observe_n
     clock = time.perf_counter
     started = time.perf_counter_ns()
-    read_at: list[float] = []
+    waiting, read_at = 0, 0.0
     for _ in range(n):
-        read_at.append(clock())
-        if len(read_at) == 100:  # a batch of 100 waiting PUBLISHes released at once
-            now = clock()
-            for t in read_at:
-                observe(now - t)
-            read_at.clear()
+        if not waiting:
+            read_at = clock()
+        waiting += 1
+        if waiting == per_read:  # the read's packets released at once
+            observe(clock() - read_at, waiting)
+            waiting = 0
     return (time.perf_counter_ns() - started) / n
 
 
@@ -51,8 +53,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-read", type=int, default=10, help="waiting PUBLISHes one read brings")
     args = parser.parse_args()
-    ours = min(per_message_ns(args.n) for _ in range(args.rounds))
+    ours = min(per_message_ns(args.n, args.per_read) for _ in range(args.rounds))
     peer = min(peer_ns(args.n) for _ in range(args.rounds))
     print(f"per acknowledged PUBLISH: {ours:.0f} ns (stamp + observe); a bare perf_counter() call: {peer:.0f} ns; "
           f"ratio {ours / peer:.1f}")

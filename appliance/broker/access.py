@@ -272,20 +272,19 @@ class AccessPolicy:
 
     def authorize(self, username: str | None, action: str, topic: str) -> bool:
         """`action` is "publish" (a topic name) or "subscribe" (a topic filter, maybe `$share/...`). Cached."""
-        return self._cached(username, action, topic, self._decide)
+        decided = self._decided.get((username, action, topic))  # per packet: the cache's hit inline
+        return self._cache(username, action, topic, self._decide) if decided is None else decided
 
     def may_receive(self, username: str | None, topic: str) -> bool:
         """May this client be sent a message on `topic` (rule 4, receiving)? Cached per (user, topic)."""
-        return self._cached(username, "receive", topic, self._decide_receive)
+        decided = self._decided.get((username, "receive", topic))  # per delivery: the cache's hit inline
+        return self._cache(username, "receive", topic, self._decide_receive) if decided is None else decided
 
-    def _cached(self, username: str | None, action: str, topic: str, decide) -> bool:
-        key = (username, action, topic)
-        decided = self._decided.get(key)
-        if decided is None:
-            decided = decide(username, action, topic)
-            if len(self._decided) >= MAX_DECISIONS:
-                self._decided.clear()
-            self._decided[key] = decided
+    def _cache(self, username: str | None, action: str, topic: str, decide) -> bool:
+        decided = decide(username, action, topic)
+        if len(self._decided) >= MAX_DECISIONS:
+            self._decided.clear()
+        self._decided[(username, action, topic)] = decided
         return decided
 
     def _decide(self, username: str | None, action: str, topic: str) -> bool:

@@ -47,10 +47,10 @@ from .session import NEVER, Connection, EntryState, QueueEntry, Session, Will
 from .sys_topics import SYS_RESERVED_REASON, is_sys_topic
 
 DEFAULT_RECEIVE_MAXIMUM = 32  # our in-flight window towards 3.1.1 clients (they cannot tell us theirs)
-SERVER_RECEIVE_MAXIMUM = 100
+SERVER_RECEIVE_MAXIMUM: Final = 100
 MAX_OUTCOME_TOPICS: Final = 1000  # topics named in a second's outcome counts: outcomes.py
 OTHER_TOPICS: Final = "(other topics)"
-SERVER_TOPIC_ALIAS_MAXIMUM = 64
+SERVER_TOPIC_ALIAS_MAXIMUM: Final = 64
 MAX_KEEP_ALIVE_S = 65535
 
 

@@ -46,7 +46,7 @@ from .session import Connection, EntryState, Message, QueueEntry, Session, Subsc
 if TYPE_CHECKING:
     from .core import BrokerCore, Limits, ReceiveCheck
 
-_NOT_FORWARDED = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
+_NOT_FORWARDED: Final = (P.TOPIC_ALIAS, P.SUBSCRIPTION_IDENTIFIER)
 _Target = tuple[int, tuple[int, ...], bool]  # (QoS, subscription ids, RETAIN flag to send) of one copy
 # What became of a client's PUBLISH (outcomes.py says what each means), as an index into OUTCOME_NAMES: here,
 # where routing decides it, so that counting is a compiled call on a per-topic row, no key built per message.
@@ -121,22 +121,14 @@ class Router:
         now_effects: list[Any] = []
         then: list[Any] = []
         queued: list[Any] = []
-        stored = False
-        stored_at = -1  # where its MessageStored is in op_list: the first queue entry joins it (MessageRouted)
-
-        def store() -> None:
-            nonlocal stored, stored_at
-            if not stored:
-                stored_at = len(op_list)
-                self.hold(msg)
-                msg.stored_size = size
-                self.stored_bytes += size
-                op_list.append(ops.MessageStored(msg.msg_id, topic, msg.payload, msg.qos, msg.retain,
-                                                 stored_props, msg.expiry_at_ms, msg.publisher, now_ms))
-                stored = True
-
+        stored: ops.MessageStored | None = None  # once the body is stored
+        stored_at = -1  # where its MessageStored is in op_list while the first queue entry may join it (MessageRouted)
         if msg.retain:
-            op_list += self._set_retained(topic, msg, store)
+            retained_ops, keep = self._set_retained(topic, msg)
+            if keep:
+                stored, stored_at = self._store(msg, size, stored_props, now_ms), len(op_list)
+                op_list.append(stored)
+            op_list += retained_ops
         for client_id, (sub_qos, sub_ids, retain_flag) in targets.items():
             qos = min(sub_qos, msg.qos)  # never above what the publisher sent
             target = core.sessions.get(client_id)
@@ -150,14 +142,16 @@ class Router:
                     now_effects += self.publish_packet(core.connections[target.conn], target, entry, dup=False,
                                                        msg=msg)
                 continue
-            store()
+            if stored is None:
+                stored, stored_at = self._store(msg, size, stored_props, now_ms), len(op_list)
+                op_list.append(stored)
             msg.refs += 1
             entry = QueueEntry(msg.msg_id, qos, retain_flag, sub_ids, ready=False)
             queued.append(entry)
             target.queue.append(entry)
             target.queued_bytes += msg.size
             if stored_at == len(op_list) - 1:
-                s = op_list[stored_at]
+                s = stored
                 op_list[stored_at] = ops.MessageRouted(s.msg_id, s.topic, s.payload, s.qos, s.retain, s.properties,
                                                        s.expiry_at_ms, s.publisher, s.created_at_ms, client_id, qos,
                                                        retain_flag, sub_ids)
@@ -250,7 +244,16 @@ class Router:
                 return client_id
         return None
 
-    def _set_retained(self, topic: str, msg: Message, store: Callable[[], None]) -> list[Any]:
+    def _store(self, msg: Message, size: int, stored_props: bytes, now_ms: int) -> ops.MessageStored:
+        """Hold `msg`'s body as stored (`size` bytes against the spool's limit): the op that stores it."""
+        self.hold(msg)
+        msg.stored_size = size
+        self.stored_bytes += size
+        return ops.MessageStored(msg.msg_id, msg.topic, msg.payload, msg.qos, msg.retain, stored_props,
+                                 msg.expiry_at_ms, msg.publisher, now_ms)
+
+    def _set_retained(self, topic: str, msg: Message) -> tuple[list[Any], bool]:
+        """(the retained ops, whether the body must be stored for them: the caller stores it ahead of them)."""
         old = self.retained.get(topic)
         op_list: list[Any] = []
         if old is not None:
@@ -259,12 +262,11 @@ class Router:
         if not msg.payload:
             if old is not None:
                 op_list.append(ops.RetainedCleared(topic))
-            return op_list
-        store()
+            return op_list, False
         msg.refs += 1
         self.retained.set(topic, msg.msg_id)
         op_list.append(ops.RetainedSet(topic, msg.msg_id))
-        return op_list
+        return op_list, True
 
     # --- delivery out ---------------------------------------------------------------------
 
@@ -518,7 +520,7 @@ def _encode_props(props: Properties) -> bytes:
     return encode_properties(props, PacketType.PUBLISH) if props else b""
 
 
-STORED_OVERHEAD_BYTES = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
+STORED_OVERHEAD_BYTES: Final = 64  # above an encoded MessageStored's fixed fields (type, ids, lengths, times: < 50)
 
 
 def stored_estimate(msg: Message, stored_props: bytes) -> int:

@@ -96,15 +96,18 @@ class ReleaseRule(Protocol):
 
 
 class _Resolve:
-    """The adapter's own effect: resolve `packet()`'s future once the effects before it have run; `read_at`:
-    when each packet that waited on it was read (perf_counter), for the publish-to-ack histogram."""
+    """The adapter's own effect: resolve `packet()`'s future once the effects before it have run; `waiting`
+    packets waited on it, all handed over by one callback (one read) that began at `read_at` (perf_counter): the
+    publish-to-ack histogram's start."""
 
     future: Final[asyncio.Future[None]]
-    read_at: Final[tuple[float, ...]]
+    read_at: Final[float]
+    waiting: Final[int]
 
-    def __init__(self, future: asyncio.Future[None], read_at: tuple[float, ...] = ()) -> None:
+    def __init__(self, future: asyncio.Future[None], read_at: float = 0.0, waiting: int = 0) -> None:
         self.future = future
         self.read_at = read_at
+        self.waiting = waiting
 
 
 class BrokerService:
@@ -120,10 +123,11 @@ class BrokerService:
                  release: ReleaseRule | None = None, serving: Callable[[], bool] = lambda: True,
                  mate_over_lag: Callable[[], bool] = lambda: False,
                  message_events: MessageEvents | None = None,
-                 observe_ack: Callable[[list[float]], None] | None = None) -> None:
+                 observe_ack: Callable[[float, int], None] | None = None) -> None:
         self.local = local
-        self._observe_ack = observe_ack  # seconds from each waiting packet's read to its effects, a batch a call
-        self._read_at: list[float] = []  # when the waiting packets of this callback were read
+        self._observe_ack = observe_ack  # (seconds from a read to its packets' effects, how many): a batch a call
+        self._read_at = 0.0  # when this callback handed over its first packet that waits
+        self._waiting = 0  # how many of its packets wait
         self._core_factory: Callable[[], BrokerCore] = core_factory or (lambda: BrokerCore(node_name=node_name))
         self._history = self.writer.history  # the writer history self.core will be built on (see the rules)
         self.core = self._fresh_core()
@@ -232,8 +236,9 @@ class BrokerService:
             self._schedule()  # acks leave work for the core's flush
         if len(self._ops) == ops_before and len(self._thens) == thens_before:
             return None
-        if self._observe_ack is not None:
-            self._read_at.append(time.perf_counter())
+        if not self._waiting and self._observe_ack is not None:
+            self._read_at = time.perf_counter()
+        self._waiting += 1
         # One future for every packet of this callback that waits (see the rules): `_end_of_callback` queues
         # its `_Resolve` behind all of their effects, so it resolves once the last of them has run.
         done = self._batch_done
@@ -264,8 +269,8 @@ class BrokerService:
             elif type(effect) is _Resolve:
                 if not effect.future.done():
                     effect.future.set_result(None)
-                if effect.read_at:
-                    self._observe_read_to_ack(effect.read_at)
+                if effect.waiting and self._observe_ack is not None:  # read_at is stamped only with it
+                    self._observe_ack(time.perf_counter() - effect.read_at, effect.waiting)
             elif type(effect) is Close:
                 self._write(effect.conn, self._out.pop(effect.conn, None))  # what it was sent goes out first
                 conn = self.conns.pop(effect.conn, None)
@@ -279,12 +284,6 @@ class BrokerService:
                 self.execute(self.core.connacked(effect, wall_ms()))
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
-
-    def _observe_read_to_ack(self, read_at: tuple[float, ...]) -> None:
-        observe = self._observe_ack
-        if observe is not None:  # a read_at is stamped only with it
-            now = time.perf_counter()
-            observe([now - t for t in read_at])
 
     def _persist(self, effect: Persist) -> None:
         if not effect.ops:
@@ -314,8 +313,8 @@ class BrokerService:
         self._flush_scheduled = False
         self.execute(self.core.flush(wall_ms()))
         if self._batch_done is not None:
-            resolve, self._batch_done = (_Resolve(self._batch_done, tuple(self._read_at)),), None
-            self._read_at.clear()
+            resolve, self._batch_done = (_Resolve(self._batch_done, self._read_at, self._waiting),), None
+            self._waiting = 0
             if self._ops:
                 self._thens.append(resolve)
             else:  # a batch split at max_batch_ops submitted them all already: wait behind that submission
@@ -363,7 +362,7 @@ class BrokerService:
         """Forget the ops not submitted (and their effects): they belong to a core that is being replaced."""
         self._ops, self._thens, self._evented = [], [], 0
         self._batch_done = None  # as its packets' effects: never run (their connections are dropped)
-        self._read_at.clear()
+        self._waiting = 0
         if self._held_future is not None:
             self._held_future.cancel()  # their message_spooled events never come
             self._held_future = None

@@ -21,12 +21,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Final
 
-NEVER = 0xFFFFFFFF  # session expiry interval meaning "never expires"
+NEVER: Final = 0xFFFFFFFF  # session expiry interval meaning "never expires"
 
 
-@dataclasses.dataclass(slots=True)
+# The per-message records have explicit `__init__`s: the one `dataclass` generates is never compiled
+# (docs/build.md, "What compiled code asks of the source").
+@dataclasses.dataclass(slots=True, init=False)
 class Message:
     msg_id: int
     topic: str
@@ -37,8 +39,22 @@ class Message:
     expiry_at_ms: int  # 0: never
     publisher: str
     created_at_ms: int
-    refs: int = 0
-    stored_size: int = 0  # what it counts against the spool's byte limit while stored (0: not stored)
+    refs: int
+    stored_size: int  # what it counts against the spool's byte limit while stored (0: not stored)
+
+    def __init__(self, msg_id: int, topic: str, payload: bytes, qos: int, retain: bool, properties: dict[Any, Any],
+                 expiry_at_ms: int, publisher: str, created_at_ms: int, refs: int = 0, stored_size: int = 0) -> None:
+        self.msg_id = msg_id
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = properties
+        self.expiry_at_ms = expiry_at_ms
+        self.publisher = publisher
+        self.created_at_ms = created_at_ms
+        self.refs = refs
+        self.stored_size = stored_size
 
     @property
     def size(self) -> int:
@@ -51,15 +67,25 @@ class EntryState(enum.Enum):
     PUBREC = 2  # outbound QoS 2: PUBREC received, PUBREL sent
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, init=False)
 class QueueEntry:
     msg_id: int
     qos: int
     retain: bool
     subscription_ids: tuple[int, ...]
-    state: EntryState = EntryState.QUEUED
-    packet_id: int = 0
-    ready: bool = True  # False from routing until the commit holding its MessageQueued is durable
+    state: EntryState
+    packet_id: int
+    ready: bool  # False from routing until the commit holding its MessageQueued is durable
+
+    def __init__(self, msg_id: int, qos: int, retain: bool, subscription_ids: tuple[int, ...],
+                 state: EntryState = EntryState.QUEUED, packet_id: int = 0, ready: bool = True) -> None:
+        self.msg_id = msg_id
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.state = state
+        self.packet_id = packet_id
+        self.ready = ready
 
 
 @dataclasses.dataclass(slots=True)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from typing import Final
 
 from pairmq.appliance.mqtt.packets import (
     ACK_CLASSES, Auth, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
@@ -107,10 +108,10 @@ DISCONNECT_REASON_CODES = frozenset(_R(c) for c in (
     0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D,
     0x9E, 0x9F, 0xA0, 0xA1, 0xA2))
 
-_FIXED_FLAGS = {t: 0 for t in PacketType} | {
+_FIXED_FLAGS: Final = {t: 0 for t in PacketType} | {
     PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010,
     PacketType.UNSUBSCRIBE: 0b0010, PacketType.PUBLISH: None}
-_SERVER_ONLY = frozenset({PacketType.CONNACK, PacketType.SUBACK,
+_SERVER_ONLY: Final = frozenset({PacketType.CONNACK, PacketType.SUBACK,
                           PacketType.UNSUBACK, PacketType.PINGRESP})
 
 
@@ -323,7 +324,7 @@ def _frame(data: bytes | bytearray, offset: int,
     return packet_type, flags, 1 + used, remaining
 
 
-_TYPES: tuple[PacketType | None, ...] = (None, *PacketType)
+_TYPES: Final[tuple[PacketType | None, ...]] = (None, *PacketType)
 
 
 def decode_packet(header: FixedHeader, body: bytes, protocol_version: int | None, *,
@@ -443,7 +444,7 @@ def decode_disconnect(body: bytes, protocol_version: int) -> Disconnect:
     return Disconnect(ReasonCode(code), props)
 
 
-_DECODERS: dict[PacketType, Callable[[bytes, int], Packet]] = {
+_DECODERS: Final[dict[PacketType, Callable[[bytes, int], Packet]]] = {
     PacketType.CONNACK: decode_connack, PacketType.DISCONNECT: decode_disconnect,
     PacketType.SUBSCRIBE: decode_subscribe, PacketType.SUBACK: decode_suback,
     PacketType.UNSUBSCRIBE: decode_unsubscribe, PacketType.UNSUBACK: decode_unsuback,

@@ -136,9 +136,9 @@ class Pubcomp(_PubAck):
 
 
 PubAckPacket = Puback | Pubrec | Pubrel | Pubcomp
-ACK_CLASSES: dict[PacketType, type[PubAckPacket]] = {
+ACK_CLASSES: Final[dict[PacketType, type[PubAckPacket]]] = {
     PacketType.PUBACK: Puback, PacketType.PUBREC: Pubrec, PacketType.PUBREL: Pubrel, PacketType.PUBCOMP: Pubcomp}
-ACK_REASON_CODES: dict[PacketType, frozenset[ReasonCode]] = {
+ACK_REASON_CODES: Final[dict[PacketType, frozenset[ReasonCode]]] = {
     PacketType.PUBACK: PUBACK_REASON_CODES, PacketType.PUBREC: PUBREC_REASON_CODES,
     PacketType.PUBREL: PUBREL_REASON_CODES, PacketType.PUBCOMP: PUBCOMP_REASON_CODES}
 

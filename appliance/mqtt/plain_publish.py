@@ -7,11 +7,13 @@ reused. The cache is bounded and cleared whole when full.
 
 from __future__ import annotations
 
+from typing import Final
+
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, encode_utf8, encode_vbi
 
-TOPIC_CACHE_MAX = 4096  # encoded topic fields kept; cleared whole when full
-_PUBLISH_FIRST_BYTE = tuple(bytes([0x30 | flags]) for flags in range(16))
+TOPIC_CACHE_MAX: Final = 4096  # encoded topic fields kept; cleared whole when full
+_PUBLISH_FIRST_BYTE: Final = tuple(bytes([0x30 | flags]) for flags in range(16))
 
 
 class PlainPublishEncoder:

@@ -36,10 +36,10 @@ from pairmq.appliance.mqtt.wire import (
     check_version, encode_utf8, encode_vbi, is_utf8, malformed, protocol_error,
 )
 
-_PUBLISH = PacketType.PUBLISH
-_PFI = PropertyId.PAYLOAD_FORMAT_INDICATOR
+_PUBLISH: Final = PacketType.PUBLISH
+_PFI: Final = PropertyId.PAYLOAD_FORMAT_INDICATOR
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
-_ALIAS = PropertyId.TOPIC_ALIAS
+_ALIAS: Final = PropertyId.TOPIC_ALIAS
 _SUB_ID = PropertyId.SUBSCRIPTION_IDENTIFIER
 _RESPONSE_TOPIC = PropertyId.RESPONSE_TOPIC
 # Per connection or per delivery: never copied from the publisher's packet.

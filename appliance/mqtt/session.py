@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from pairmq.appliance.broker.sys_topics import is_sys_topic
 from pairmq.appliance.mqtt.codec import (
@@ -65,7 +66,7 @@ NOT_SUPPORTED_YET = "not supported by this node yet"
 WILL_TOPIC_RESERVED = "will topics under $SYS are the broker's"
 KEEP_ALIVE_GRACE = 1.5  # MQTT §3.1.2.10: the server may wait one and a half keep alive periods
 
-HANDLED = object()  # next_event: a packet the session answered itself
+HANDLED: Final = object()  # next_event: a packet the session answered itself
 
 EventSink = Callable[[str, dict[str, object]], None]
 # An accepted CONNECT to the broker, which sends the CONNACK: the client id it gave, None once it closed us.

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import enum
 import struct
+from typing import Final
 
 from pairmq.appliance.errors import RemoteProtocolError
 
-MQTT_3_1_1 = 4
-MQTT_5 = 5
-SUPPORTED_VERSIONS = (MQTT_3_1_1, MQTT_5)
-VBI_MAX = 268_435_455
-STRING_MAX_BYTES = 65_535
+MQTT_3_1_1: Final = 4
+MQTT_5: Final = 5
+SUPPORTED_VERSIONS: Final = (MQTT_3_1_1, MQTT_5)
+VBI_MAX: Final = 268_435_455
+STRING_MAX_BYTES: Final = 65_535
 
 
 class PacketType(enum.IntEnum):
@@ -301,7 +302,7 @@ def encode_vbi(value: int) -> bytes:
             return bytes(out)
 
 
-_SMALL_VBI = tuple(bytes([i]) for i in range(128))
+_SMALL_VBI: Final = tuple(bytes([i]) for i in range(128))
 
 
 def _encode_int(size: int, value: int) -> bytes:

@@ -103,7 +103,7 @@ class RoutingNode(MonitorNode):
         self.broker = BrokerService(spool, epoch=self.current_epoch, core_factory=self._new_broker_core,
                                     release=release, serving=self.may_serve,
                                     mate_over_lag=lambda: active.over_max_lag, message_events=events,
-                                    observe_ack=self.instruments.publish_ack.observe_many)
+                                    observe_ack=self.instruments.publish_ack.observe_n)
         self.replication = Replication(self.quorum, config, role, spool=spool, broker=self.broker, active=active,
                                        release=release, secret=secret, data_dir=self.spec.data_dir,
                                        epoch=self.current_epoch, may_serve=self.may_serve,

@@ -34,72 +34,43 @@ from .ops import (
     WillCleared,
     WillSet,
 )
-from .varints import get_uints, put_uints, put_varint, varint
+from .varints import get_uints, uints_bytes, varint, varint_bytes
 
 FORMAT: Final = 1
+_TRUE: Final = b"\x01"
+_FALSE: Final = b"\x00"
 
 
 def encode_MessageStored(op: MessageStored) -> bytes:
-    out = bytearray((1, 1))
     v0 = op.msg_id
-    if 0 <= v0 < 0x80:
-        out.append(v0)
-    else:
-        put_varint(out, v0)
     v1 = op.topic
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageStored.topic is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v2 = op.payload
-    n = len(v2)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += v2
     v3 = op.qos
-    if 0 <= v3 < 0x80:
-        out.append(v3)
-    else:
-        put_varint(out, v3)
     v4 = op.retain
-    out.append(1 if v4 else 0)
     v5 = op.properties
-    n = len(v5)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += v5
     v6 = op.expiry_at_ms
-    if 0 <= v6 < 0x80:
-        out.append(v6)
-    else:
-        put_varint(out, v6)
     v7 = op.publisher
     try:
-        raw = v7.encode()
+        v7_raw = v7.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageStored.publisher is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v8 = op.created_at_ms
-    if 0 <= v8 < 0x80:
-        out.append(v8)
-    else:
-        put_varint(out, v8)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x01',
+        varint_bytes(v0),
+        varint_bytes(len(v1_raw)), v1_raw,
+        varint_bytes(len(v2)), v2,
+        varint_bytes(v3),
+        _TRUE if v4 else _FALSE,
+        varint_bytes(len(v5)), v5,
+        varint_bytes(v6),
+        varint_bytes(len(v7_raw)), v7_raw,
+        varint_bytes(v8),
+    ])
 
 
 def decode_MessageStored(data: bytes) -> MessageStored:
@@ -185,33 +156,23 @@ def decode_MessageStored(data: bytes) -> MessageStored:
 
 
 def encode_MessageQueued(op: MessageQueued) -> bytes:
-    out = bytearray((1, 2))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageQueued.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.qos
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
     v3 = op.retain
-    out.append(1 if v3 else 0)
     v4 = op.subscription_ids
-    put_uints(out, v4)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x02',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(v2),
+        _TRUE if v3 else _FALSE,
+        uints_bytes(v4),
+    ])
 
 
 def decode_MessageQueued(data: bytes) -> MessageQueued:
@@ -256,29 +217,19 @@ def decode_MessageQueued(data: bytes) -> MessageQueued:
 
 
 def encode_MessageInflight(op: MessageInflight) -> bytes:
-    out = bytearray((1, 3))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageInflight.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.packet_id
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x03',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(v2),
+    ])
 
 
 def decode_MessageInflight(data: bytes) -> MessageInflight:
@@ -317,24 +268,17 @@ def decode_MessageInflight(data: bytes) -> MessageInflight:
 
 
 def encode_MessagePubrecReceived(op: MessagePubrecReceived) -> bytes:
-    out = bytearray((1, 4))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessagePubrecReceived.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x04',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+    ])
 
 
 def decode_MessagePubrecReceived(data: bytes) -> MessagePubrecReceived:
@@ -367,24 +311,17 @@ def decode_MessagePubrecReceived(data: bytes) -> MessagePubrecReceived:
 
 
 def encode_MessageAcked(op: MessageAcked) -> bytes:
-    out = bytearray((1, 5))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageAcked.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x05',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+    ])
 
 
 def decode_MessageAcked(data: bytes) -> MessageAcked:
@@ -417,35 +354,23 @@ def decode_MessageAcked(data: bytes) -> MessageAcked:
 
 
 def encode_MessageDropped(op: MessageDropped) -> bytes:
-    out = bytearray((1, 6))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageDropped.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.reason
     try:
-        raw = v2.encode()
+        v2_raw = v2.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageDropped.reason is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\x06',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(len(v2_raw)), v2_raw,
+    ])
 
 
 def decode_MessageDropped(data: bytes) -> MessageDropped:
@@ -490,34 +415,21 @@ def decode_MessageDropped(data: bytes) -> MessageDropped:
 
 
 def encode_SessionOpened(op: SessionOpened) -> bytes:
-    out = bytearray((1, 7))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('SessionOpened.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.protocol_version
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.expiry_s
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
     v3 = op.connected_at_ms
-    if 0 <= v3 < 0x80:
-        out.append(v3)
-    else:
-        put_varint(out, v3)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x07',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(v2),
+        varint_bytes(v3),
+    ])
 
 
 def decode_SessionOpened(data: bytes) -> SessionOpened:
@@ -562,29 +474,19 @@ def decode_SessionOpened(data: bytes) -> SessionOpened:
 
 
 def encode_SessionDisconnected(op: SessionDisconnected) -> bytes:
-    out = bytearray((1, 8))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('SessionDisconnected.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.disconnected_at_ms
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.expiry_s
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x08',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(v2),
+    ])
 
 
 def decode_SessionDisconnected(data: bytes) -> SessionDisconnected:
@@ -623,19 +525,15 @@ def decode_SessionDisconnected(data: bytes) -> SessionDisconnected:
 
 
 def encode_SessionDeleted(op: SessionDeleted) -> bytes:
-    out = bytearray((1, 9))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('SessionDeleted.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\t',
+        varint_bytes(len(v0_raw)), v0_raw,
+    ])
 
 
 def decode_SessionDeleted(data: bytes) -> SessionDeleted:
@@ -662,49 +560,31 @@ def decode_SessionDeleted(data: bytes) -> SessionDeleted:
 
 
 def encode_Subscribed(op: Subscribed) -> bytes:
-    out = bytearray((1, 10))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('Subscribed.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.topic_filter
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('Subscribed.topic_filter is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v2 = op.qos
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
     v3 = op.no_local
-    out.append(1 if v3 else 0)
     v4 = op.retain_as_published
-    out.append(1 if v4 else 0)
     v5 = op.retain_handling
-    if 0 <= v5 < 0x80:
-        out.append(v5)
-    else:
-        put_varint(out, v5)
     v6 = op.subscription_id
-    if 0 <= v6 < 0x80:
-        out.append(v6)
-    else:
-        put_varint(out, v6)
-    return bytes(out)
+    return b''.join([
+        b'\x01\n',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(len(v1_raw)), v1_raw,
+        varint_bytes(v2),
+        _TRUE if v3 else _FALSE,
+        _TRUE if v4 else _FALSE,
+        varint_bytes(v5),
+        varint_bytes(v6),
+    ])
 
 
 def decode_Subscribed(data: bytes) -> Subscribed:
@@ -771,30 +651,21 @@ def decode_Subscribed(data: bytes) -> Subscribed:
 
 
 def encode_Unsubscribed(op: Unsubscribed) -> bytes:
-    out = bytearray((1, 11))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('Unsubscribed.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.topic_filter
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('Unsubscribed.topic_filter is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\x0b',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(len(v1_raw)), v1_raw,
+    ])
 
 
 def decode_Unsubscribed(data: bytes) -> Unsubscribed:
@@ -833,24 +704,17 @@ def decode_Unsubscribed(data: bytes) -> Unsubscribed:
 
 
 def encode_RetainedSet(op: RetainedSet) -> bytes:
-    out = bytearray((1, 12))
     v0 = op.topic
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('RetainedSet.topic is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x0c',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+    ])
 
 
 def decode_RetainedSet(data: bytes) -> RetainedSet:
@@ -883,19 +747,15 @@ def decode_RetainedSet(data: bytes) -> RetainedSet:
 
 
 def encode_RetainedCleared(op: RetainedCleared) -> bytes:
-    out = bytearray((1, 13))
     v0 = op.topic
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('RetainedCleared.topic is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\r',
+        varint_bytes(len(v0_raw)), v0_raw,
+    ])
 
 
 def decode_RetainedCleared(data: bytes) -> RetainedCleared:
@@ -922,24 +782,17 @@ def decode_RetainedCleared(data: bytes) -> RetainedCleared:
 
 
 def encode_InboundQos2Received(op: InboundQos2Received) -> bytes:
-    out = bytearray((1, 14))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('InboundQos2Received.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.packet_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x0e',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+    ])
 
 
 def decode_InboundQos2Received(data: bytes) -> InboundQos2Received:
@@ -972,24 +825,17 @@ def decode_InboundQos2Received(data: bytes) -> InboundQos2Received:
 
 
 def encode_InboundQos2Released(op: InboundQos2Released) -> bytes:
-    out = bytearray((1, 15))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('InboundQos2Released.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.packet_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x0f',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+    ])
 
 
 def decode_InboundQos2Released(data: bytes) -> InboundQos2Released:
@@ -1022,29 +868,19 @@ def decode_InboundQos2Released(data: bytes) -> InboundQos2Released:
 
 
 def encode_WillSet(op: WillSet) -> bytes:
-    out = bytearray((1, 16))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('WillSet.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_id
-    if 0 <= v1 < 0x80:
-        out.append(v1)
-    else:
-        put_varint(out, v1)
     v2 = op.delay_s
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x10',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(v1),
+        varint_bytes(v2),
+    ])
 
 
 def decode_WillSet(data: bytes) -> WillSet:
@@ -1083,19 +919,15 @@ def decode_WillSet(data: bytes) -> WillSet:
 
 
 def encode_WillCleared(op: WillCleared) -> bytes:
-    out = bytearray((1, 17))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('WillCleared.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\x11',
+        varint_bytes(len(v0_raw)), v0_raw,
+    ])
 
 
 def decode_WillCleared(data: bytes) -> WillCleared:
@@ -1122,35 +954,23 @@ def decode_WillCleared(data: bytes) -> WillCleared:
 
 
 def encode_MessageIdSeen(op: MessageIdSeen) -> bytes:
-    out = bytearray((1, 18))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageIdSeen.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.message_id
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageIdSeen.message_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v2 = op.seen_at_ms
-    if 0 <= v2 < 0x80:
-        out.append(v2)
-    else:
-        put_varint(out, v2)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x12',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(len(v1_raw)), v1_raw,
+        varint_bytes(v2),
+    ])
 
 
 def decode_MessageIdSeen(data: bytes) -> MessageIdSeen:
@@ -1195,23 +1015,19 @@ def decode_MessageIdSeen(data: bytes) -> MessageIdSeen:
 
 
 def encode_MessagesInflight(op: MessagesInflight) -> bytes:
-    out = bytearray((1, 19))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessagesInflight.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_ids
-    put_uints(out, v1)
     v2 = op.packet_ids
-    put_uints(out, v2)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x13',
+        varint_bytes(len(v0_raw)), v0_raw,
+        uints_bytes(v1),
+        uints_bytes(v2),
+    ])
 
 
 def decode_MessagesInflight(data: bytes) -> MessagesInflight:
@@ -1240,21 +1056,17 @@ def decode_MessagesInflight(data: bytes) -> MessagesInflight:
 
 
 def encode_MessagesAcked(op: MessagesAcked) -> bytes:
-    out = bytearray((1, 20))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessagesAcked.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.msg_ids
-    put_uints(out, v1)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x14',
+        varint_bytes(len(v0_raw)), v0_raw,
+        uints_bytes(v1),
+    ])
 
 
 def decode_MessagesAcked(data: bytes) -> MessagesAcked:
@@ -1282,30 +1094,21 @@ def decode_MessagesAcked(data: bytes) -> MessagesAcked:
 
 
 def encode_SessionOwned(op: SessionOwned) -> bytes:
-    out = bytearray((1, 21))
     v0 = op.client_id
     try:
-        raw = v0.encode()
+        v0_raw = v0.encode()
     except UnicodeEncodeError:
         raise OpCodecError('SessionOwned.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v1 = op.owner
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('SessionOwned.owner is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
-    return bytes(out)
+    return b''.join([
+        b'\x01\x15',
+        varint_bytes(len(v0_raw)), v0_raw,
+        varint_bytes(len(v1_raw)), v1_raw,
+    ])
 
 
 def decode_SessionOwned(data: bytes) -> SessionOwned:
@@ -1344,86 +1147,47 @@ def decode_SessionOwned(data: bytes) -> SessionOwned:
 
 
 def encode_MessageRouted(op: MessageRouted) -> bytes:
-    out = bytearray((1, 22))
     v0 = op.msg_id
-    if 0 <= v0 < 0x80:
-        out.append(v0)
-    else:
-        put_varint(out, v0)
     v1 = op.topic
     try:
-        raw = v1.encode()
+        v1_raw = v1.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageRouted.topic is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v2 = op.payload
-    n = len(v2)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += v2
     v3 = op.qos
-    if 0 <= v3 < 0x80:
-        out.append(v3)
-    else:
-        put_varint(out, v3)
     v4 = op.retain
-    out.append(1 if v4 else 0)
     v5 = op.properties
-    n = len(v5)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += v5
     v6 = op.expiry_at_ms
-    if 0 <= v6 < 0x80:
-        out.append(v6)
-    else:
-        put_varint(out, v6)
     v7 = op.publisher
     try:
-        raw = v7.encode()
+        v7_raw = v7.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageRouted.publisher is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v8 = op.created_at_ms
-    if 0 <= v8 < 0x80:
-        out.append(v8)
-    else:
-        put_varint(out, v8)
     v9 = op.client_id
     try:
-        raw = v9.encode()
+        v9_raw = v9.encode()
     except UnicodeEncodeError:
         raise OpCodecError('MessageRouted.client_id is not valid Unicode text') from None
-    n = len(raw)
-    if n < 0x80:
-        out.append(n)
-    else:
-        put_varint(out, n)
-    out += raw
     v10 = op.queue_qos
-    if 0 <= v10 < 0x80:
-        out.append(v10)
-    else:
-        put_varint(out, v10)
     v11 = op.queue_retain
-    out.append(1 if v11 else 0)
     v12 = op.subscription_ids
-    put_uints(out, v12)
-    return bytes(out)
+    return b''.join([
+        b'\x01\x16',
+        varint_bytes(v0),
+        varint_bytes(len(v1_raw)), v1_raw,
+        varint_bytes(len(v2)), v2,
+        varint_bytes(v3),
+        _TRUE if v4 else _FALSE,
+        varint_bytes(len(v5)), v5,
+        varint_bytes(v6),
+        varint_bytes(len(v7_raw)), v7_raw,
+        varint_bytes(v8),
+        varint_bytes(len(v9_raw)), v9_raw,
+        varint_bytes(v10),
+        _TRUE if v11 else _FALSE,
+        uints_bytes(v12),
+    ])
 
 
 def decode_MessageRouted(data: bytes) -> MessageRouted:

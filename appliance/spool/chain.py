@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-CHECKSUM_BYTES = 16
-_pack = struct.Struct(">QQI").pack
-_sha256 = hashlib.sha256
+CHECKSUM_BYTES: Final = 16
+_pack: Final = struct.Struct(">QQI").pack
+_sha256: Final = hashlib.sha256
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,37 +28,40 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from .chain import CHECKSUM_BYTES, ChainPoint, Commit, checksum, follows
 from .errors import ChainError
 
-FORMAT = 2
-SEGMENT_MAGIC = b"PAIRMQSG"
-CHECKPOINT_MAGIC = b"PAIRMQCP"
-SEGMENT_SUFFIX = ".seg"
-CHECKPOINT_SUFFIX = ".ckpt"
-MAX_PAYLOAD = 64 << 20  # no record is larger: a bigger length is damage, not a record
+FORMAT: Final = 2
+SEGMENT_MAGIC: Final = b"PAIRMQSG"
+CHECKPOINT_MAGIC: Final = b"PAIRMQCP"
+SEGMENT_SUFFIX: Final = ".seg"
+CHECKPOINT_SUFFIX: Final = ".ckpt"
+MAX_PAYLOAD: Final = 64 << 20  # no record is larger: a bigger length is damage, not a record
 
-OP, COMMIT, SNAPSHOT_OP, CHECKPOINT_END = b"O"[0], b"C"[0], b"S"[0], b"E"[0]
+OP: Final = 0x4F  # b"O"
+COMMIT: Final = 0x43  # b"C"
+SNAPSHOT_OP: Final = 0x53  # b"S"
+CHECKPOINT_END: Final = 0x45  # b"E"
 
-_FRAME = struct.Struct(">II")
-_HEADER = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epoch, seq, checksum)
-_CRC = struct.Struct(">I")
-_OP_FRAME = struct.Struct(">IIB")  # an op record's frame and kind byte: its payload's first byte
-_COMMIT = struct.Struct(f">BQQI{CHECKSUM_BYTES}s")
-_END = struct.Struct(">BQQ")
-SNAPSHOT_ITEM = struct.Struct(">qI")
-CHUNK_BYTES = 1 << 20
-HEADER_BYTES = _HEADER.size + _CRC.size
-FRAME_BYTES = _FRAME.size
-OP_OVERHEAD = _OP_FRAME.size  # bytes a record adds to an op's own
-COMMIT_BYTES = FRAME_BYTES + _COMMIT.size
-_crc32 = zlib.crc32
-_OP_CRC = _crc32(bytes((OP,)))  # an op record's CRC starts from its kind byte's
-_frame_from = _FRAME.unpack_from
-_op_frame_pack = _OP_FRAME.pack
-_commit_from = _COMMIT.unpack_from
+_FRAME: Final = struct.Struct(">II")
+_HEADER: Final = struct.Struct(f">8sIQQ{CHECKSUM_BYTES}s")  # magic, format, point (epoch, seq, checksum)
+_CRC: Final = struct.Struct(">I")
+_OP_FRAME: Final = struct.Struct(">IIB")  # an op record's frame and kind byte: its payload's first byte
+_COMMIT: Final = struct.Struct(f">BQQI{CHECKSUM_BYTES}s")
+_END: Final = struct.Struct(">BQQ")
+SNAPSHOT_ITEM: Final = struct.Struct(">qI")
+CHUNK_BYTES: Final = 1 << 20
+HEADER_BYTES: Final = _HEADER.size + _CRC.size
+FRAME_BYTES: Final = _FRAME.size
+OP_OVERHEAD: Final = _OP_FRAME.size  # bytes a record adds to an op's own
+COMMIT_BYTES: Final = FRAME_BYTES + _COMMIT.size
+_crc32: Final = zlib.crc32
+_OP_CRC: Final = _crc32(bytes((OP,)))  # an op record's CRC starts from its kind byte's
+_frame_from: Final = _FRAME.unpack_from
+_op_frame_pack: Final = _OP_FRAME.pack
+_commit_from: Final = _COMMIT.unpack_from
 
 
 class RecordError(ValueError):
@@ -109,19 +112,18 @@ def frame(payload: bytes) -> bytes:
 def make_commit(prev: ChainPoint, epoch: int, bodies: Iterable[bytes]) -> Commit:
     """The commit of `bodies` (encoded ops, at least one), written in `epoch` after `prev`.
 
-    The writer's hot path, once per submission: one buffer, two appends and one CRC per op, one digest."""
+    The writer's hot path, once per submission: one frame and one CRC per op, the parts joined once, one digest."""
     assert epoch >= prev.epoch, f"epoch {epoch} is older than the log's {prev.epoch}"
-    buf = bytearray()
-    n = 0
+    parts: list[bytes] = []
     for body in bodies:
-        buf += _op_frame_pack(len(body) + 1, _crc32(body, _OP_CRC), OP)
-        buf += body
-        n += 1
+        parts.append(_op_frame_pack(len(body) + 1, _crc32(body, _OP_CRC), OP))
+        parts.append(body)
+    n = len(parts) // 2
     assert n, "a commit of no ops"
     last_seq = prev.seq + n
-    chained = checksum(prev.checksum, epoch, last_seq, n, buf)
-    buf += frame(_COMMIT.pack(COMMIT, epoch, last_seq, n, chained))
-    return Commit(epoch, last_seq, n, chained, bytes(buf))
+    records = b"".join(parts)
+    chained = checksum(prev.checksum, epoch, last_seq, n, records)
+    return Commit(epoch, last_seq, n, chained, records + frame(_COMMIT.pack(COMMIT, epoch, last_seq, n, chained)))
 
 
 def parse_commit(data: bytes | memoryview, pos: int) -> Commit:

@@ -166,21 +166,35 @@ class _Session:
         self.will: WillSet | None = None
 
 
+class _Stored:
+    """A stored body as the model holds it: the op, how many holders refer to it, what it counts in bytes."""
+
+    def __init__(self, op: MessageStored, size: int) -> None:
+        self.op = op
+        self.refs = 0
+        self.size = size
+
+
 class StateModel:
     """The rules above over plain dicts: the spool's live state (store.py), replayed from its files at open."""
 
     def __init__(self, max_message_ids: int = DEFAULT_MAX_MESSAGE_IDS) -> None:
         self.max_message_ids = max_message_ids
         self.sessions: dict[str, _Session] = {}
-        self.messages: dict[int, MessageStored] = {}
-        self.sizes: dict[int, int] = {}
-        self.refs: dict[int, int] = {}
+        # msg_id -> its body, holders and size: one dict entry per stored message (every op of a durable message
+        # looks it up on both nodes, at each group commit)
+        self._stored: dict[int, _Stored] = {}
         self.retained: dict[str, int] = {}
         self.message_ids: dict[tuple[str, str], int] = {}  # insertion order is seq order
         self.stored_bytes = 0
         self.ignored = 0
         self.head = GENESIS
         self._size = 0  # the encoded size of the MessageStored being applied (0: encode it to know)
+
+    @property
+    def messages(self) -> dict[int, MessageStored]:
+        """The stored bodies by msg_id (a copy)."""
+        return {msg_id: stored.op for msg_id, stored in self._stored.items()}
 
     def apply(self, seq: int, op: Op, size: int = 0) -> bool:
         """Apply one op (the seq it has in the log; `size`, if known, its encoded length); False if it was a
@@ -255,30 +269,28 @@ class StateModel:
                                     r.disconnected_at_ms, r.connected,
                                     tuple(s.subscriptions[f] for f in sorted(s.subscriptions)),
                                     tuple(s.queue.values()), tuple(sorted(s.inbound_qos2)), s.will, r.owner)
-        return SpoolState(head or self.head, sessions, dict(self.messages), dict(self.retained),
+        return SpoolState(head or self.head, sessions, self.messages, dict(self.retained),
                           tuple((c, m, at) for (c, m), at in self.message_ids.items()), self.stored_bytes)
 
     def _take(self, msg_id: int) -> bool:
-        if msg_id not in self.messages:
+        stored = self._stored.get(msg_id)
+        if stored is None:
             return False
-        self.refs[msg_id] += 1
+        stored.refs += 1
         return True
 
     def _release(self, msg_id: int) -> None:
-        refs = self.refs[msg_id] - 1
-        if refs:
-            self.refs[msg_id] = refs
-            return
-        del self.messages[msg_id], self.refs[msg_id]
-        self.stored_bytes -= self.sizes.pop(msg_id)
+        stored = self._stored[msg_id]
+        stored.refs -= 1
+        if not stored.refs:
+            del self._stored[msg_id]
+            self.stored_bytes -= stored.size
 
     def _message_stored(self, op: MessageStored) -> bool:
-        if op.msg_id in self.messages:
+        if op.msg_id in self._stored:
             return False
         size = self._size or stored_size(encode_op(op))
-        self.messages[op.msg_id] = op
-        self.refs[op.msg_id] = 0
-        self.sizes[op.msg_id] = size
+        self._stored[op.msg_id] = _Stored(op, size)
         self.stored_bytes += size
         return True
 
@@ -317,8 +329,9 @@ class StateModel:
 
     def _remove_entry(self, client_id: str, msg_id: int) -> bool:
         s = self.sessions.get(client_id)
-        if s is None:
-            return False
+        return s is not None and self._remove_queued(s, msg_id)
+
+    def _remove_queued(self, s: _Session, msg_id: int) -> bool:
         e = s.queue.pop(msg_id, None)
         if e is None:
             return False
@@ -340,9 +353,12 @@ class StateModel:
         return applied
 
     def _messages_acked(self, op: MessagesAcked) -> bool:
+        s = self.sessions.get(op.client_id)
+        if s is None:
+            return not op.msg_ids
         applied = True
         for msg_id in op.msg_ids:  # every one removed, even after one that was not queued
-            if not self._remove_entry(op.client_id, msg_id):
+            if not self._remove_queued(s, msg_id):
                 applied = False
         return applied
 

@@ -8,9 +8,11 @@ Rules:
 
 from __future__ import annotations
 
+from typing import Final
+
 from .errors import OpCodecError
 
-MAX_INT = (1 << 63) - 1
+MAX_INT: Final = (1 << 63) - 1
 
 
 # The last large value encoded and its bytes, as one tuple (swapped atomically: any thread may encode). Why: a
@@ -38,6 +40,42 @@ def put_varint(out: bytearray, value: int) -> None:
     out.append(rest)
     if len(out) - at > 3:  # timestamps (ids change every time)
         _last_varint = (value, bytes(out[at:]))
+
+
+# One bytes object per one-byte varint: the encoders join parts, and most fields are small ints.
+_SMALL: Final = tuple(bytes((i,)) for i in range(0x80))
+
+
+def varint_bytes(value: int) -> bytes:
+    """`put_varint`'s bytes on their own: the op encoders' parts (_opcodec.py) are joined once, not appended.
+    The groups are packed into one int and written by `int.to_bytes` (compiled: one call, no method lookup)."""
+    if value < 0x80:
+        if value < 0:
+            raise OpCodecError(f"negative integer {value} cannot be encoded")
+        return _SMALL[value]
+    if value > MAX_INT:
+        raise OpCodecError(f"integer {value} is out of range (at most 2**63 - 1)")
+    packed, shift = 0, 0
+    while value >= 0x80:
+        packed |= ((value & 0x7F) | 0x80) << shift
+        value >>= 7
+        shift += 8
+    packed |= value << shift
+    return packed.to_bytes(shift // 8 + 1, "little")
+
+
+def uints_bytes(values: tuple[object, ...]) -> bytes:
+    """`put_uints`'s bytes on their own, as parts joined once (a batch op's ids: hundreds of varints)."""
+    if type(values) is not tuple:  # compiled code refuses anything else when the op is made; uncompiled, here
+        raise OpCodecError(f"a tuple of ints is a {type(values).__name__}, not a tuple")
+    if not values:
+        return _SMALL[0]
+    parts = [varint_bytes(len(values))]
+    for item in values:
+        if type(item) is not int:
+            raise OpCodecError(f"tuple item {item!r} is not an int")
+        parts.append(varint_bytes(item))
+    return b"".join(parts)
 
 
 def varint(data: bytes, pos: int) -> tuple[int, int]:
