@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                            "--payload", str(args.payload), "--idle-s", str(args.idle_s)], args.against, args.rounds,
                 {"msg/s": r"([\d,]+) msg/s at the subscriber", "primary µs/msg": r"primary: ([\d.]+) µs CPU",
                  "backup µs/msg": r"backup: ([\d.]+) µs CPU",
+                 "primary loop µs/msg": r"primary threads:.*?\bmain ([\d.]+) µs",
                  "primary net of idle µs/msg": r"primary: [\d.]+ µs CPU per message \(([-\d.]+) net",
                  "backup net of idle µs/msg": r"backup: [\d.]+ µs CPU per message \(([-\d.]+) net"})
         return 0

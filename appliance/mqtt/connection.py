@@ -26,58 +26,63 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
 
 from pairmq.appliance.mqtt.codec import Connect, Disconnect, Packet
 from pairmq.appliance.mqtt.packets import Puback, Subscribe, Unsubscribe
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.mqtt.session import HANDLED, MqttSession
+from pairmq.appliance.mqtt.traffic import ListenerTraffic
 from pairmq.appliance.mqtt.wire import ReasonCode
 
 if TYPE_CHECKING:
+    from pairmq.appliance.broker.service import BrokerService
     from pairmq.appliance.mqtt.listener import MqttListener
 
 log = logging.getLogger("pairmq.appliance.mqtt.listener")
 
-_WINDOWED = frozenset((Publish, Subscribe, Unsubscribe))
-
 # Why reading is paused (bits of MqttConnection._paused).
-_CONNECTING = 1
-_WINDOW = 2
-_OUTPUT = 4
-_TURN = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
-_HANDOVER = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
-_MATE = 32  # a publisher held while the mate link's backlog is over max_lag (overload.MateBackpressure)
+_CONNECTING: Final = 1
+_WINDOW: Final = 2
+_OUTPUT: Final = 4
+_TURN: Final = 8  # handled PACKETS_PER_TURN in this callback: the rest waits for the next loop turn
+_HANDOVER: Final = 16  # the node hands activity over: nothing more is taken until it drops us or serves again
+_MATE: Final = 32  # a publisher held while the mate link's backlog is over max_lag (overload.MateBackpressure)
 # One 256 KiB read holds thousands of small PUBLISHes: other clients, timers and heartbeats get the loop back after
 # this many.
-PACKETS_PER_TURN = 256
+PACKETS_PER_TURN: Final = 256
 # The drain after our half-close (see the theory): long enough for a client to read our last packet and close,
 # short and small enough that a client that keeps writing cannot hold the connection.
-DRAIN_S = 1.0
-DRAIN_MAX_BYTES = 1024 * 1024
+DRAIN_S: Final = 1.0
+DRAIN_MAX_BYTES: Final = 1024 * 1024
 
 
-def _of_session(name: str) -> property:
-    return property(lambda self: getattr(self.session, name), doc=f"The session's `{name}`.")
-
-
-class MqttConnection(asyncio.Protocol):
+# Not a subclass of asyncio.Protocol: asyncio and uvloop take any object with a protocol's methods (one with
+# `get_buffer` as a buffered one), and compiled, a class derived from a Python one would get a __dict__ per instance.
+class MqttConnection:
     __slots__ = (
-        "_l", "_loop", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused", "_out",
-        "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained", "_waits",
-        "_mate_clear")
+        "_l", "_t", "_loop", "_broker", "transport", "session", "peer", "accepted_at", "conn_id", "inflight", "_paused",
+        "_out", "_written", "_timer", "_aux_timer", "_stall_mark", "_shut", "_preauth_addr", "_held", "_drained",
+        "_waits", "_mate_clear")
+
+    # Set by connection_made, before anything else reads them.
+    transport: asyncio.Transport
+    session: MqttSession
 
     def __init__(self, listener: MqttListener) -> None:
+        loop = listener._loop
+        assert loop is not None, "a connection before its listener started"
         self._l = listener
-        self._loop = listener._loop
-        self.transport: asyncio.Transport | None = None
-        self.session: MqttSession | None = None  # from connection_made
+        self._t: ListenerTraffic = listener.traffic  # what every packet counts and reads: native, not the listener's
+        self._loop = loop
+        self._broker: BrokerService | None = listener.broker
         self.peer = "?"
         self.accepted_at = 0.0  # wall clock (s) of CONNACK success: `pairmq show clients`
         self.conn_id: int | None = None  # the broker's name for this connection once accepted
         self.inflight = 0  # windowed packets whose effects are not complete yet
         # The broker's future for each batch of them -> how many of ours it covers: one callback a batch, not a packet.
-        self._waits: dict[asyncio.Future, int] = {}
+        self._waits: dict[asyncio.Future[None], int] = {}
         self._paused = 0
         self._out: list[bytes] | None = None
         self._written = 0
@@ -92,15 +97,35 @@ class MqttConnection(asyncio.Protocol):
         # moves only in other callbacks of this loop.
         self._mate_clear = False
 
-    # --- what the listener, the broker and the management API read --------------------------
+    # --- what the listener, the broker and the management API read: the session's --------------
 
-    protocol_version = _of_session("protocol_version")
-    accepted = _of_session("accepted")
-    closing = _of_session("closing")
-    close_reason = _of_session("close_reason")
-    client_id = _of_session("client_id")
-    username = _of_session("username")  # config-sync drops a deleted user's clients
-    keep_alive_s = _of_session("keep_alive_s")
+    @property
+    def protocol_version(self) -> int | None:
+        return self.session.protocol_version
+
+    @property
+    def accepted(self) -> bool:
+        return self.session.accepted
+
+    @property
+    def closing(self) -> bool:
+        return self.session.closing
+
+    @property
+    def close_reason(self) -> str:
+        return self.session.close_reason
+
+    @property
+    def client_id(self) -> str | None:
+        return self.session.client_id
+
+    @property
+    def username(self) -> str | None:  # config-sync drops a deleted user's clients
+        return self.session.username
+
+    @property
+    def keep_alive_s(self) -> int:
+        return self.session.keep_alive_s
 
     def _now_ms(self) -> int:
         return round(self._loop.time() * 1000)
@@ -128,7 +153,7 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         session = self.session
-        self._l.bytes_in += len(data)
+        self._t.bytes_in += len(data)
         if session.closing:
             if self._drained is not None:
                 self._drained += len(data)
@@ -150,7 +175,7 @@ class MqttConnection(asyncio.Protocol):
         self._transmit()
         return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         session = self.session
         session.close(f"connection error: {exc}" if exc else "peer closed the connection")
         self._shut = True
@@ -201,11 +226,13 @@ class MqttConnection(asyncio.Protocol):
                 budget -= 1
                 if packet is HANDLED:
                     continue
-                if self.conn_id is None:
+                conn_id = self.conn_id
+                if conn_id is None:
+                    assert isinstance(packet, Connect), f"{packet!r} handed on before CONNECT"
                     self._connect_arrived(packet)
                 else:
-                    self._to_broker(packet)
-            self._l.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
+                    self._to_broker(conn_id, packet)
+            self._t.packets_in += PACKETS_PER_TURN - budget  # once per turn: one per packet taken
             self._transmit()
         except Exception:
             log.exception("MQTT connection %s failed", self.peer)
@@ -221,13 +248,16 @@ class MqttConnection(asyncio.Protocol):
         self._release_preauth()  # from here the CONNECT queue's bounds apply; nothing more is read until then
         self._l.connects.arrived(self, packet)
 
-    def _to_broker(self, packet: Packet) -> None:
+    def _to_broker(self, conn_id: int, packet: object) -> None:
         kind = type(packet)
         if kind is Disconnect:
+            assert isinstance(packet, Disconnect)
             self.broker_lost(packet)
             return
-        pending = self._l.broker.packet(self.conn_id, packet)
-        if pending is not None and kind in _WINDOWED:
+        broker = self._broker
+        assert broker is not None, "a connection id without a broker"
+        pending = broker.packet(conn_id, packet)
+        if pending is not None and (kind is Publish or kind is Subscribe or kind is Unsubscribe):
             self.inflight += 1
             waits = self._waits
             n = waits.get(pending)
@@ -236,10 +266,10 @@ class MqttConnection(asyncio.Protocol):
                 pending.add_done_callback(self._completed)
             else:
                 waits[pending] = n + 1
-            if self.inflight >= self._l.window:
+            if self.inflight >= self._t.window:
                 self._throttle()
-        if kind is Publish:
-            self._l.messages_in += 1
+        if type(packet) is Publish:
+            self._t.messages_in += 1
             if packet.qos and not self._mate_clear:
                 if self._l.hold_for_mate(self):
                     self._pause(_MATE)
@@ -253,9 +283,9 @@ class MqttConnection(asyncio.Protocol):
         self._l.throttled.add(self)
         self._pause(_WINDOW)
 
-    def _completed(self, future: asyncio.Future) -> None:
+    def _completed(self, future: asyncio.Future[None]) -> None:
         self.inflight -= self._waits.pop(future)
-        if self._paused & _WINDOW and self.inflight < self._l.window:
+        if self._paused & _WINDOW and self.inflight < self._t.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
 
@@ -263,7 +293,7 @@ class MqttConnection(asyncio.Protocol):
         self._resume(_MATE)
 
     def window_grew(self) -> None:
-        if self.inflight < self._l.window:
+        if self.inflight < self._t.window:
             self._l.throttled.discard(self)
             self._resume(_WINDOW)
 
@@ -304,9 +334,10 @@ class MqttConnection(asyncio.Protocol):
         self._resume(_CONNECTING)
 
     def _open_in_broker(self, c: Connect) -> str | None:
-        broker = self._l.broker
-        self.conn_id = broker.connect(self, c, c.username)
-        return broker.client_id(self.conn_id)
+        broker = self._broker
+        assert broker is not None, "the session opens in the broker only with one"
+        conn_id = self.conn_id = broker.connect(self, c, c.username)
+        return broker.client_id(conn_id)
 
     def refuse_busy(self, c: Connect, why: str) -> None:
         self.refuse(c, ReasonCode.SERVER_BUSY, why)
@@ -344,7 +375,7 @@ class MqttConnection(asyncio.Protocol):
             log.exception("MQTT connection %s: timer failed", self.peer)
             self.abort("internal error")
 
-    def _arm_aux(self, delay_s: float, callback) -> None:
+    def _arm_aux(self, delay_s: float, callback: Callable[[], object]) -> None:
         if self._aux_timer is not None:
             self._aux_timer.cancel()
         self._aux_timer = self._loop.call_later(delay_s, callback)
@@ -374,22 +405,22 @@ class MqttConnection(asyncio.Protocol):
             self._shut_down()
 
     def _write(self, data: bytes) -> None:
-        self._l.packets_out += 1  # one packet per call
+        self._t.packets_out += 1  # one packet per call
         out = self._out
         if out is None:
             self._out = [data]
-            self._l.mark_dirty(self)
+            self._t.mark_dirty(self)
         else:
             out.append(data)
 
     def _write_many(self, datas: list[bytes]) -> None:
         if not datas:
             return
-        self._l.packets_out += len(datas)
+        self._t.packets_out += len(datas)
         out = self._out
         if out is None:
             self._out = datas
-            self._l.mark_dirty(self)
+            self._t.mark_dirty(self)
         else:
             out += datas
 
@@ -399,7 +430,7 @@ class MqttConnection(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         self._written += len(data)
-        self._l.bytes_out += len(data)
+        self._t.bytes_out += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > self._l.max_output_bytes:
             self._l.output_overflows += 1  # what it had not read is lost with it: QoS 1/2 stay in its session
@@ -452,7 +483,7 @@ class MqttConnection(asyncio.Protocol):
         elif data:
             self._write(data)
 
-    def send_many(self, packets: list[Packet]) -> None:
+    def send_many(self, packets: list[Any]) -> None:
         """`send_nowait` for each of `packets` in order, the common ones gathered into one append to the output."""
         session = self.session
         datas: list[bytes] = []
@@ -469,18 +500,17 @@ class MqttConnection(asyncio.Protocol):
                 datas.append(data)
         self._write_many(datas)
 
-    def _fast_bytes(self, packet: Packet) -> bytes | None:
+    def _fast_bytes(self, packet: object) -> bytes | None:
         """The bytes of a common packet without the session's encoder; b"": discarded; None: not a common one."""
         limit = self.session.peer_max_packet_size
-        kind = type(packet)
-        if kind is Puback and not packet.reason_code and not packet.properties:
+        if type(packet) is Puback and not packet.reason_code and not packet.properties:
             # What `Puback.encode` makes in 3.1.1 and 5.0 (v5 omits reason 0 without properties), without the
             # encoder's cost per packet; the id came from the client's PUBLISH, which the decoder held to 1..65535.
             return b"\x40\x02" + packet.packet_id.to_bytes(2, "big") if limit is None or limit >= 4 else b""
-        if kind is Publish:
-            self._l.messages_out += 1
+        if type(packet) is Publish:
+            self._t.messages_out += 1
             if not packet.properties:
-                data = self._l.encode_plain_publish(packet, self.session.protocol_version)
+                data = self._t.plain_publish.encode(packet, self.session.protocol_version)
                 if data is not None:
                     # Larger than the client accepts: discarded, as v5 §3.1.2.11.4 says.
                     return data if limit is None or len(data) <= limit else b""
@@ -496,7 +526,9 @@ class MqttConnection(asyncio.Protocol):
     def broker_lost(self, disconnect: Disconnect | None = None) -> None:
         conn_id, self.conn_id = self.conn_id, None
         if conn_id is not None:
-            self._l.broker.lost(conn_id, disconnect)
+            broker = self._broker
+            assert broker is not None, "a connection id without a broker"
+            broker.lost(conn_id, disconnect)
 
     def hold(self) -> None:
         """Called by hold_clients: stop taking packets (they wait in the socket) until `unhold` or a drop."""

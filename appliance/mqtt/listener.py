@@ -28,7 +28,7 @@ Rules (each connection's own are in session.py):
 - A connection handles at most PACKETS_PER_TURN packets per loop turn; the
   rest stay buffered (its socket unread) until the next turn.
 - Writes are coalesced: everything produced for a connection in one loop turn
-  goes out in one transport write, in order; a close flushes first.
+  goes out in one transport write, in order (traffic.py); a close flushes first.
 - WebSockets (`websocket` limits given: ports 8083/8084): each connection's transport is a
   websockets.WebSocketConnection carrying the same MqttConnection; everything above holds for it.
 - A server reference (v5 "use another server", DISCONNECT on handover) names the active node with this
@@ -56,8 +56,8 @@ from pairmq.appliance.mqtt.connects import ConnectLimits, ConnectPipeline, Crede
 from pairmq.appliance.mqtt.session import NOT_SUPPORTED_YET  # noqa: F401  (re-exported)
 from pairmq.appliance.mqtt.session import FrontDoor, SessionLimits
 from pairmq.appliance.mqtt.overload import MateBackpressure, OverloadLimits, WindowPolicy
-from pairmq.appliance.mqtt.plain_publish import PlainPublishEncoder
 from pairmq.appliance.mqtt.tls_accept import HandshakeFirstServer
+from pairmq.appliance.mqtt.traffic import ListenerTraffic
 from pairmq.appliance.mqtt.websockets import WebSocketConnection, WebSocketLimits
 from pairmq.appliance.mqtt.wire import ReasonCode
 
@@ -154,18 +154,12 @@ class MqttListener:
                                     new_client_id=_new_client_id)
         self.broker = broker  # appliance.broker.service.BrokerService, or None: the front door alone
         self.policy = WindowPolicy(overload)
-        self.window = self.policy.window  # read by every connection on every packet
+        # The counters, window and output every connection touches per packet (traffic.py).
+        self.traffic = ListenerTraffic(self.policy.window)
         self.loop_lag_ms = 0.0
         self.output_overflows = 0  # connections dropped with more than max_output_bytes unread
         self.throttle_events = 0  # times a client's socket stopped being read for its full window
-        self.messages_in = 0  # PUBLISH packets taken from clients (Prometheus computes the rates)
-        self.messages_out = 0  # PUBLISH packets written to clients
-        # For $SYS (sys_topics.py): every packet and byte in and out, and every connection opened.
-        self.packets_in = 0
-        self.packets_out = 0
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.connections_opened = 0
+        self.connections_opened = 0  # for $SYS, as the traffic's counters
         self.throttled: set[MqttConnection] = set()
         self.held_for_mate: set[MqttConnection] = set()
         self.backpressure: MateBackpressure = getattr(broker, "backpressure", None) or MateBackpressure()
@@ -173,8 +167,6 @@ class MqttListener:
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[MqttConnection] = set()
-        self._dirty: list[MqttConnection] = []
-        self.encode_plain_publish = PlainPublishEncoder().encode  # shared by this listener's connections
         self._lag_timer: asyncio.TimerHandle | None = None
         self._all_closed: asyncio.Event | None = None
 
@@ -183,6 +175,42 @@ class MqttListener:
         """The bound port (the real one when 0 was asked for)."""
         assert self._server is not None and self._server.sockets, "listener not started"
         return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def window(self) -> int:
+        """The in-flight window (overload.py): packets a client may have waiting for a commit."""
+        return self.traffic.window
+
+    @window.setter
+    def window(self, window: int) -> None:
+        self.traffic.window = window
+
+    # Counted by the connections; read by stats, $SYS (node/sys_publisher.py) and /metrics.
+    @property
+    def messages_in(self) -> int:
+        """PUBLISH packets taken from clients (Prometheus computes the rates)."""
+        return self.traffic.messages_in
+
+    @property
+    def messages_out(self) -> int:
+        """PUBLISH packets written to clients."""
+        return self.traffic.messages_out
+
+    @property
+    def packets_in(self) -> int:
+        return self.traffic.packets_in
+
+    @property
+    def packets_out(self) -> int:
+        return self.traffic.packets_out
+
+    @property
+    def bytes_in(self) -> int:
+        return self.traffic.bytes_in
+
+    @property
+    def bytes_out(self) -> int:
+        return self.traffic.bytes_out
 
     @property
     def client_count(self) -> int:
@@ -208,6 +236,7 @@ class MqttListener:
     async def start(self) -> None:
         assert self._server is None, "listener already started"
         self._loop = asyncio.get_running_loop()
+        self.traffic.start(self._loop)
         if self._handshake_first:
             sock = socket.create_server((self.host, self.requested_port), backlog=LISTEN_BACKLOG)
             self._server = self._handshake_first_server(sock)  # type: ignore[assignment]
@@ -342,17 +371,6 @@ class MqttListener:
         self.held_for_mate.discard(conn)
         if self._all_closed is not None and not self._conns:
             self._all_closed.set()
-
-    def mark_dirty(self, conn: MqttConnection) -> None:
-        """`conn` has output this turn: one flush for everyone, after the callbacks already queued."""
-        if not self._dirty:
-            self._loop.call_soon(self._flush)
-        self._dirty.append(conn)
-
-    def _flush(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for conn in dirty:
-            conn.flush()
 
     def _tls_refused(self, peer: str, reason: str) -> None:
         """A handshake of a listener that requires client certificates failed: reported with the peer."""

@@ -27,8 +27,10 @@ from pairmq.appliance.mqtt.codec import (
     Connack, Connect, Disconnect, PingReq, PingResp, decode_packet,
     parse_fixed_header,
 )
+from pairmq.appliance.mqtt.connection import MqttConnection
 from pairmq.appliance.mqtt.listener import NOT_SUPPORTED_YET, MqttListener
 from pairmq.appliance.mqtt.properties import PropertyId
+from pairmq.appliance.mqtt.traffic import ListenerTraffic
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode, encode_vbi
 
 HOST = "127.0.0.1"
@@ -536,3 +538,12 @@ def test_keep_alive_is_enforced_at_one_and_a_half_times(broker, raws):
     assert raw.read_packet(MQTT_5) is None
     broker.events.expect("client_closed", client_id="sleepy",
                          reason=lambda r: r.startswith("no packet within 1.5 x keep alive"))
+
+
+@pytest.mark.compiled
+def test_the_connection_and_its_traffic_are_native_classes():
+    """mypyc makes a class native (attributes in fixed slots, methods called directly by compiled code) unless it
+    derives from a Python class (asyncio.Protocol) or is told not to: a regression would pass every other test,
+    only slower. mypyc gives each native class, and only those, `__mypyc_attrs__`."""
+    for cls in (MqttConnection, ListenerTraffic):
+        assert hasattr(cls, "__mypyc_attrs__"), f"{cls.__name__} is not a native class"

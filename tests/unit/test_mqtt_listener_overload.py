@@ -19,7 +19,7 @@ from pairmq.appliance.broker.service import BrokerService
 from pairmq.appliance.mqtt.codec import Connack, Connect, Disconnect, PingReq, PingResp
 from pairmq.appliance.mqtt.listener import MqttListener
 from pairmq.appliance.mqtt.overload import OverloadLimits
-from pairmq.appliance.mqtt.packets import Puback, Subscribe, Subscription
+from pairmq.appliance.mqtt.packets import Puback, Suback, Subscribe, Subscription
 from pairmq.appliance.mqtt.properties import PropertyId
 from pairmq.appliance.mqtt.publish import Publish
 from pairmq.appliance.mqtt.wire import MQTT_3_1_1, MQTT_5, ReasonCode
@@ -330,8 +330,54 @@ def test_the_plain_publish_fast_path_makes_the_codecs_bytes(topic, payload, qos,
     listener = MqttListener(HOST, 0, FlipGate())
     packet = Publish(topic, payload, qos=qos, retain=retain, dup=dup and qos > 0,
                      packet_id=packet_id if qos else None)
-    assert listener.encode_plain_publish(packet, version) is None  # first use: the full encoder validates
-    assert listener.encode_plain_publish(packet, version) == packet.encode(version)
+    encode = listener.traffic.plain_publish.encode
+    assert encode(packet, version) is None  # first use: the full encoder validates
+    assert encode(packet, version) == packet.encode(version)
+
+
+def test_the_traffic_counts_every_packet_and_byte_both_ways(node_factory):
+    """What the stats, $SYS and /metrics report, counted by the connections: a publisher and a subscriber, every
+    packet and byte each sent and read, exactly."""
+    node = node_factory(with_broker=True)
+    sent, read = [], []
+
+    def send(client: Raw, *packets) -> None:
+        data = b"".join(p.encode(MQTT_3_1_1) for p in packets)
+        client.send(data)
+        sent.extend(packets)
+
+    def receive(client: Raw, kind: type):
+        packet = client.read_packet(MQTT_3_1_1)
+        assert isinstance(packet, kind), packet
+        read.append(packet)
+        return packet
+
+    sub, pub = Raw(node.port), Raw(node.port)
+    send(sub, Connect(MQTT_3_1_1, "counted-sub"), Subscribe(1, (Subscription("c/t", 1),)))
+    receive(sub, Connack)
+    receive(sub, Suback)
+    send(pub, Connect(MQTT_3_1_1, "counted-pub"))
+    receive(pub, Connack)
+    send(pub, *(Publish("c/t", b"m%d" % i, qos=1, packet_id=i) for i in range(1, 6)))  # one write, one read
+    for _ in range(5):
+        receive(pub, Puback)
+    deliveries = [receive(sub, Publish) for _ in range(5)]
+    send(sub, *(Puback(d.packet_id) for d in deliveries))
+
+    def counts() -> tuple[int, ...]:
+        return node.loop.call(lambda: (node.listener.packets_in, node.listener.bytes_in, node.listener.messages_in,
+                                       node.listener.packets_out, node.listener.bytes_out,
+                                       node.listener.messages_out))
+
+    expected = (len(sent), sum(len(p.encode(MQTT_3_1_1)) for p in sent), 5,
+                len(read), sum(len(p.encode(MQTT_3_1_1)) for p in read), 5)
+    deadline = time.monotonic() + TIMEOUT_S
+    while counts() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)  # the subscriber's PUBACKs are read in a callback of their own
+    assert counts() == expected
+    assert node.stats()["messages_in"] == 5 and node.stats()["messages_out"] == 5
+    sub.close()
+    pub.close()
 
 
 def test_credential_checks_run_bounded_and_refuse_or_time_out(node_factory):

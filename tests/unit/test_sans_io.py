@@ -33,7 +33,7 @@ CORE_PACKAGES = ("pairmq.appliance.quorum", "pairmq.appliance.mqtt", "pairmq.app
                  "pairmq.configsync", "pairmq.mate_link")
 ADAPTERS = {  # the I/O around the cores: thin and mechanical
     "pairmq.appliance.mqtt.connection", "pairmq.appliance.mqtt.connects", "pairmq.appliance.mqtt.listener",
-    "pairmq.appliance.mqtt.websockets", "pairmq.appliance.mqtt.tls_accept",
+    "pairmq.appliance.mqtt.websockets", "pairmq.appliance.mqtt.tls_accept", "pairmq.appliance.mqtt.traffic",
     "pairmq.appliance.broker.authn", "pairmq.appliance.broker.service",
     "pairmq.appliance.spool.image", "pairmq.appliance.spool.install", "pairmq.appliance.spool.segments",
     "pairmq.appliance.spool.checkpoint", "pairmq.appliance.spool.store", "pairmq.appliance.spool.writer",
