@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import threading
-import time
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from pairmq.appliance import eventlines
@@ -21,14 +18,7 @@ from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read
 from pairmq.appliance.spool import ops
 from pairmq.appliance.spool.chain import GENESIS
 from pairmq.appliance.spool.records import make_commit
-
-
-def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
+from tests.harness.held_eventlog import held_event_log
 
 
 def scenario(directory: Path) -> bytes:
@@ -215,17 +205,7 @@ def test_a_batch_across_the_segment_limit_ends_each_segment_within_one_line(tmp_
 
 
 def test_a_submission_that_finds_the_queue_too_full_is_lost_whole_and_counted(tmp_path):
-    gate, now = threading.Event(), time.time
-
-    def clock():  # the writer thread stops in its age check until the test opens the gate
-        if threading.current_thread().name.startswith("eventlog") and not gate.is_set():
-            gate.wait(10)
-        return now()
-
-    log = EventLog(tmp_path, "primary", EventSettings(queue_max_events=100), clock=clock)
-    log.write("first")
-    wait_until(lambda: log.written == 1, "the writer to take the first event")
-    time.sleep(0.1)  # it is now held in its age check
+    log, gate = held_event_log(tmp_path)
     events = MessageEvents(log, 1)  # a whole number, as the group file may give it
     for first in (0, 60, 120):  # 45 events each: the third finds room for 10
         events.submitted([ops.MessageStored(i, "t", b"", 1, False, b"", 0, "p", 0) for i in range(first, first + 44)]

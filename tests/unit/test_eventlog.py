@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +19,7 @@ from pairmq.appliance.spool.records import make_commit
 from pairmq.appliance.eventlog import ACTIVE_NAME, EventLog, EventSettings, read_events, segments
 from pairmq.appliance.spool import ops
 from tests.harness.group import Group
-
-
-def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
+from tests.harness.held_eventlog import held_event_log, wait_until
 
 
 def test_size_rotation_keeps_every_event_in_order(tmp_path):
@@ -85,17 +76,7 @@ def test_retention_deletes_the_oldest_closed_segments(tmp_path):
 
 
 def test_a_full_queue_loses_events_but_counts_and_records_them(tmp_path):
-    gate, now = threading.Event(), time.time
-
-    def clock():  # the writer thread stops in its age check until the test opens the gate
-        if threading.current_thread().name.startswith("eventlog") and not gate.is_set():
-            gate.wait(10)
-        return now()
-
-    log = EventLog(tmp_path, "primary", EventSettings(queue_max_events=100), clock=clock)
-    log.write("first")
-    wait_until(lambda: log.written == 1, "the writer to take the first event")
-    time.sleep(0.1)  # it is now held in its age check
+    log, gate = held_event_log(tmp_path)
     for i in range(150):
         log.write("burst", i=i)
     assert log.lost == 50
