@@ -12,9 +12,7 @@ from ..roles import Role
 # that grows with the heap; a connection storm grows the heap in steps that would each trigger one under
 # CPython's default thresholds. A full collection only after 1,000 younger ones keeps them out of a storm
 # (docs/benchmarks.md, "Storm vs. lease"); cyclic garbage that old waits longer, reference counting frees the rest.
-# A young collection every 20,000 allocations, not 700: each one walks every young object still alive (the
-# in-flight messages), and a durable message allocates dozens, so at the default that walk ran every few messages.
-GC_THRESHOLDS = (20_000, 10, 1000)
+GC_THRESHOLDS = (700, 10, 1000)
 # sys.getswitchinterval() stays at its default: a shorter one costs QoS 1 throughput on an active; only a
 # standby catching up on the mate link runs at a shorter one meanwhile (mate_link/service.py _catching_up).
 
